@@ -1,0 +1,13 @@
+"""The wire layer: who a peer is, what it publishes, how records are checked, how bytes move.
+
+* ``errors``     -- :class:`SwarmError` and the protocol's error classes
+* ``config``     -- strict pydantic base model, YAML + overrides loader, one-line config errors
+* ``types``      -- TaskRef, Completion, Group, RolloutBatch, Envelope (plain immutable values)
+* ``identity``   -- Ed25519 key files (0600) and peer ids
+* ``records``    -- canonical MessagePack encoding, signing and decoding of records
+* ``validation`` -- the receive-path checks (size, schema, signature, swarm, window, replay, quota), counted
+* ``channel``    -- sign+publish own records, fetch+validate+dedup peers' records over a transport
+* ``transport``  -- the Transport interface and its implementations (memory, hivemind)
+
+Never imports torch, transformers or hivemind at import time (``protocol.transport.hivemind_dht`` aside).
+"""

@@ -1,0 +1,7 @@
+"""Transports: move opaque signed record bytes between peers; all share one interface and one contract suite.
+
+* ``base``         -- the :class:`Transport` interface
+* ``config``       -- pydantic configs, a discriminated union on ``type`` (memory, hivemind, libp2p)
+* ``memory``       -- in-process network with fault hooks (latency, loss, duplication, partitions)
+* ``hivemind_dht`` -- hivemind DHT (the only module that imports hivemind)
+"""

@@ -1,0 +1,4 @@
+"""The simulator: many nodes on one machine, faults, experiments, reports.
+
+* ``cli`` -- ``swarm-sim``
+"""

@@ -1,0 +1,71 @@
+"""Every YAML file in configs/ validates against its model; broken configs give one clear line."""
+
+from pathlib import Path
+
+import pytest
+
+from node.config import NodeConfig
+from protocol.config import load_config, read_yaml, validate_config, write_resolved
+from protocol.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+NODE_CONFIGS = sorted((ROOT / "configs" / "node").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", NODE_CONFIGS, ids=lambda p: p.name)
+def test_node_configs_validate(path):
+    load_config(NodeConfig, path)
+
+
+def test_there_are_node_configs():
+    assert NODE_CONFIGS, "configs/node/ should hold at least the default node config"
+
+
+def test_unknown_field_names_the_field(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("learner:\n  lrr: 0.1\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(NodeConfig, p)
+    msg = str(e.value)
+    assert "learner.lrr" in msg and "unknown field" in msg and "\n" not in msg
+
+
+def test_out_of_range_value_names_the_field(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("rollout:\n  group_size: 1\n")
+    with pytest.raises(ConfigError, match=r"rollout\.group_size"):
+        load_config(NodeConfig, p)
+
+
+def test_broken_yaml_is_one_line(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("learner: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(NodeConfig, p)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(NodeConfig, tmp_path / "nope.yaml")
+
+
+def test_overrides_are_typed_and_nested():
+    cfg = load_config(NodeConfig, None, ["learner.lr=0.01", "sapo.external_groups=4", "model.device=cpu"])
+    assert cfg.learner.lr == 0.01 and cfg.sapo.external_groups == 4 and cfg.model.device == "cpu"
+
+
+def test_bad_override_syntax():
+    with pytest.raises(ConfigError, match="section.field=value"):
+        load_config(NodeConfig, None, ["learner.lr"])
+
+
+def test_cross_field_check_says_what_to_change():
+    with pytest.raises(ConfigError, match="raise prompts_per_step"):
+        validate_config(NodeConfig, {"rollout": {"prompts_per_step": 2}, "sapo": {"local_groups": 4}})
+
+
+def test_resolved_config_round_trips(tmp_path):
+    cfg = load_config(NodeConfig, None, ["learner.lr=0.002"])
+    path = write_resolved(cfg, tmp_path)
+    again = validate_config(NodeConfig, read_yaml(path))
+    assert again == cfg
