@@ -1,0 +1,125 @@
+"""The rollout pool: a bounded store of own and peers' groups, each with its source, age and local rewards.
+
+Every group in the pool has already been scored by *this* node (peers' reward hints are never stored as
+rewards). The pool knows nothing about models, tokenizers or transports: it holds text, numbers and ids,
+and answers "which groups may I train on now" for the SAPO sampler.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from protocol.types import Group
+
+logger = logging.getLogger(__name__)
+
+#: The ``source`` of groups this node generated itself.
+SELF = "self"
+
+
+def _spread(rewards: tuple[float, ...]) -> float:
+    return max(rewards) - min(rewards) if rewards else 0.0
+
+
+@dataclass
+class PooledGroup:
+    """One group as the pool keeps it.
+
+    ``key`` identifies the group across the swarm (sender, sequence number, index in the record) so the
+    same group delivered twice is stored once. ``rewards`` are this node's own verifier scores, one per
+    completion. ``step`` is this node's learner step when the group arrived (its age is measured in our
+    steps, so a slow node does not see fast peers' data as instantly stale).
+    """
+
+    key: str
+    source: str
+    group: Group
+    rewards: tuple[float, ...]
+    step: int
+    policy_version: int = 0
+    tokenizer: str = ""
+    uses: int = 0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def local(self) -> bool:
+        return self.source == SELF
+
+    @property
+    def informative(self) -> bool:
+        """False when all rewards are equal: the group has zero advantage and teaches nothing."""
+        return len(self.rewards) >= 2 and _spread(self.rewards) > 1e-9
+
+    @property
+    def reward_mean(self) -> float:
+        return math.fsum(self.rewards) / len(self.rewards) if self.rewards else 0.0
+
+
+class RolloutPool:
+    """Bounded FIFO of groups keyed by swarm-wide id; the oldest group is evicted first.
+
+    Memory is bounded by ``capacity`` groups (a group is a few KB of text). Re-adding a known key is a no-op
+    and returns False, so duplicated or replayed deliveries cannot inflate a peer's share.
+    """
+
+    def __init__(self, capacity: int, max_age_steps: int) -> None:
+        if capacity < 1 or max_age_steps < 1:
+            raise ValueError("capacity and max_age_steps must be positive")
+        self.capacity = capacity
+        self.max_age_steps = max_age_steps
+        self._groups: OrderedDict[str, PooledGroup] = OrderedDict()
+        self.evicted = 0
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._groups
+
+    def __iter__(self) -> Iterator[PooledGroup]:
+        return iter(self._groups.values())
+
+    def add(self, item: PooledGroup) -> bool:
+        """Store ``item`` unless its key is known; evict the oldest groups beyond capacity."""
+        if item.key in self._groups:
+            return False
+        self._groups[item.key] = item
+        while len(self._groups) > self.capacity:
+            self._groups.popitem(last=False)
+            self.evicted += 1
+        return True
+
+    def fresh(self, step: int, *, local: bool | None = None, unused_only: bool = False) -> list[PooledGroup]:
+        """Groups no older than ``max_age_steps`` at ``step``; filter by origin and by whether already trained on."""
+        out = []
+        for g in self._groups.values():
+            if step - g.step > self.max_age_steps:
+                continue
+            if local is not None and g.local != local:
+                continue
+            if unused_only and g.uses:
+                continue
+            out.append(g)
+        return out
+
+    def prune(self, step: int) -> int:
+        """Drop groups too old to be sampled again; returns how many were dropped."""
+        stale = [k for k, g in self._groups.items() if step - g.step > self.max_age_steps]
+        for k in stale:
+            del self._groups[k]
+        return len(stale)
+
+    def stats(self, step: int) -> dict[str, int]:
+        """Counts for metrics: total, local, external, external peers present."""
+        fresh = self.fresh(step)
+        ext = [g for g in fresh if not g.local]
+        return {
+            "pool_groups": len(self._groups),
+            "pool_local": len(fresh) - len(ext),
+            "pool_external": len(ext),
+            "pool_sources": len({g.source for g in ext}),
+        }

@@ -1,0 +1,172 @@
+"""SAPO: Swarm sAmpling Policy Optimization (Amico et al., arXiv 2509.08721), the sampling half.
+
+Each learner step a node trains on I of its own groups plus J groups drawn uniformly from peers' groups.
+Peers' groups enter the pool only after the receiver has regenerated each question and gold answer from the
+group's TaskRef and scored every completion with its own verifier (:func:`ingest_rollouts`); the sender's
+reward hint is ignored. Groups whose rewards are all equal carry zero advantage and are dropped before
+sampling. A per-peer cap keeps any single peer (honest or not) from filling a batch.
+
+This module knows nothing about models or tokenizers: turning the sampled text into training tensors
+(re-tokenizing with the local tokenizer, logprobs under the local policy) is the node's job.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from protocol.errors import SwarmError
+from protocol.types import Envelope, RolloutBatch, TaskRef
+from swarm.pool import PooledGroup, RolloutPool
+
+logger = logging.getLogger(__name__)
+
+#: Regenerates the task behind ``TaskRef`` and scores each completion text with the local verifier.
+#: Raises :class:`SwarmError` for a task this node will not regenerate (unknown family, foreign config).
+Scorer = Callable[[TaskRef, Sequence[str]], list[float]]
+
+
+def group_key(sender: str, seq: int, index: int) -> str:
+    """Swarm-wide id of the ``index``-th group of record ``(sender, seq)``."""
+    return f"{sender}:{seq}:{index}"
+
+
+def ingest_rollouts(
+    pool: RolloutPool,
+    envelope: Envelope,
+    scorer: Scorer,
+    step: int,
+    *,
+    min_completions: int = 2,
+    max_completions: int = 256,
+) -> Counter[str]:
+    """Re-score a validated peer record's groups locally and add them to the pool.
+
+    Returns outcome counts: ``accepted``, ``duplicate``, ``bad_group_size``, ``task_rejected`` (the scorer
+    refused the TaskRef), ``score_error`` (anything else the scorer raised). Never raises: a peer's data
+    cannot crash the node.
+    """
+    counts: Counter[str] = Counter()
+    batch = envelope.payload
+    if not isinstance(batch, RolloutBatch):
+        counts["wrong_kind"] += 1
+        return counts
+    for index, group in enumerate(batch.groups):
+        key = group_key(envelope.sender, envelope.seq, index)
+        if key in pool:
+            counts["duplicate"] += 1
+            continue
+        n = len(group.completions)
+        if not min_completions <= n <= max_completions:
+            counts["bad_group_size"] += 1
+            continue
+        try:
+            rewards = scorer(group.task, [c.text for c in group.completions])
+        except SwarmError as e:
+            logger.debug("dropping group %s from %s: %s", index, envelope.sender, e)
+            counts["task_rejected"] += 1
+            continue
+        except Exception as e:  # a verifier crashing on hostile text must not take the node down
+            logger.debug("scorer failed on group %s from %s: %r", index, envelope.sender, e)
+            counts["score_error"] += 1
+            continue
+        if len(rewards) != n or not all(isinstance(r, float | int) and math.isfinite(r) for r in rewards):
+            counts["score_error"] += 1
+            continue
+        added = pool.add(
+            PooledGroup(
+                key=key,
+                source=envelope.sender,
+                group=group,
+                rewards=tuple(float(r) for r in rewards),
+                step=step,
+                policy_version=batch.policy_version,
+                tokenizer=batch.tokenizer,
+            )
+        )
+        counts["accepted" if added else "duplicate"] += 1
+    return counts
+
+
+@dataclass
+class SapoBatch:
+    """The groups one learner step trains on, and what was left out."""
+
+    local: list[PooledGroup] = field(default_factory=list)
+    external: list[PooledGroup] = field(default_factory=list)
+    dropped_local_zero_adv: int = 0
+    external_candidates: int = 0
+
+    @property
+    def groups(self) -> list[PooledGroup]:
+        return self.local + self.external
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "local_groups": len(self.local),
+            "external_groups": len(self.external),
+            "external_sources": len({g.source for g in self.external}),
+            "dropped_zero_adv": self.dropped_local_zero_adv,
+            "external_candidates": self.external_candidates,
+        }
+
+
+class SapoSampler:
+    """Draws I local + J external informative groups per step.
+
+    * local: this step's own groups with nonzero advantage, up to I (uniformly if more);
+    * external: peers' informative groups not yet trained on, fresh per the pool's age limit, drawn
+      uniformly without replacement, at most ``max_per_peer`` from one sender (default ceil(J/2));
+    * ``fill_local``: when peers supply fewer than J groups, use more of this step's own informative
+      groups instead, so a node alone keeps its batch size (it is then a plain single-node trainer).
+    """
+
+    def __init__(
+        self,
+        local_groups: int,
+        external_groups: int,
+        *,
+        max_per_peer: int | None = None,
+        fill_local: bool = True,
+        seed: int = 0,
+    ) -> None:
+        if local_groups < 0 or external_groups < 0 or local_groups + external_groups == 0:
+            raise ValueError("need local_groups + external_groups >= 1, both non-negative")
+        self.local_groups = local_groups
+        self.external_groups = external_groups
+        self.max_per_peer = max_per_peer if max_per_peer is not None else max(1, math.ceil(external_groups / 2))
+        self.fill_local = fill_local
+        self.rng = random.Random(seed)
+
+    def sample(self, pool: RolloutPool, step: int, own: Sequence[PooledGroup]) -> SapoBatch:
+        """Choose the step's training groups; marks chosen external groups as used."""
+        batch = SapoBatch()
+        informative = [g for g in own if g.informative]
+        batch.dropped_local_zero_adv = len(own) - len(informative)
+        self.rng.shuffle(informative)
+
+        candidates = [g for g in pool.fresh(step, local=False, unused_only=True) if g.informative]
+        batch.external_candidates = len(candidates)
+        self.rng.shuffle(candidates)
+        per_peer: Counter[str] = Counter()
+        for g in candidates:
+            if len(batch.external) >= self.external_groups:
+                break
+            if per_peer[g.source] >= self.max_per_peer:
+                continue
+            per_peer[g.source] += 1
+            batch.external.append(g)
+        for g in batch.external:
+            g.uses += 1
+
+        n_local = self.local_groups
+        if self.fill_local:
+            n_local += self.external_groups - len(batch.external)
+        batch.local = informative[:n_local]
+        for g in batch.local:
+            g.uses += 1
+        return batch

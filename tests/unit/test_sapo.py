@@ -1,0 +1,126 @@
+"""SAPO sampling and ingestion: re-scoring by the receiver, zero-advantage drops, per-peer caps, dedup."""
+
+from collections import Counter
+
+import pytest
+
+from protocol.errors import SwarmError
+from protocol.types import Completion, Envelope, Group, RolloutBatch, TaskRef
+from swarm.pool import SELF, PooledGroup, RolloutPool
+from swarm.sapo import SapoSampler, group_key, ingest_rollouts
+
+
+def _group(index: int, texts: list[str]) -> Group:
+    return Group(
+        task=TaskRef("chain_sum", {"n": 2}, seed=0, index=index),
+        completions=tuple(Completion(text=t, n_tokens=3, reward_hint=1.0) for t in texts),
+    )
+
+
+def _envelope(sender: str, seq: int, groups: list[Group]) -> Envelope:
+    batch = RolloutBatch(model="m", policy_version=3, tokenizer="tok", groups=tuple(groups))
+    return Envelope(1, "rollouts", "swarm", sender, b"k" * 32, seq, 0, 0.0, batch)
+
+
+def _scorer(task: TaskRef, texts):
+    # The "gold answer" of item i is str(i): the receiver's own verifier.
+    if task.family != "chain_sum":
+        raise SwarmError("unknown family")
+    return [1.0 if t == str(task.index) else 0.0 for t in texts]
+
+
+def _pooled(key: str, source: str, rewards: tuple[float, ...], step: int = 0) -> PooledGroup:
+    return PooledGroup(key=key, source=source, group=_group(0, ["x"] * len(rewards)), rewards=rewards, step=step)
+
+
+def test_ingest_rescores_locally_and_ignores_reward_hints():
+    pool = RolloutPool(100, 10)
+    env = _envelope("peerA", 7, [_group(5, ["5", "4", "5"]), _group(6, ["1", "2", "3"])])
+    counts = ingest_rollouts(pool, env, _scorer, step=1)
+    assert counts == Counter(accepted=2)
+    stored = {g.key: g for g in pool}
+    assert stored[group_key("peerA", 7, 0)].rewards == (1.0, 0.0, 1.0)
+    # Every completion claimed reward 1.0; the receiver's verifier says otherwise.
+    assert stored[group_key("peerA", 7, 1)].rewards == (0.0, 0.0, 0.0)
+    assert stored[group_key("peerA", 7, 0)].policy_version == 3
+
+
+def test_ingest_drops_and_counts_bad_groups_without_raising():
+    pool = RolloutPool(100, 10)
+    bad_task = Group(TaskRef("evil_family", {}, 0, 0), (Completion("a", 1), Completion("b", 1)))
+    tiny = _group(1, ["1"])
+
+    def crashing(task, texts):
+        if task.index == 9:
+            raise ZeroDivisionError("verifier bug")
+        return _scorer(task, texts)
+
+    env = _envelope("p", 1, [bad_task, tiny, _group(9, ["a", "b"]), _group(2, ["2", "0"])])
+    counts = ingest_rollouts(pool, env, crashing, step=0)
+    assert counts == Counter(task_rejected=1, bad_group_size=1, score_error=1, accepted=1)
+    # Delivered again (a replay that slipped past the validator, or a duplicate): stored once.
+    again = ingest_rollouts(pool, env, crashing, step=0)
+    assert again["duplicate"] == 1 and again["accepted"] == 0 and len(pool) == 1
+
+
+def test_pool_evicts_oldest_and_filters_by_age():
+    pool = RolloutPool(capacity=3, max_age_steps=2)
+    for i in range(4):
+        pool.add(_pooled(f"k{i}", "p", (0.0, 1.0), step=i))
+    assert [g.key for g in pool] == ["k1", "k2", "k3"] and pool.evicted == 1
+    assert [g.key for g in pool.fresh(4)] == ["k2", "k3"]
+    assert pool.prune(4) == 1 and len(pool) == 2
+
+
+def test_sampler_takes_i_local_and_j_external_informative_groups():
+    pool = RolloutPool(100, 10)
+    for i in range(6):
+        pool.add(_pooled(f"a{i}", f"peer{i % 3}", (0.0, 1.0)))
+    pool.add(_pooled("flat", "peer0", (1.0, 1.0)))
+    own = [_pooled(f"own{i}", SELF, (0.0, 1.0) if i % 2 else (0.0, 0.0)) for i in range(8)]
+    batch = SapoSampler(2, 3, seed=1).sample(pool, 0, own)
+    assert len(batch.local) == 2 and all(g.local and g.informative for g in batch.local)
+    assert len(batch.external) == 3 and all(not g.local for g in batch.external)
+    assert "flat" not in {g.key for g in batch.external}
+    assert batch.dropped_local_zero_adv == 4
+    assert batch.metrics()["external_groups"] == 3
+
+
+def test_sampler_caps_groups_per_peer():
+    pool = RolloutPool(100, 10)
+    for i in range(10):
+        pool.add(_pooled(f"f{i}", "flooder", (0.0, 1.0)))
+    pool.add(_pooled("h0", "honest", (0.0, 1.0)))
+    batch = SapoSampler(0, 4, fill_local=False, seed=0).sample(pool, 0, [])
+    sources = Counter(g.source for g in batch.external)
+    assert sources["flooder"] == 2 and sources["honest"] == 1  # default cap ceil(4/2) = 2
+
+
+def test_external_groups_are_used_once():
+    pool = RolloutPool(100, 10)
+    for i in range(4):
+        pool.add(_pooled(f"g{i}", f"p{i}", (0.0, 1.0)))
+    sampler = SapoSampler(0, 3, fill_local=False, max_per_peer=3, seed=0)
+    first = {g.key for g in sampler.sample(pool, 0, []).external}
+    second = {g.key for g in sampler.sample(pool, 0, []).external}
+    assert len(first) == 3 and len(second) == 1 and not first & second
+
+
+@pytest.mark.parametrize("fill", [True, False])
+def test_alone_node_fills_with_local_only_when_asked(fill):
+    own = [_pooled(f"own{i}", SELF, (0.0, 1.0)) for i in range(8)]
+    batch = SapoSampler(4, 4, fill_local=fill, seed=0).sample(RolloutPool(10, 10), 0, own)
+    assert len(batch.external) == 0
+    assert len(batch.local) == (8 if fill else 4)
+
+
+def test_sampler_is_deterministic_given_seed():
+    def run():
+        pool = RolloutPool(100, 10)
+        for i in range(20):
+            pool.add(_pooled(f"g{i}", f"p{i % 5}", (0.0, 1.0)))
+        own = [_pooled(f"own{i}", SELF, (0.0, 1.0)) for i in range(8)]
+        b = SapoSampler(3, 5, seed=42).sample(pool, 0, own)
+        return [g.key for g in b.groups]
+
+    assert run() == run()
