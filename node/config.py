@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from protocol.config import StrictModel
+from protocol.transport.config import HivemindTransportConfig, ProtocolConfig, TransportConfig
 
 
 class ModelConfig(StrictModel):
@@ -78,8 +79,8 @@ class LearnerConfig(StrictModel):
     """The local GRPO-family learner."""
 
     loss: Literal["grpo", "dapo", "dr_grpo"] = "dapo"
-    """Preset: ``grpo`` (seq-mean-token-mean, std-normalised advantages), ``dapo`` (token-mean, clip-higher),
-    ``dr_grpo`` (seq-mean-token-sum-norm, no std division)."""
+    """Preset in ``node.losses.LOSSES``: ``grpo`` (seq-mean-token-mean, std-normalised advantages, symmetric clip),
+    ``dapo`` (token-mean, clip-higher), ``dr_grpo`` (seq-mean-token-sum-norm, no std division, symmetric clip)."""
     lr: float = Field(default=3e-4, gt=0)
     """AdamW learning rate."""
     weight_decay: float = Field(default=0.0, ge=0)
@@ -89,7 +90,7 @@ class LearnerConfig(StrictModel):
     eps_low: float = Field(default=0.2, ge=0, lt=1)
     """Lower clip range of the ratio (SAPO default 0.2)."""
     eps_high: float = Field(default=0.28, ge=0)
-    """Upper clip range (clip-higher; SAPO default 0.28)."""
+    """Upper clip range (clip-higher; SAPO default 0.28); the symmetric presets ``grpo``/``dr_grpo`` use eps_low."""
     beta: float = Field(default=0.0, ge=0)
     """k3 KL coefficient toward the initial policy (0 = no reference model kept)."""
     is_cap: float = Field(default=1.0, gt=0)
@@ -107,6 +108,10 @@ class SapoConfig(StrictModel):
     """I: own groups per training batch."""
     external_groups: int = Field(default=0, ge=0)
     """J: peers' groups per training batch (re-scored locally)."""
+    external_fraction: float | None = Field(default=None, ge=0, le=1)
+    """If set, overrides the split: J = round(fraction * (I + J)), I = the rest (same total batch)."""
+    fill_local: bool = True
+    """When peers supply fewer than J groups, train on more own groups instead (a lone node keeps its batch)."""
     max_per_peer: int | None = Field(default=None, ge=1)
     """Cap on groups from one peer per batch (default: ceil(J/2) so no single peer fills it)."""
     pool_size: int = Field(default=2048, ge=1)
@@ -116,6 +121,11 @@ class SapoConfig(StrictModel):
 
     @model_validator(mode="after")
     def _some_groups(self) -> SapoConfig:
+        if self.external_fraction is not None:
+            total = self.local_groups + self.external_groups
+            self.external_groups = round(self.external_fraction * total)
+            self.local_groups = total - self.external_groups
+            self.external_fraction = None  # resolved: the written config states I and J explicitly
         if self.local_groups + self.external_groups == 0:
             raise ValueError("local_groups + external_groups must be at least 1 (set sapo.local_groups)")
         return self
@@ -130,6 +140,15 @@ class CheckpointConfig(StrictModel):
     """Checkpoints kept on disk (older ones deleted after a new one is complete)."""
 
 
+class RuntimeConfig(StrictModel):
+    """How the node loop overlaps networking with compute."""
+
+    poll_interval_s: float = Field(default=2.0, gt=0)
+    """Seconds between background fetches of peers' records (the DHT is polled; GossipSub would push)."""
+    shutdown_timeout_s: float = Field(default=10.0, gt=0)
+    """On stop, how long to wait for an in-flight publish before closing."""
+
+
 class NodeConfig(StrictModel):
     """Everything one node needs; the YAML in ``configs/node/`` maps onto this."""
 
@@ -141,6 +160,11 @@ class NodeConfig(StrictModel):
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     sapo: SapoConfig = Field(default_factory=SapoConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    protocol: ProtocolConfig = Field(default_factory=ProtocolConfig)
+    """Record limits and time windows (swarm-wide: peers must agree on ``window_seconds``)."""
+    transport: TransportConfig = Field(default_factory=HivemindTransportConfig)
+    """How records move: ``hivemind`` (default, real swarms), ``memory`` (simulator), ``libp2p``."""
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     seed: int = 0
     """Seed of this node's own randomness (which prompts it draws, sampling)."""
 

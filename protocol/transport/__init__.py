@@ -2,6 +2,8 @@
 
 * ``base``         -- the :class:`Transport` interface
 * ``config``       -- pydantic configs, a discriminated union on ``type`` (memory, hivemind, libp2p)
-* ``memory``       -- in-process network with fault hooks (latency, loss, duplication, partitions)
+* ``memory``       -- in-process network with fault hooks (latency, loss, duplication, partitions, churn)
+* ``faults``       -- composable wrappers injecting drop, delay, duplicate, tamper, replay, flood, forge
+* ``factory``      -- build a transport from its config (registry keyed by ``type``; backends imported lazily)
 * ``hivemind_dht`` -- hivemind DHT (the only module that imports hivemind)
 """

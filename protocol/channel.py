@@ -1,0 +1,257 @@
+"""The node-facing API of the protocol: publish own records, poll peers' validated records, over any transport.
+
+:meth:`Channel.publish` stamps (seq, window, created), encodes, signs and hands the bytes to the transport;
+:meth:`Channel.poll` fetches the recent windows, skips bytes it has already processed (own records, records
+already delivered or rejected), validates the rest and returns only new envelopes from other peers, in a
+deterministic order. Network failures and timeouts are logged and counted, never raised: a node that loses
+the network keeps training.
+
+Knows nothing about what payloads mean, how a transport moves bytes, or when the node polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from protocol.identity import Identity
+from protocol.records import SCHEMA_VERSION, SequenceCounter, encode_record, record_digest
+from protocol.transport.base import Transport
+from protocol.types import Envelope
+from protocol.validation import RecordValidator
+
+logger = logging.getLogger(__name__)
+
+
+class Channel:
+    """Signed publish + validated, deduplicated poll for one identity in one swarm; create with :meth:`create`."""
+
+    def __init__(
+        self,
+        identity: Identity,
+        transport: Transport,
+        validator: RecordValidator,
+        *,
+        fetch_past_windows: int = 1,
+        timeout_s: float = 30.0,
+        seen_capacity: int = 200_000,
+    ) -> None:
+        self.identity = identity
+        self.transport = transport
+        self.validator = validator
+        self.fetch_past_windows = fetch_past_windows
+        self.timeout_s = timeout_s
+        self.seen_capacity = seen_capacity
+        self._seq = SequenceCounter(clock=validator.clock)
+        # digest of every record already handled -> our window when first handled (dict keeps insertion order)
+        self._seen: dict[bytes, int] = {}
+        self._closed = False
+        self._net_ok = True
+        self._metrics: dict[str, int] = dict.fromkeys(
+            (
+                "published",
+                "publish_errors",
+                "polls",
+                "fetch_errors",
+                "fetched",
+                "received",
+                "duplicates",
+                "own",
+                "bytes_in",
+                "bytes_out",
+            ),
+            0,
+        )
+
+    @classmethod
+    async def create(
+        cls,
+        identity: Identity,
+        transport: Transport,
+        validator: RecordValidator,
+        *,
+        fetch_past_windows: int = 1,
+        timeout_s: float = 30.0,
+    ) -> Channel:
+        """A channel over an already started transport (the transport's lifetime becomes the channel's)."""
+        return cls(identity, transport, validator, fetch_past_windows=fetch_past_windows, timeout_s=timeout_s)
+
+    @property
+    def swarm_id(self) -> str:
+        return self.validator.swarm_id
+
+    @property
+    def peer_id(self) -> str:
+        return self.identity.peer_id
+
+    def _fetch_windows(self, now_window: int) -> list[int]:
+        ahead = min(1, self.validator.max_future_windows)  # peers whose clocks run slightly ahead
+        return list(range(now_window - self.fetch_past_windows, now_window + ahead + 1))
+
+    def _net_failure(self, what: str, e: BaseException) -> None:
+        # Warn once when the network goes away, then stay quiet at debug level until it comes back.
+        if self._net_ok:
+            logger.warning("%s failed (%s: %s); continuing without the network", what, e.__class__.__name__, e)
+        else:
+            logger.debug("%s failed again: %s: %s", what, e.__class__.__name__, e)
+        self._net_ok = False
+
+    def _net_success(self) -> None:
+        if not self._net_ok:
+            logger.info("network is back")
+        self._net_ok = True
+
+    async def publish(self, kind: str, payload: Any) -> Envelope:
+        """Sign and publish one record; returns its envelope even if the network failed (counted, logged).
+
+        Raises :class:`~protocol.records.EncodeError` if the payload itself is invalid or too large: that is a
+        bug or a batch to split, not a network fault.
+        """
+        now = self.validator.clock()
+        window = self.validator.current_window()
+        seq = self._seq.next()
+        data = encode_record(
+            self.identity,
+            kind=kind,
+            swarm=self.swarm_id,
+            seq=seq,
+            window=window,
+            created=now,
+            payload=payload,
+            max_bytes=self.validator.max_bytes,
+        )
+        self._seen[record_digest(data)] = window
+        env = Envelope(
+            schema_version=SCHEMA_VERSION,
+            kind=kind,
+            swarm=self.swarm_id,
+            sender=self.peer_id,
+            public_key=self.identity.public_bytes,
+            seq=seq,
+            window=window,
+            created=float(now),
+            payload=payload,
+            size=len(data),
+        )
+        if self._closed:
+            self._metrics["publish_errors"] += 1
+            logger.debug("publish on a closed channel dropped")
+            return env
+        try:
+            await asyncio.wait_for(self.transport.publish(data, window=window, sender=self.peer_id), self.timeout_s)
+        except Exception as e:  # TransportError, TimeoutError, or whatever a backend raises: the node goes on
+            self._metrics["publish_errors"] += 1
+            self._net_failure("publish", e)
+        else:
+            self._metrics["published"] += 1
+            self._metrics["bytes_out"] += len(data)
+            self._net_success()
+        return env
+
+    async def poll(self) -> list[Envelope]:
+        """New, valid records from other peers since the last poll, ordered by (window, sender, seq)."""
+        if self._closed:
+            return []
+        self._metrics["polls"] += 1
+        now_window = self.validator.current_window()
+        try:
+            blobs = await asyncio.wait_for(self.transport.fetch_recent(self._fetch_windows(now_window)), self.timeout_s)
+        except Exception as e:
+            self._metrics["fetch_errors"] += 1
+            self._net_failure("fetch", e)
+            return []
+        self._net_success()
+        out: list[Envelope] = []
+        for data in blobs:
+            self._metrics["fetched"] += 1
+            if not isinstance(data, bytes | bytearray | memoryview):
+                self.validator.check(data)  # counted as malformed
+                continue
+            data = bytes(data)
+            self._metrics["bytes_in"] += len(data)
+            digest = record_digest(data)
+            if digest in self._seen:
+                self._metrics["duplicates"] += 1
+                continue
+            self._seen[digest] = now_window
+            env = self.validator.check(data)
+            if env is None:
+                continue
+            if env.sender == self.peer_id:
+                self._metrics["own"] += 1  # e.g. published by a previous run of this identity
+                continue
+            out.append(env)
+        self._prune_seen(now_window)
+        out.sort(key=lambda e: (e.window, e.sender, e.seq))
+        self._metrics["received"] += len(out)
+        return out
+
+    def _prune_seen(self, now_window: int) -> None:
+        # Records older than the acceptance horizon are never fetched again by an honest transport; if one is,
+        # the validator rejects it as stale.
+        horizon = now_window - self.validator.max_past_windows - self.fetch_past_windows - 2
+        while self._seen:
+            digest, first = next(iter(self._seen.items()))
+            if first >= horizon and len(self._seen) <= self.seen_capacity:
+                break
+            del self._seen[digest]
+
+    def metrics(self) -> dict[str, Any]:
+        """Counters: published/received records, errors, duplicates, own, bytes in/out, rejections by reason."""
+        v = self.validator.metrics()
+        return {
+            **self._metrics,
+            "accepted": v["accepted"],
+            "rejected": v["rejected"],
+            "rejected_total": v["rejected_total"],
+        }
+
+    async def peers(self) -> list[str]:
+        """Transport-level ids of reachable peers ([] when the network is down)."""
+        try:
+            return list(await asyncio.wait_for(self.transport.peers(), self.timeout_s))
+        except Exception as e:
+            self._net_failure("peers", e)
+            return []
+
+    def addresses(self) -> list[str]:
+        """Addresses other nodes can bootstrap from."""
+        try:
+            return list(self.transport.addresses())
+        except Exception as e:
+            self._net_failure("addresses", e)
+            return []
+
+    async def close(self) -> None:
+        """Close the transport (idempotent); later publishes are dropped and polls return []."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await asyncio.wait_for(self.transport.close(), self.timeout_s)
+        except Exception as e:
+            logger.warning("transport did not close cleanly: %s: %s", e.__class__.__name__, e)
+
+
+async def open_channel(
+    transport_cfg: Any,
+    protocol_cfg: Any,
+    swarm_id: str,
+    identity: Identity,
+    *,
+    network: Any = None,
+) -> Channel:
+    """Validator + transport (from its config) + channel, the one call a node makes to get on the network."""
+    from protocol.transport.factory import create_transport
+
+    validator = RecordValidator.from_config(swarm_id, protocol_cfg)
+    transport = await create_transport(
+        transport_cfg,
+        swarm=swarm_id,
+        peer_id=identity.peer_id,
+        validate=validator.is_storable,
+        protocol=protocol_cfg,
+        network=network,
+    )
+    return await Channel.create(identity, transport, validator)

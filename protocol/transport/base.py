@@ -1,0 +1,86 @@
+"""The :class:`Transport` interface: move opaque record bytes between peers, keyed by time window and sender.
+
+A transport stores what ``publish`` is given under ``(window, sender)`` and returns, from ``fetch_recent``,
+the raw bytes stored for the requested windows by any peer -- our own records and ones we already fetched
+included; dedup, validation and ordering happen above (``protocol.channel``). Delivery is best effort:
+records may arrive late, twice, or never.
+
+Contract (checked by ``tests/contract/transport_contract.py`` for every implementation):
+
+* ``publish(data, window=w, sender=s)`` returns once the record is handed to the network; soon after, every
+  connected peer's ``fetch_recent([w])`` includes ``data``. A transport keeps at least the latest record per
+  ``(window, sender)``; it may keep more (memory and hivemind keep every record).
+* ``fetch_recent`` returns only records stored under the requested windows, as ``bytes``, in any order.
+* Records may expire a few windows after their window ends.
+* ``peers()`` lists transport-level ids of reachable peers (not necessarily record sender ids).
+* ``addresses()`` lists strings another peer can bootstrap from (multiaddrs, or pseudo-addresses).
+* After ``close()`` (idempotent), ``publish`` and ``fetch_recent`` raise :class:`TransportError`.
+* Failures raise :class:`TransportError` (or time out); callers wrap every call in a timeout.
+
+Store-time validation hook: a transport that can refuse records on behalf of others (a DHT storing values
+for its neighbours) accepts a ``validate(data) -> bool`` callable, at construction or through
+:meth:`Transport.set_record_validator`, and drops records for which it returns False. It must be
+stateless (``RecordValidator.is_storable``); it is a first line of defence, never a replacement for the
+receive-path checks.
+
+Knows nothing about record contents, signatures, or clocks.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+from collections.abc import Callable, Sequence
+from types import TracebackType
+
+logger = logging.getLogger(__name__)
+
+RecordCheck = Callable[[bytes], bool]
+"""A stateless store-time check: True keeps the record, False drops it."""
+
+
+class Transport(abc.ABC):
+    """Publish and fetch opaque signed records under time-window keys with the sender as subkey."""
+
+    _record_validator: RecordCheck | None = None
+
+    @abc.abstractmethod
+    async def publish(self, data: bytes, *, window: int, sender: str) -> None:
+        """Store ``data`` under ``(window, sender)`` so peers fetching ``window`` will get it."""
+
+    @abc.abstractmethod
+    async def fetch_recent(self, windows: Sequence[int]) -> list[bytes]:
+        """Raw record bytes stored under any of ``windows`` by any peer (own and already-seen ones included)."""
+
+    @abc.abstractmethod
+    async def peers(self) -> list[str]:
+        """Transport-level ids of the peers currently reachable."""
+
+    @abc.abstractmethod
+    def addresses(self) -> list[str]:
+        """Addresses others can bootstrap from (multiaddrs, or pseudo-addresses such as ``memory://<id>``)."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Leave the network and release resources; idempotent."""
+
+    def set_record_validator(self, validate: RecordCheck | None) -> None:
+        """Install (or remove, with None) the store-time check; call before the first publish/fetch.
+
+        The default keeps it in ``self._record_validator``; implementations that cannot change it after
+        start override this and raise :class:`TransportError`.
+        """
+        self._record_validator = validate
+
+    @property
+    def record_validator(self) -> RecordCheck | None:
+        """The installed store-time check, or None."""
+        return self._record_validator
+
+    async def __aenter__(self) -> Transport:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()

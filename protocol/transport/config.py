@@ -1,0 +1,110 @@
+"""Configs of the wire protocol and of each transport (a discriminated union on ``type``).
+
+Only pydantic here: validating a node config never imports a transport backend. Knows nothing about how a
+transport is built from its config (each transport module does that).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from protocol.config import StrictModel
+
+
+class ProtocolConfig(StrictModel):
+    """Record limits and time windows; every node of one swarm must use the same ``window_seconds``."""
+
+    window_seconds: int = Field(default=15, ge=1, le=3600)
+    """Length of a time window in seconds. 15 s is 5x the ~3 s clock skew the DHT tolerates and well above
+    the 1-2 s an 8-peer hivemind swarm needs to spread a record, yet short enough that one window key holds
+    only a few records per peer and stale rollouts age out within a minute."""
+    max_record_bytes: int = Field(default=1 << 20, ge=1024, le=4 << 20)
+    """Records larger than this are refused before decoding (1 MiB: py-libp2p GossipSub silently drops more;
+    the p2pd message cap is 4 MiB)."""
+    max_future_windows: int = Field(default=1, ge=0, le=16)
+    """Accept records stamped at most this many windows ahead of our clock (clock skew between peers)."""
+    max_past_windows: int = Field(default=4, ge=0, le=1024)
+    """Reject records stamped more than this many windows ago (4 x 15 s = 1 min: covers slow propagation on
+    32-peer swarms, rejects stale rollouts and replays of old records)."""
+    quota_per_window: int = Field(default=16, ge=1, le=100_000)
+    """Records accepted per sender per window; more are dropped as a flood (an honest node publishes about
+    once per training step)."""
+    replay_capacity: int = Field(default=200_000, ge=1000)
+    """Most (sender, seq) pairs remembered for replay detection (bounds memory under a sybil flood)."""
+    fetch_past_windows: int = Field(default=1, ge=0, le=16)
+    """Windows before the current one that each poll fetches again (records published late in a window)."""
+    timeout_s: float = Field(default=30.0, gt=0, le=600)
+    """Timeout of one transport call (publish or fetch) made by the channel, in seconds."""
+
+    @model_validator(mode="after")
+    def _fetch_within_acceptance(self) -> ProtocolConfig:
+        if self.fetch_past_windows > self.max_past_windows:
+            raise ValueError(
+                f"fetch_past_windows ({self.fetch_past_windows}) exceeds max_past_windows ({self.max_past_windows}): "
+                "records fetched that far back would be rejected as stale; lower fetch_past_windows"
+            )
+        return self
+
+
+class MemoryTransportConfig(StrictModel):
+    """In-process network for the simulator and tests (all nodes in one process share one network)."""
+
+    type: Literal["memory"] = "memory"
+    seed: int = 0
+    """Seed of the network's fault randomness (loss, duplication, jitter are deterministic given it)."""
+    latency_s: float = Field(default=0.0, ge=0, le=3600)
+    """Delay before a published record becomes visible to a reader, in seconds."""
+    jitter_s: float = Field(default=0.0, ge=0, le=3600)
+    """Extra uniform random delay in [0, jitter_s] per (record, reader)."""
+    loss: float = Field(default=0.0, ge=0, le=1)
+    """Probability that a given reader never sees a given record."""
+    duplicate: float = Field(default=0.0, ge=0, le=1)
+    """Probability that a given reader gets a given record twice per fetch."""
+    retention_windows: int = Field(default=8, ge=1, le=10_000)
+    """Windows kept behind the newest window published; older records are forgotten (like DHT expiry)."""
+
+
+class HivemindTransportConfig(StrictModel):
+    """hivemind DHT: records under time-window keys with the sender as subkey (see ``protocol/SPEC.md``)."""
+
+    type: Literal["hivemind"] = "hivemind"
+    host: str = "127.0.0.1"
+    """Interface to listen on; ``0.0.0.0`` to accept peers from other machines."""
+    port: int = Field(default=0, ge=0, le=65535)
+    """TCP port to listen on; 0 picks a free one (printed as a multiaddr at start)."""
+    initial_peers: list[str] = Field(default_factory=list)
+    """Multiaddrs of peers to bootstrap from; empty starts a new swarm."""
+    announce_maddrs: list[str] = Field(default_factory=list)
+    """Multiaddrs to announce instead of the listen addresses (public address behind port forwarding)."""
+    client_mode: bool = False
+    """Do not accept incoming connections (nodes behind NAT); the node still reads and writes records."""
+    expiration_windows: int = Field(default=4, ge=1, le=1024)
+    """Records expire this many windows after the end of their window (should be >= max_past_windows)."""
+    request_timeout_s: float = Field(default=10.0, gt=0, le=600)
+    """Timeout of one DHT request (store or get), in seconds."""
+    startup_timeout_s: float = Field(default=60.0, gt=0, le=600)
+    """Time allowed for the DHT (and its p2pd daemon) to start and bootstrap, in seconds."""
+    store_validation: bool = True
+    """Install the record validator in the DHT so peers refuse forged or malformed records at store time."""
+
+
+class Libp2pTransportConfig(StrictModel):
+    """py-libp2p GossipSub (push instead of poll, no Go daemon). Placeholder: not implemented yet."""
+
+    type: Literal["libp2p"] = "libp2p"
+    listen_addrs: list[str] = Field(default_factory=lambda: ["/ip4/127.0.0.1/tcp/0"])
+    """Multiaddrs to listen on."""
+    bootstrap: list[str] = Field(default_factory=list)
+    """Multiaddrs (with /p2p/ peer id) of peers to connect to at start."""
+    topic_prefix: str = Field(default="rl-swarm", min_length=1, max_length=64)
+    """GossipSub topics are ``{topic_prefix}/{swarm}/{kind}``."""
+    max_messages_per_s: float = Field(default=10.0, gt=0)
+    """Publish rate limit (GossipSub's spam protection drops more than ~10 msg/s per topic)."""
+
+
+TransportConfig = Annotated[
+    MemoryTransportConfig | HivemindTransportConfig | Libp2pTransportConfig, Field(discriminator="type")
+]
+"""Any transport config; YAML picks one with ``transport: {type: memory|hivemind|libp2p, ...}``."""

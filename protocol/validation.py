@@ -1,0 +1,178 @@
+"""The receive path's checks on raw record bytes, in order, each rejection counted by reason.
+
+Order: size cap (before any decoding), decode + envelope schema, signature, swarm id, time window (far
+future / stale), replay of (sender, seq), per-sender quota per window. :meth:`RecordValidator.check` never
+raises, whatever the input: bad peer data is dropped, counted and logged at debug level.
+
+Pure and synchronous: the only inputs are the bytes and the injected clock. Knows nothing about transports,
+about what payloads mean (trust, re-scoring and sampling belong to ``swarm/``), or about our own identity.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from protocol.records import (
+    DECODE_REASONS,
+    SIGNATURE_REASONS,
+    RecordDecodeError,
+    RecordSignatureError,
+    decode_record,
+    window_of,
+)
+from protocol.types import Envelope
+
+if TYPE_CHECKING:
+    from protocol.transport.config import ProtocolConfig
+
+logger = logging.getLogger(__name__)
+
+#: Every reason :meth:`RecordValidator.check` may count, in check order.
+REJECT_REASONS = (*DECODE_REASONS, *SIGNATURE_REASONS, "wrong_swarm", "future", "stale", "replay", "quota")
+
+
+class RecordValidator:
+    """Stateful receive-path checks for one swarm; memory is bounded by the acceptance horizon and a cap."""
+
+    def __init__(
+        self,
+        swarm_id: str,
+        window_seconds: float,
+        max_bytes: int,
+        max_future_windows: int,
+        max_past_windows: int,
+        quota_per_window: int,
+        clock: Callable[[], float] = time.time,
+        replay_capacity: int = 200_000,
+    ) -> None:
+        if window_seconds <= 0 or max_bytes <= 0 or quota_per_window < 1 or replay_capacity < 1:
+            raise ValueError("window_seconds, max_bytes, quota_per_window and replay_capacity must be positive")
+        if max_future_windows < 0 or max_past_windows < 0:
+            raise ValueError("max_future_windows and max_past_windows must be >= 0")
+        self.swarm_id = swarm_id
+        self.window_seconds = window_seconds
+        self.max_bytes = max_bytes
+        self.max_future_windows = max_future_windows
+        self.max_past_windows = max_past_windows
+        self.quota_per_window = quota_per_window
+        self.replay_capacity = replay_capacity
+        self.clock = clock
+        self.accepted = 0
+        self.rejected: dict[str, int] = dict.fromkeys(REJECT_REASONS, 0)
+        # record window -> {(sender, seq)}; windows leave once they fall behind the acceptance horizon.
+        self._seen: dict[int, set[tuple[str, int]]] = {}
+        self._n_seen = 0
+        # record window -> sender -> records accepted; pruned together with _seen.
+        self._counts: dict[int, dict[str, int]] = {}
+
+    @classmethod
+    def from_config(
+        cls, swarm_id: str, config: ProtocolConfig, clock: Callable[[], float] = time.time
+    ) -> RecordValidator:
+        """A validator with the limits of a :class:`~protocol.transport.config.ProtocolConfig`."""
+        return cls(
+            swarm_id,
+            window_seconds=config.window_seconds,
+            max_bytes=config.max_record_bytes,
+            max_future_windows=config.max_future_windows,
+            max_past_windows=config.max_past_windows,
+            quota_per_window=config.quota_per_window,
+            clock=clock,
+            replay_capacity=config.replay_capacity,
+        )
+
+    def current_window(self) -> int:
+        """The window our clock is in now."""
+        return window_of(self.clock(), self.window_seconds)
+
+    # -- checks ------------------------------------------------------------------------------------------
+
+    def _reject(self, reason: str, detail: str = "") -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+        logger.debug("rejected record: %s %s", reason, detail)
+
+    def _stateless(self, data: Any, now_window: int) -> tuple[Envelope | None, str, str]:
+        """Size, decode, signature, swarm and window checks: (envelope, "", "") or (None, reason, detail)."""
+        try:
+            size = len(data)
+        except TypeError:
+            return None, "malformed", f"not bytes: {type(data).__name__}"
+        if size > self.max_bytes:
+            return None, "oversize", f"{size} bytes"
+        try:
+            env = decode_record(data, self.max_bytes)
+        except (RecordDecodeError, RecordSignatureError) as e:
+            return None, e.reason, str(e)
+        if env.swarm != self.swarm_id:
+            return None, "wrong_swarm", env.swarm[:64]
+        if env.window > now_window + self.max_future_windows:
+            return None, "future", f"window {env.window} > {now_window}"
+        if env.window < now_window - self.max_past_windows:
+            return None, "stale", f"window {env.window} < {now_window}"
+        return env, "", ""
+
+    def check(self, data: bytes) -> Envelope | None:
+        """The envelope if ``data`` passes every check (and is then remembered for replay and quota), else None."""
+        try:
+            now_window = self.current_window()
+            self._prune(now_window)
+            env, reason, detail = self._stateless(data, now_window)
+            if env is None:
+                self._reject(reason, detail)
+                return None
+            key = (env.sender, env.seq)
+            if any(key in seen for seen in self._seen.values()):
+                self._reject("replay", f"{env.sender[:8]} seq {env.seq}")
+                return None
+            counts = self._counts.setdefault(env.window, {})
+            if counts.get(env.sender, 0) >= self.quota_per_window:
+                self._reject("quota", f"{env.sender[:8]} window {env.window}")
+                return None
+            counts[env.sender] = counts.get(env.sender, 0) + 1
+            self._remember(env.window, key)
+            self.accepted += 1
+            return env
+        except Exception as e:  # the receive path never raises: whatever slipped through is bad input
+            self._reject("malformed", f"unexpected {e.__class__.__name__}: {e}")
+            logger.debug("unexpected error while validating a record", exc_info=True)
+            return None
+
+    def is_storable(self, data: bytes) -> bool:
+        """Stateless subset of :meth:`check` (size, decode, signature, swarm, window) for store-time hooks;
+        counts nothing and never raises. Replay and quota are not checked (they need receive-side state)."""
+        try:
+            env, _, _ = self._stateless(data, self.current_window())
+            return env is not None
+        except Exception:
+            return False
+
+    # -- bounded memory ---------------------------------------------------------------------------------
+
+    def _remember(self, window: int, key: tuple[str, int]) -> None:
+        self._seen.setdefault(window, set()).add(key)
+        self._n_seen += 1
+        while self._n_seen > self.replay_capacity:
+            # Over the cap only under a sybil flood: forget the oldest window whole (its records may then be
+            # replayed until they go stale, which costs the attacker another flood to achieve).
+            self._drop_window(min(self._seen))
+
+    def _drop_window(self, window: int) -> None:
+        self._n_seen -= len(self._seen.pop(window, ()))
+        self._counts.pop(window, None)
+
+    def _prune(self, now_window: int) -> None:
+        horizon = now_window - self.max_past_windows
+        for w in [w for w in self._seen if w < horizon]:
+            self._drop_window(w)
+
+    def metrics(self) -> dict[str, Any]:
+        """Accepted count, rejections by reason, and how many (sender, seq) pairs are remembered."""
+        return {
+            "accepted": self.accepted,
+            "rejected": dict(self.rejected),
+            "rejected_total": sum(self.rejected.values()),
+            "tracked": self._n_seen,
+        }

@@ -1,0 +1,1 @@
+"""Contract suites shared by every implementation of an interface (imported by per-implementation test modules)."""
