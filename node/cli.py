@@ -36,6 +36,56 @@ def keygen(
     typer.echo(ident.peer_id)
 
 
+@app.command()
+def join(
+    run_dir: Annotated[Path, typer.Option("--run-dir", help="Where metrics, rollouts, checkpoints and the key go.")],
+    peers: Annotated[
+        list[str] | None, typer.Option("--peers", help="Multiaddr of a peer to bootstrap from (repeatable).")
+    ] = None,
+    max_steps: Annotated[int | None, typer.Option("--max-steps", min=1, help="Stop after this many steps.")] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="Node config YAML (see configs/node/).")] = None,
+    overrides: Annotated[
+        list[str] | None, typer.Option("--set", help="Override a config field: section.field=value (repeatable).")
+    ] = None,
+    host: Annotated[str | None, typer.Option("--host", help="Address to listen on (default 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option("--port", min=0, max=65535, help="Port to listen on (0: any).")] = None,
+    identity: Annotated[
+        Path | None, typer.Option("--identity", help="Ed25519 key file (default RUN_DIR/identity.key, created).")
+    ] = None,
+    transport: Annotated[
+        str | None, typer.Option("--transport", help="Transport type: hivemind (default) or memory (alone).")
+    ] = None,
+    resume: Annotated[bool, typer.Option(help="Continue from RUN_DIR's latest checkpoint, if any.")] = True,
+    log_level: Annotated[str, typer.Option("--log-level", help="Python logging level.")] = "WARNING",
+) -> None:
+    """Join a swarm (or start one: no --peers) and train; print the addresses other nodes can join."""
+    import logging
+
+    from protocol.errors import SwarmError
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sets = list(overrides or [])
+    if transport is not None:
+        sets.append(f"transport.type={transport}")
+    try:
+        from node.join import run_join
+
+        code = run_join(
+            run_dir=run_dir,
+            config_path=config,
+            overrides=sets,
+            peers=list(peers or []),
+            host=host,
+            port=port,
+            identity_path=identity,
+            max_steps=max_steps,
+            resume=resume,
+        )
+    except SwarmError as e:
+        fail(str(e))
+    raise typer.Exit(code=code)
+
+
 def main() -> None:
     app(prog_name="swarm-node")
 

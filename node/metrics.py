@@ -1,0 +1,129 @@
+"""Per-step metrics: an append-only JSONL file that survives crashes, and a live terminal view.
+
+Knows nothing about what the numbers mean; the runtime decides what to log. Each line is flushed as it is
+written (and fsynced every few lines), so a node killed with SIGKILL loses at most its last step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    return value
+
+
+class JsonlWriter:
+    """Append JSON objects, one per line; flush every line, fsync every ``fsync_every`` lines."""
+
+    def __init__(self, path: str | Path, fsync_every: int = 10) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._repair_tail()
+        self._f = self.path.open("a", encoding="utf-8")
+        self._fsync_every = fsync_every
+        self._since_sync = 0
+
+    def _repair_tail(self) -> None:
+        """A SIGKILL mid-write can leave a partial last line; cut it so every line parses."""
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            return
+        data = self.path.read_bytes()
+        if data.endswith(b"\n"):
+            return
+        cut = data.rfind(b"\n") + 1
+        with self.path.open("r+b") as f:
+            f.truncate(cut)
+        logger.warning("%s: dropped a partial last line left by an interrupted write", self.path)
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._f.write(json.dumps(_clean(record), separators=(",", ":")) + "\n")
+        self._f.flush()
+        self._since_sync += 1
+        if self._since_sync >= self._fsync_every:
+            self.sync()
+
+    def sync(self) -> None:
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self._since_sync = 0
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self.sync()
+            self._f.close()
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Read a JSONL file written by :class:`JsonlWriter` (skips a trailing partial line)."""
+    out = []
+    path = Path(path)
+    if not path.exists():
+        return out
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                logger.warning("%s: skipping an unreadable line", path)
+    return out
+
+
+def truncate_after_step(path: str | Path, step: int) -> int:
+    """Keep only records with ``step <= step`` (on resume, steps after the checkpoint are redone)."""
+    path = Path(path)
+    rows = read_jsonl(path)
+    keep = [r for r in rows if r.get("step", -1) <= step]
+    if len(keep) != len(rows):
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in keep), encoding="utf-8")
+        tmp.replace(path)
+    return len(rows) - len(keep)
+
+
+class LiveView:
+    """A rich progress bar with the live reward, peers and traffic, shown only on a terminal."""
+
+    def __init__(self, total: int | None, start: int = 0, enabled: bool | None = None) -> None:
+        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self._progress = None
+        if not self.enabled:
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(
+            TextColumn("[bold]step"),
+            MofNCompleteColumn(),
+            BarColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[info]}"),
+            transient=False,
+        )
+        self._task = self._progress.add_task("train", total=total, completed=start, info="")
+        self._progress.start()
+
+    def update(self, m: dict[str, Any]) -> None:
+        if self._progress is None:
+            return
+        info = (
+            f"reward {m.get('reward_mean', 0):.3f}  peers {m.get('peers', 0)}  "
+            f"in {m.get('received', 0)} out {m.get('published', 0)}  rejected {m.get('rejected', 0)}"
+        )
+        self._progress.update(self._task, completed=m.get("step", 0), info=info)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None

@@ -1,0 +1,416 @@
+"""The node runtime: one node's loop of generate -> score -> publish -> mix (SAPO) -> learn -> checkpoint.
+
+A node never waits for another node. Peers' records arrive through a :class:`protocol.channel.Channel` polled
+in the background; whatever has arrived when the learner is ready is mixed in, and a node with no peers (or no
+network) trains alone. The phases are also exposed one by one (:meth:`Node.generate`, :meth:`Node.sync`,
+:meth:`Node.train`) so the simulator can schedule many nodes deterministically.
+
+This module wires parts together; it knows nothing about wire formats (``protocol``), sampling policy
+(``swarm``) or tensor maths (``node.losses`` / ``node.learner``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from node.config import NodeConfig
+from node.metrics import JsonlWriter, LiveView, truncate_after_step
+from protocol.types import Completion, Group, RolloutBatch, TaskRef
+from swarm.pool import SELF, PooledGroup, RolloutPool
+from swarm.sapo import SapoBatch, SapoSampler, ingest_rollouts
+
+logger = logging.getLogger(__name__)
+
+#: Behaviour log-prob hints from peers are clamped to this range (per-token mean, nats).
+HINT_RANGE = (-30.0, 0.0)
+
+
+@dataclass
+class NodeParts:
+    """The heavy components of a node, built once (see :func:`build_parts`)."""
+
+    policy: Any  # node.policy.Policy
+    tasks: Any  # node.tasks.TaskSource
+    engine: Any  # node.engine.RolloutEngine
+    learner: Any  # node.learner.Learner
+
+
+def build_parts(cfg: NodeConfig) -> NodeParts:
+    """Load the policy (building the built-in model on first use) and create engine and learner. Blocking."""
+    from node.engine import TransformersEngine
+    from node.learner import Learner
+    from node.policy import load_policy
+    from node.tasks import TaskSource
+
+    policy = load_policy(cfg.model)
+    tasks = TaskSource(cfg.tasks)
+    engine = TransformersEngine(policy, batch_size=cfg.rollout.batch_size)
+    pad = policy.tokenizer.pad_token_id
+    if pad is None:
+        pad = policy.tokenizer.eos_token_id
+    learner = Learner(
+        policy.model, cfg.learner, device=policy.device, pad_token_id=pad, max_tokens=cfg.rollout.max_new_tokens
+    )
+    return NodeParts(policy=policy, tasks=tasks, engine=engine, learner=learner)
+
+
+class Node:
+    """One swarm member. Create with :meth:`create`; drive with :meth:`run` (or the phase methods); ``close``."""
+
+    def __init__(
+        self,
+        cfg: NodeConfig,
+        run_dir: str | Path,
+        parts: NodeParts,
+        channel: Any | None = None,
+        *,
+        name: str = "node",
+        live: bool | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.policy, self.tasks, self.engine, self.learner = parts.policy, parts.tasks, parts.engine, parts.learner
+        self.channel = channel
+        self.name = name
+        self.step = 0
+        self.pool = RolloutPool(cfg.sapo.pool_size, cfg.sapo.max_age_steps)
+        self.sampler = SapoSampler(
+            cfg.sapo.local_groups,
+            cfg.sapo.external_groups,
+            max_per_peer=cfg.sapo.max_per_peer,
+            fill_local=cfg.sapo.fill_local,
+            seed=cfg.seed,
+        )
+        self.ingest_counts: Counter[str] = Counter()
+        self.totals: Counter[str] = Counter()
+        self._live_enabled = live
+        self._live: LiveView | None = None
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self._metrics: JsonlWriter | None = None
+        self._rollouts: JsonlWriter | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._publish_task: asyncio.Task | None = None
+        self._peers: list[str] = []
+        self.last_metrics: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @classmethod
+    async def create(
+        cls,
+        cfg: NodeConfig,
+        run_dir: str | Path,
+        *,
+        channel: Any | None = None,
+        parts: NodeParts | None = None,
+        name: str | None = None,
+        resume: bool = True,
+        live: bool | None = None,
+    ) -> Node:
+        """Build the parts (off the event loop), restore the latest checkpoint if ``resume``."""
+        if parts is None:
+            parts = await asyncio.to_thread(build_parts, cfg)
+        if name is None:
+            name = channel.peer_id if channel is not None else "node"
+        node = cls(cfg, run_dir, parts, channel, name=name, live=live)
+        if resume:
+            await asyncio.to_thread(node._restore)
+        node._metrics = JsonlWriter(node.metrics_path)
+        node._rollouts = JsonlWriter(node.run_dir / "rollouts.jsonl", fsync_every=50)
+        return node
+
+    def _restore(self) -> None:
+        from node.checkpoint import load_latest, restore
+
+        ckpt = load_latest(self.run_dir / "checkpoints")
+        if ckpt is None:
+            return
+        restore(self.learner, ckpt)
+        self.step = ckpt.step
+        self.totals.update(ckpt.extra.get("totals", {}))
+        self.engine.set_policy_version(self.learner.policy_version)
+        dropped = truncate_after_step(self.metrics_path, self.step)
+        logger.info("resumed from step %d (policy version %d)", self.step, self.learner.policy_version)
+        if dropped:
+            logger.info("dropped %d metric lines written after that checkpoint", dropped)
+
+    def checkpoint(self) -> Path:
+        """Write a checkpoint of the learner and the node's counters (atomic)."""
+        from node.checkpoint import save_checkpoint
+
+        path = save_checkpoint(
+            self.run_dir / "checkpoints",
+            self.learner,
+            step=self.step,
+            extra={"totals": dict(self.totals), "name": self.name},
+            keep=self.cfg.checkpoint.keep,
+        )
+        if self._metrics is not None:
+            self._metrics.sync()
+        return path
+
+    async def close(self) -> None:
+        """Cancel background work, close the channel and flush files. Safe to call twice."""
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+        if self.channel is not None:
+            with contextlib.suppress(Exception):
+                await self.channel.close()
+        for w in (self._metrics, self._rollouts):
+            if w is not None:
+                w.close()
+        if self._live is not None:
+            self._live.close()
+
+    def _spawn(self, coro, name: str) -> asyncio.Task:
+        task = asyncio.create_task(coro, name=f"{self.name[:12]}:{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # ------------------------------------------------------------------ phases
+
+    def _step_rng(self, purpose: str) -> random.Random:
+        # Derived from (seed, node, step) alone, so a resumed node redraws exactly what it would have drawn.
+        return random.Random(f"{self.cfg.seed}:{self.name}:{purpose}:{self.step}")
+
+    def generate(self) -> list[PooledGroup]:
+        """Draw prompts, generate G completions each, score them locally. Blocking (run off the loop)."""
+        rcfg = self.cfg.rollout
+        rng = self._step_rng("prompts")
+        refs = self.tasks.sample(rng, rcfg.prompts_per_step)
+        items = [self.tasks.materialize(r) for r in refs]
+        prompts = [self.policy.format_prompt(it.question) for it in items]
+        gens = self.engine.generate(
+            prompts,
+            rcfg.group_size,
+            max_new_tokens=rcfg.max_new_tokens,
+            temperature=rcfg.temperature,
+            top_p=rcfg.top_p,
+            seed=rng.randrange(2**31),
+        )
+        own = []
+        for i, (item, comps) in enumerate(zip(items, gens, strict=True)):
+            rewards = tuple(float(self.tasks.score(item, c.text)) for c in comps)
+            completions = tuple(
+                Completion(
+                    text=c.text,
+                    n_tokens=len(c.token_ids),
+                    finish_reason=c.finish_reason,
+                    policy_version=c.policy_version,
+                    logprob_mean=(math.fsum(c.logprobs) / len(c.logprobs)) if c.logprobs else None,
+                    reward_hint=r,
+                )
+                for c, r in zip(comps, rewards, strict=True)
+            )
+            own.append(
+                PooledGroup(
+                    key=f"{SELF}:{self.step}:{i}",
+                    source=SELF,
+                    group=Group(task=item.ref, completions=completions),
+                    rewards=rewards,
+                    step=self.step,
+                    policy_version=self.learner.policy_version,
+                    tokenizer=self.policy.tokenizer_id,
+                    extra={"gen": comps},
+                )
+            )
+        return own
+
+    def score_external(self, ref: TaskRef, texts: list[str]) -> list[float]:
+        """The receiver's verifier for peers' groups: regenerate the task from its ref, score every text."""
+        item = self.tasks.materialize(ref)  # raises TaskError for families this node does not train on
+        return [float(self.tasks.score(item, t)) for t in texts]
+
+    async def publish(self, own: list[PooledGroup]) -> None:
+        """Sign and publish this step's informative groups (peers drop zero-advantage ones anyway)."""
+        if self.channel is None:
+            return
+        groups = tuple(g.group for g in own if g.informative)
+        if not groups:
+            return
+        batch = RolloutBatch(
+            model=self.cfg.model.name,
+            policy_version=self.learner.policy_version,
+            tokenizer=self.policy.tokenizer_id,
+            groups=groups,
+        )
+        try:
+            await self.channel.publish("rollouts", batch)
+            self.totals["published_groups"] += len(groups)
+        except Exception as e:  # the network failing must not stop training
+            self.totals["publish_errors"] += 1
+            logger.warning("publish failed: %s", e)
+
+    async def sync(self) -> int:
+        """Fetch peers' new records, re-score and pool them. Returns how many groups were accepted."""
+        if self.channel is None:
+            return 0
+        try:
+            envelopes = await self.channel.poll()
+        except Exception as e:
+            self.totals["poll_errors"] += 1
+            logger.warning("poll failed: %s", e)
+            return 0
+        accepted = 0
+        for env in envelopes:
+            if env.kind != "rollouts":
+                continue
+            counts = ingest_rollouts(self.pool, env, self.score_external, self.step)
+            self.ingest_counts.update(counts)
+            accepted += counts.get("accepted", 0)
+        with contextlib.suppress(Exception):
+            self._peers = list(await self.channel.peers())
+        return accepted
+
+    def _advantages(self, rewards: tuple[float, ...]) -> list[float]:
+        from node.losses import advantages_for
+
+        return advantages_for(self.cfg.learner, rewards)
+
+    def build_samples(self, batch: SapoBatch) -> list[Any]:
+        """Turn sampled groups into learner samples; peers' text is re-tokenized with the local tokenizer."""
+        from node.learner import TrainSample
+
+        samples = []
+        max_new = self.cfg.rollout.max_new_tokens
+        eos = self.policy.tokenizer.eos_token_id
+        for g in batch.groups:
+            advs = self._advantages(g.rewards)
+            if g.local:
+                for comp, adv in zip(g.extra["gen"], advs, strict=True):
+                    if comp.token_ids:
+                        samples.append(TrainSample(comp.prompt_ids, list(comp.token_ids), adv, list(comp.logprobs)))
+                continue
+            item = self.tasks.materialize(g.group.task)
+            prompt_ids = self.policy.encode(self.policy.format_prompt(item.question))
+            same_tokenizer = g.tokenizer == self.policy.tokenizer_id
+            for comp, adv in zip(g.group.completions, advs, strict=True):
+                ids = self.policy.encode(comp.text)[:max_new]
+                if comp.finish_reason == "stop" and eos is not None and len(ids) < max_new:
+                    ids.append(eos)
+                if not ids:
+                    continue
+                hint = comp.logprob_mean if same_tokenizer else None
+                if hint is not None:
+                    hint = min(max(float(hint), HINT_RANGE[0]), HINT_RANGE[1]) if math.isfinite(hint) else None
+                samples.append(TrainSample(prompt_ids, ids, adv, None, hint, external=True))
+        return samples
+
+    def train(self, samples: list[Any]) -> dict[str, float]:
+        """One learner update (blocking); no update when every group had zero advantage."""
+        if not samples:
+            return {}
+        out = self.learner.step(samples)
+        self.engine.set_policy_version(self.learner.policy_version)
+        return out
+
+    # ------------------------------------------------------------------ the loop
+
+    async def step_once(self, *, poll: bool = True) -> dict[str, Any]:
+        """One full step. ``poll=False`` when a background poller (or the simulator) feeds the pool."""
+        t0 = time.perf_counter()
+        own = await asyncio.to_thread(self.generate)
+        t_gen = time.perf_counter() - t0
+        if self.channel is not None:
+            if self._publish_task is not None and not self._publish_task.done():
+                await self._publish_task  # at most one publish in flight
+            self._publish_task = self._spawn(self.publish(own), "publish")
+            if poll:
+                await self.sync()
+        batch = self.sampler.sample(self.pool, self.step, own)
+        samples = self.build_samples(batch)
+        t1 = time.perf_counter()
+        train_metrics = await asyncio.to_thread(self.train, samples)
+        t_train = time.perf_counter() - t1
+        return self._finish_step(own, batch, train_metrics, t_gen, t_train, time.perf_counter() - t0)
+
+    def _finish_step(self, own, batch: SapoBatch, train_metrics, t_gen, t_train, t_step) -> dict[str, Any]:
+        self.step += 1
+        self.pool.prune(self.step)
+        rewards = [r for g in own for r in g.rewards]
+        gen_tokens = sum(c.n_tokens for g in own for c in g.group.completions)
+        chan = self.channel.metrics() if self.channel is not None else {}
+        rejected = sum(chan.get("rejected", {}).values()) if isinstance(chan.get("rejected"), dict) else 0
+        dropped = sum(v for k, v in self.ingest_counts.items() if k not in ("accepted", "duplicate"))
+        m: dict[str, Any] = {
+            "step": self.step,
+            "time": time.time(),
+            "reward_mean": math.fsum(rewards) / len(rewards) if rewards else 0.0,
+            "solve_rate": sum(1 for g in own if max(g.rewards) > 0.5) / len(own) if own else 0.0,
+            **batch.metrics(),
+            "peers": len(self._peers),
+            "published": chan.get("published", 0),
+            "received": chan.get("received", 0),
+            "rejected": rejected + dropped,
+            "rejected_by_reason": {
+                **(chan.get("rejected") or {}),
+                **{k: v for k, v in self.ingest_counts.items() if k not in ("accepted", "duplicate")},
+            },
+            "accepted_groups": self.ingest_counts.get("accepted", 0),
+            "policy_version": self.learner.policy_version,
+            "gen_s": round(t_gen, 4),
+            "train_s": round(t_train, 4),
+            "step_s": round(t_step, 4),
+            "gen_tokens": gen_tokens,
+            "gen_tokens_per_s": gen_tokens / t_gen if t_gen > 0 else 0.0,
+            **self.pool.stats(self.step),
+            **{k: v for k, v in train_metrics.items() if isinstance(v, int | float)},
+        }
+        self.last_metrics = m
+        if self._metrics is not None:
+            self._metrics.write(m)
+        if self._rollouts is not None:
+            for g in own:
+                self._rollouts.write(
+                    {
+                        "step": self.step,
+                        "task": g.group.task.to_dict(),
+                        "completions": [c.text for c in g.group.completions],
+                        "rewards": list(g.rewards),
+                        "policy_version": g.policy_version,
+                    }
+                )
+        if self._live is not None:
+            self._live.update(m)
+        if self.step % self.cfg.checkpoint.every == 0:
+            self.checkpoint()
+        return m
+
+    async def _poll_forever(self, interval: float) -> None:
+        while True:
+            await self.sync()
+            await asyncio.sleep(interval)
+
+    async def run(self, max_steps: int | None = None, stop: asyncio.Event | None = None) -> dict[str, Any]:
+        """Train until ``max_steps`` (total, counting resumed steps) or ``stop`` is set; checkpoint on exit."""
+        stop = stop or asyncio.Event()
+        self._live = LiveView(max_steps, start=self.step, enabled=self._live_enabled)
+        if self.channel is not None:
+            self._spawn(self._poll_forever(self.cfg.runtime.poll_interval_s), "poll")
+        try:
+            while (max_steps is None or self.step < max_steps) and not stop.is_set():
+                await self.step_once(poll=False)
+        finally:
+            if self._publish_task is not None and not self._publish_task.done():
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self._publish_task, self.cfg.runtime.shutdown_timeout_s)
+            await asyncio.to_thread(self.checkpoint)
+            if self._live is not None:
+                self._live.close()
+                self._live = None
+        return self.last_metrics

@@ -1,0 +1,107 @@
+"""Start and stop real ``swarm-node`` processes for tests: tracked by pid, ended by pid, never by name."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+MADDR = re.compile(r"listening on (/ip4/127\.0\.0\.1/tcp/\d+/p2p/\S+)")
+
+
+class NodeProc:
+    """One ``swarm-node join`` process whose stdout is collected by a reader thread."""
+
+    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+        self.log_path = log_path
+        self.lines: list[str] = []
+        exe = shutil.which("swarm-node", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+        cmd = [exe, *args] if exe else [sys.executable, "-m", "node.cli", *args]
+        self._log = log_path.open("w")
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            cwd=Path(__file__).resolve().parents[2],
+        )
+        self.pid = self.proc.pid
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, pattern: re.Pattern[str] | str, timeout: float) -> re.Match[str]:
+        pat = re.compile(pattern) if isinstance(pattern, str) else pattern
+        deadline = time.monotonic() + timeout
+        seen = 0
+        while time.monotonic() < deadline:
+            for line in self.lines[seen:]:
+                m = pat.search(line)
+                if m:
+                    return m
+            seen = len(self.lines)
+            if self.proc.poll() is not None and seen == len(self.lines):
+                break
+            time.sleep(0.1)
+        raise AssertionError(f"no {pat.pattern!r} from pid {self.pid}; stdout={self.lines[-20:]}, log={self.tail()}")
+
+    def multiaddr(self, timeout: float = 120) -> str:
+        return self.wait_for(MADDR, timeout).group(1)
+
+    def descendants(self) -> list[int]:
+        try:
+            return [p.pid for p in psutil.Process(self.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def tail(self, n: int = 3000) -> str:
+        self._log.flush()
+        return self.log_path.read_text()[-n:] if self.log_path.exists() else ""
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def signal(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.pid, sig)
+
+    def stop(self, timeout: float = 20) -> None:
+        """Terminate (then kill) this process and any children it left, by pid."""
+        kids = self.descendants()
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        for pid in kids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self._log.close()
+
+
+def alive(pids: list[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            if p.status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out

@@ -1,0 +1,114 @@
+"""The real ``swarm-node join`` CLI in real processes over real hivemind DHTs on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from node.metrics import read_jsonl
+from tests.integration.procs import alive
+
+pytestmark = [pytest.mark.network]
+
+# Small steps so that processes overlap quickly on 2 cores.
+FAST = [
+    "--set", "rollout.prompts_per_step=4",
+    "--set", "rollout.group_size=4",
+    "--set", "sapo.local_groups=2",
+    "--set", "sapo.external_groups=2",
+    "--set", "runtime.poll_interval_s=0.5",
+]  # fmt: skip
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    return read_jsonl(run_dir / "metrics.jsonl")
+
+
+def _wait_steps(run_dir: Path, n: int, proc, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if len(_metrics(run_dir)) >= n:
+            return
+        assert proc.proc.poll() is None, f"node exited early: {proc.tail()}"
+        time.sleep(0.5)
+    raise AssertionError(f"{run_dir} did not reach {n} steps: {proc.tail()}")
+
+
+@pytest.mark.timeout(600)
+def test_two_nodes_train_on_each_others_rollouts(node_procs, tmp_path):
+    a_dir, b_dir = tmp_path / "a", tmp_path / "b"
+    a = node_procs("a", "join", "--run-dir", str(a_dir), "--max-steps", "45", *FAST)
+    maddr = a.multiaddr()
+    b = node_procs("b", "join", "--peers", maddr, "--run-dir", str(b_dir), "--max-steps", "30", *FAST)
+    assert b.wait(timeout=480) == 0, b.tail()
+    assert a.wait(timeout=240) == 0, a.tail()
+    for run_dir in (a_dir, b_dir):
+        rows = _metrics(run_dir)
+        assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))
+        assert sum(r["external_groups"] for r in rows) > 0, f"{run_dir.name} never trained on a peer's groups"
+        assert max(r["peers"] for r in rows) >= 1
+        assert rows[-1]["accepted_groups"] > 0
+        assert (run_dir / "checkpoints").is_dir()
+        assert json.loads(json.dumps(rows[-1]))["rejected"] == 0
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_checkpoints_and_leaves_no_processes(node_procs, tmp_path):
+    run_dir = tmp_path / "n"
+    p = node_procs("n", "join", "--run-dir", str(run_dir), *FAST, "--set", "checkpoint.every=1000")
+    p.multiaddr()
+    _wait_steps(run_dir, 3, p)
+    children = p.descendants()
+    assert children, "expected the hivemind p2pd daemon as a child process"
+    p.signal(signal.SIGTERM)
+    assert p.wait(timeout=120) == 0, p.tail()
+    rows = _metrics(run_dir)
+    ckpts = list((run_dir / "checkpoints").glob("step-*"))
+    assert ckpts, "SIGTERM must write a final checkpoint"
+    assert max(int(c.name.split("-")[1]) for c in ckpts) == rows[-1]["step"]
+    time.sleep(1.0)
+    assert alive(children) == [], "p2pd or other children outlived the node"
+
+
+@pytest.mark.timeout(400)
+def test_sigkill_mid_run_resumes_from_last_checkpoint(node_procs, tmp_path):
+    run_dir = tmp_path / "n"
+    args = ["join", "--run-dir", str(run_dir), *FAST, "--set", "checkpoint.every=2"]
+    p = node_procs("first", *args, "--max-steps", "40")
+    p.multiaddr()
+    _wait_steps(run_dir, 5, p)
+    children = p.descendants()
+    p.signal(signal.SIGKILL)
+    p.wait(timeout=30)
+    for pid in alive(children):  # a SIGKILLed node cannot stop its daemon; the test owns these pids
+        import os
+
+        os.kill(pid, signal.SIGKILL)
+    q = node_procs("second", *args, "--max-steps", "10")
+    assert q.wait(timeout=300) == 0, q.tail()
+    rows = _metrics(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, 11)), "steps must continue without gaps or repeats"
+    versions = [r["policy_version"] for r in rows]
+    assert versions == sorted(versions)
+
+
+def test_broken_config_is_one_clear_line(node_procs, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("learner:\n  lr: -1\n")
+    p = node_procs("bad", "join", "--run-dir", str(tmp_path / "r"), "--config", str(bad))
+    assert p.wait(timeout=60) == 1
+    err = p.tail().strip()
+    assert "learner.lr" in err and "Traceback" not in err and len(err.splitlines()) == 1
+
+
+def test_missing_model_path_is_one_clear_line(node_procs, tmp_path):
+    p = node_procs(
+        "nomodel", "join", "--run-dir", str(tmp_path / "r"), "--set", f"model.name={tmp_path / 'no-such-model'}"
+    )
+    assert p.wait(timeout=120) == 1
+    err = p.tail().strip().splitlines()
+    assert "Traceback" not in p.tail() and any("no-such-model" in line for line in err[-1:])
