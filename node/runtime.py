@@ -345,9 +345,11 @@ class Node:
         rewards = [r for g in own for r in g.rewards]
         gen_tokens = sum(c.n_tokens for g in own for c in g.group.completions)
         chan = self.channel.metrics() if self.channel is not None else {}
-        rejected = sum(chan.get("rejected", {}).values()) if isinstance(chan.get("rejected"), dict) else 0
-        dropped = sum(v for k, v in self.ingest_counts.items() if k not in ("accepted", "duplicate"))
+        # Refused by the validator (forged, replayed, ...) plus dropped at ingest (tasks we will not regenerate).
+        reasons = Counter({k: v for k, v in (chan.get("rejected") or {}).items() if v})
+        reasons.update({k: v for k, v in self.ingest_counts.items() if k not in ("accepted", "duplicate") and v})
         m: dict[str, Any] = {
+            **{k: v for k, v in train_metrics.items() if isinstance(v, int | float)},
             "step": self.step,
             "time": time.time(),
             "reward_mean": math.fsum(rewards) / len(rewards) if rewards else 0.0,
@@ -356,11 +358,8 @@ class Node:
             "peers": len(self._peers),
             "published": chan.get("published", 0),
             "received": chan.get("received", 0),
-            "rejected": rejected + dropped,
-            "rejected_by_reason": {
-                **(chan.get("rejected") or {}),
-                **{k: v for k, v in self.ingest_counts.items() if k not in ("accepted", "duplicate")},
-            },
+            "rejected": sum(reasons.values()),
+            "rejected_by_reason": dict(reasons),
             "accepted_groups": self.ingest_counts.get("accepted", 0),
             "policy_version": self.learner.policy_version,
             "gen_s": round(t_gen, 4),
@@ -369,7 +368,6 @@ class Node:
             "gen_tokens": gen_tokens,
             "gen_tokens_per_s": gen_tokens / t_gen if t_gen > 0 else 0.0,
             **self.pool.stats(self.step),
-            **{k: v for k, v in train_metrics.items() if isinstance(v, int | float)},
         }
         self.last_metrics = m
         if self._metrics is not None:

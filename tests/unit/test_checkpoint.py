@@ -1,0 +1,206 @@
+"""node.checkpoint: atomic writes, keep-N, damaged checkpoints ignored, exact resume, SIGKILL mid-write."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from node.checkpoint import load_latest, restore, save_checkpoint
+from node.config import LearnerConfig
+from node.learner import Learner, TrainSample
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tiny_model(seed: int = 0, tie: bool = True) -> Qwen2ForCausalLM:
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(
+        vocab_size=100,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=tie,
+    )
+    return Qwen2ForCausalLM(cfg)
+
+
+def make_learner(seed: int = 0, tie: bool = True) -> Learner:
+    return Learner(tiny_model(seed, tie), LearnerConfig(lr=1e-2), device="cpu", pad_token_id=0, max_tokens=8)
+
+
+def batch(step: int) -> list[TrainSample]:
+    g = torch.Generator().manual_seed(100 + step)
+    return [
+        TrainSample(
+            torch.randint(2, 100, (3,), generator=g).tolist(),
+            torch.randint(2, 100, (int(torch.randint(1, 6, (1,), generator=g)),), generator=g).tolist(),
+            float(torch.randn(1, generator=g)),
+        )
+        for _ in range(4)
+    ]
+
+
+def params(learner: Learner) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in learner.model.state_dict().items()}
+
+
+def test_save_and_load_roundtrip_with_tied_weights(tmp_path):
+    lrn = make_learner()
+    assert lrn.model.lm_head.weight.data_ptr() == lrn.model.model.embed_tokens.weight.data_ptr()
+    lrn.step(batch(0))
+    path = save_checkpoint(tmp_path, lrn, step=1, extra={"rollouts": 7})
+    assert path.name == "step-00000001"
+    assert (tmp_path / "latest").read_text() == "step-00000001"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    ckpt = load_latest(tmp_path)
+    assert ckpt is not None and ckpt.step == 1 and ckpt.policy_version == 1 and ckpt.extra == {"rollouts": 7}
+    other = make_learner(seed=5)
+    restore(other, ckpt)
+    assert other.policy_version == 1
+    for k, v in params(lrn).items():
+        assert torch.equal(v, other.model.state_dict()[k]), k
+    assert other.model.lm_head.weight.data_ptr() == other.model.model.embed_tokens.weight.data_ptr()
+
+
+def test_keep_n_and_latest_pointer(tmp_path):
+    lrn = make_learner(tie=False)
+    for step in range(1, 6):
+        save_checkpoint(tmp_path, lrn, step=step, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-00000004", "step-00000005"]
+    assert load_latest(tmp_path).step == 5
+    assert load_latest(tmp_path / "missing") is None
+    assert load_latest(tmp_path.parent / "empty-nothing") is None
+
+
+def test_incomplete_and_corrupt_checkpoints_are_ignored(tmp_path):
+    lrn = make_learner()
+    save_checkpoint(tmp_path, lrn, step=1, keep=5)
+    save_checkpoint(tmp_path, lrn, step=2, keep=5)
+    save_checkpoint(tmp_path, lrn, step=3, keep=5)
+    # Newest: a byte flipped in the weights. Next: manifest missing (as if written by something else).
+    weights = tmp_path / "step-00000003" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    (tmp_path / "step-00000002" / "manifest.json").unlink()
+    # A temporary directory a crash left behind, with a bigger step number.
+    (tmp_path / ".tmp-step-00000009-deadbeef").mkdir()
+    (tmp_path / ".tmp-step-00000009-deadbeef" / "model.safetensors").write_bytes(b"partial")
+    ckpt = load_latest(tmp_path)
+    assert ckpt is not None and ckpt.step == 1
+    restore(make_learner(seed=3), ckpt)
+    # A dangling pointer is not trusted either.
+    (tmp_path / "latest").write_text("step-00000042")
+    assert load_latest(tmp_path).step == 1
+    # The next save clears the leftovers.
+    save_checkpoint(tmp_path, lrn, step=4, keep=5)
+    assert not (tmp_path / ".tmp-step-00000009-deadbeef").exists()
+
+
+def test_resume_continues_exactly(tmp_path):
+    k, m = 3, 3
+    a = make_learner()
+    for s in range(k):
+        a.step(batch(s))
+    random.seed(11)
+    np.random.seed(11)
+    torch.manual_seed(11)
+    save_checkpoint(tmp_path, a, step=k, extra={"k": k})
+    after_save = (random.random(), float(np.random.rand()), torch.rand(3))
+    for s in range(k, k + m):
+        a.step(batch(s))
+    expected = params(a)
+
+    b = make_learner(seed=42)  # different initial weights: everything must come from the checkpoint
+    random.seed(0)
+    torch.manual_seed(0)
+    restore(b, load_latest(tmp_path))
+    resumed = (random.random(), float(np.random.rand()), torch.rand(3))
+    assert resumed[0] == after_save[0] and resumed[1] == after_save[1] and torch.equal(resumed[2], after_save[2])
+    assert b.policy_version == k
+    for s in range(k, k + m):
+        b.step(batch(s))
+    assert b.policy_version == k + m
+    for key, value in expected.items():
+        assert torch.equal(value, b.model.state_dict()[key]), key
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys, torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from node.checkpoint import save_checkpoint
+    from node.config import LearnerConfig
+    from node.learner import Learner, TrainSample
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=4000, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    lrn = Learner(Qwen2ForCausalLM(cfg), LearnerConfig(), device="cpu", pad_token_id=0, max_tokens=4)
+    lrn.step([TrainSample([5, 6], [7, 8], 1.0), TrainSample([5, 6], [9], -1.0)])
+    step = 0
+    while True:
+        step += 1
+        lrn.policy_version = step
+        save_checkpoint(sys.argv[1], lrn, step=step, extra={"step": step}, keep=2)
+        print(step, flush=True)
+    """
+)
+
+
+def test_sigkill_mid_write_leaves_a_loadable_checkpoint(tmp_path):
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER)
+    rng = random.Random(0)
+    for attempt in range(3):
+        run_dir = tmp_path / f"ckpts{attempt}"
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        proc = subprocess.Popen([sys.executable, str(script), str(run_dir)], stdout=subprocess.PIPE, env=env, text=True)
+        try:
+            last = 0
+            while last < 2:  # wait until it is writing in a loop
+                line = proc.stdout.readline()
+                assert line, "writer exited early"
+                last = int(line)
+            time.sleep(rng.uniform(0.0, 0.3))
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        rest = proc.stdout.read()
+        proc.stdout.close()
+        printed = [last] + [int(x) for x in rest.split()]
+        ckpt = load_latest(run_dir)
+        assert ckpt is not None
+        assert ckpt.step >= max(printed)  # every save it reported as done survives
+        assert ckpt.extra == {"step": ckpt.step} and ckpt.policy_version == ckpt.step
+        cfg = json.loads((ckpt.path / "manifest.json").read_text())
+        assert set(cfg["files"]) >= {"model.safetensors", "optimizer.safetensors"}
+        torch.manual_seed(1)
+        big = Qwen2Config(
+            vocab_size=4000,
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            tie_word_embeddings=True,
+        )
+        fresh = Learner(Qwen2ForCausalLM(big), LearnerConfig(), device="cpu", pad_token_id=0, max_tokens=4)
+        fresh.step([TrainSample([5, 6], [7, 8], 1.0)])  # creates optimizer state to be overwritten
+        restore(fresh, ckpt)
+        assert fresh.policy_version == ckpt.step

@@ -1,0 +1,172 @@
+"""node.learner on a tiny randomly initialised Qwen2 model (no downloads)."""
+
+import copy
+import math
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from node.config import LearnerConfig
+from node.learner import Learner, TrainSample, completion_logprobs
+
+PAD = 0
+
+
+def tiny_model(seed: int = 0) -> Qwen2ForCausalLM:
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(
+        vocab_size=100,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    return Qwen2ForCausalLM(cfg)
+
+
+def samples(n: int = 6, seed: int = 1) -> list[TrainSample]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        p = int(torch.randint(1, 6, (1,), generator=g))
+        c = int(torch.randint(1, 8, (1,), generator=g))
+        out.append(
+            TrainSample(
+                torch.randint(2, 100, (p,), generator=g).tolist(),
+                torch.randint(2, 100, (c,), generator=g).tolist(),
+                advantage=float(torch.randn(1, generator=g)),
+            )
+        )
+    return out
+
+
+def learner(model, **cfg) -> Learner:
+    return Learner(model, LearnerConfig(**cfg), device="cpu", pad_token_id=PAD, max_tokens=8)
+
+
+def _flat(model) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def test_completion_logprobs_match_naive_loop():
+    model = tiny_model()
+    batch = samples(4)
+    lrn = learner(model)
+    b = lrn._collate(batch)
+    logp = completion_logprobs(model, b.input_ids, b.attention_mask, b.prompt_lens, b.completion_lens)
+    for i, s in enumerate(batch):
+        ids = torch.tensor([s.prompt_ids + s.completion_ids])
+        full = model(input_ids=ids).logits.log_softmax(-1)[0]
+        p = len(s.prompt_ids)
+        for j, tok in enumerate(s.completion_ids):
+            assert logp[i, j].item() == pytest.approx(full[p + j - 1, tok].item(), abs=1e-5)
+        assert (logp[i, len(s.completion_ids) :] == 0).all()
+
+
+def test_one_step_changes_parameters_and_bumps_version():
+    model = tiny_model()
+    lrn = learner(model)
+    before = _flat(model).clone()
+    metrics = lrn.step(samples())
+    assert lrn.policy_version == 1
+    assert not torch.equal(before, _flat(model))
+    for key in ("loss", "grad_norm", "clip_low_frac", "clip_high_frac", "tokens", "seconds", "tokens_per_s"):
+        assert isinstance(metrics[key], float) and math.isfinite(metrics[key])
+    assert metrics["is_weight_mean"] == 1.0 and metrics["is_truncated_frac"] == 0.0
+    lrn.step(samples(seed=2))
+    assert lrn.policy_version == 2
+
+
+@pytest.mark.parametrize("loss", ["grpo", "dapo", "dr_grpo"])
+def test_micro_batching_gives_the_same_update(loss):
+    batch = samples(6)
+    results = []
+    for mb in (1, 6):
+        model = tiny_model()
+        lrn = learner(model, loss=loss, micro_batch_size=mb, lr=1e-3)
+        totals = lrn.accumulate_gradients(batch)
+        grads = torch.cat([p.grad.flatten() for p in lrn.params])
+        lrn.optimizer.zero_grad()
+        lrn.step(batch)
+        results.append((float(totals["loss"]), grads, _flat(model)))
+    (l1, g1, p1), (l6, g6, p6) = results
+    assert l1 == pytest.approx(l6, abs=1e-6)
+    assert torch.allclose(g1, g6, atol=1e-6, rtol=1e-4)
+    assert (p1 - p6).abs().max().item() < 1e-5
+
+
+def test_kl_reference_only_with_beta():
+    assert learner(tiny_model()).ref_model is None
+    lrn = learner(tiny_model(), beta=0.1)
+    assert lrn.ref_model is not None
+    m0 = lrn.step(samples())
+    assert m0["kl"] == pytest.approx(0.0, abs=1e-7)  # the policy equals its reference before the first update
+    m1 = lrn.step(samples())
+    assert m1["kl"] > 0
+
+
+def test_is_weights_applied_to_behaviour_logprobs():
+    model = tiny_model()
+    lrn = learner(model, is_cap=1.0)
+    batch = samples(4)
+    b = lrn._collate(batch)
+    with torch.no_grad():
+        logp = completion_logprobs(model, b.input_ids, b.attention_mask, b.prompt_lens, b.completion_lens)
+    # Local sample 0: behaviour logprobs 1 nat above ours on every token -> w = e^-1.
+    s0 = batch[0]
+    s0.behaviour_logprobs = [v + 1.0 for v in logp[0, : len(s0.completion_ids)].tolist()]
+    # External sample 1 with only a mean hint far below ours -> ratio capped at 1, counted as truncated.
+    batch[1].external, batch[1].behaviour_logprob_mean = True, -1e9
+    # External sample 2 with a hint 0.5 nat above our mean -> w = e^-0.5 on all its tokens.
+    n2 = len(batch[2].completion_ids)
+    batch[2].external = True
+    batch[2].behaviour_logprob_mean = float(logp[2, :n2].mean()) + 0.5
+    # Sample 3: no behaviour information -> weight 1.
+    b = lrn._collate(batch)
+    w, hits, counted = lrn._is_weights(logp, b)
+    n0 = len(s0.completion_ids)
+    assert torch.allclose(w[0, :n0], torch.full((n0,), math.exp(-1.0)), atol=1e-5)
+    assert torch.allclose(w[1], torch.ones_like(w[1]))
+    assert torch.allclose(w[2, :n2], torch.full((n2,), math.exp(-0.5)), atol=1e-5)
+    assert torch.allclose(w[3], torch.ones_like(w[3]))
+    n1 = len(batch[1].completion_ids)
+    assert counted.item() == n0 + n1 + n2 and hits.item() == n1
+
+    # The weights reach the loss: down-weighting every token by e^-1 scales the gradient by e^-1.
+    plain = samples(4)
+    g_plain = _grad_of(plain)
+    weighted = copy.deepcopy(plain)
+    for s in weighted:
+        s.external = True
+        s.behaviour_logprob_mean = 0.0  # claims probability 1: w = exp(mean old logp) < 1
+    g_weighted = _grad_of(weighted)
+    assert g_weighted.norm() < g_plain.norm()
+    metrics = learner(tiny_model()).step(weighted)
+    assert metrics["is_weight_mean"] < 1.0
+
+
+def _grad_of(batch: list[TrainSample]) -> torch.Tensor:
+    lrn = learner(tiny_model())
+    lrn.accumulate_gradients(batch)
+    return torch.cat([p.grad.flatten() for p in lrn.params])
+
+
+def test_untrusted_hints_are_sanitised():
+    lrn = learner(tiny_model())
+    batch = samples(3)
+    batch[0].external, batch[0].behaviour_logprob_mean = True, float("nan")
+    batch[1].external, batch[1].behaviour_logprobs = True, [5.0]  # wrong length for a peer: ignored
+    batch[2].external, batch[2].behaviour_logprob_mean = True, 7.0  # positive: clamped to 0
+    b = lrn._collate(batch)
+    assert not b.has_mean_behaviour[0] and not b.has_token_behaviour[1]
+    assert b.behaviour_mean[2].item() == 0.0
+    assert math.isfinite(lrn.step(batch)["loss"])
+    bad = samples(1)
+    bad[0].behaviour_logprobs = [0.0] * (len(bad[0].completion_ids) + 1)
+    with pytest.raises(ValueError):
+        lrn.step(bad)  # a local rollout with misaligned logprobs is a bug, not a peer's noise
+    with pytest.raises(ValueError):
+        lrn.step([TrainSample([1, 2], [], 1.0)])
