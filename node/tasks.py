@@ -1,0 +1,203 @@
+"""Task items and rewards: reasoning-gym datasets addressed by :class:`~protocol.types.TaskRef`.
+
+A task item is fully determined by its ref ``(family, config, seed, index)``: reasoning-gym generators seed a
+fresh ``random.Random`` from ``seed + index`` per item, so any peer regenerates the same question and gold answer
+from the ref alone (Open-Thought, *Reasoning Gym*, arXiv 2505.24760). The dataset's virtual ``size`` is not
+part of item generation for the families used here, but it bounds valid indices, so it is fixed
+(:data:`DEFAULT_SIZE`) unless a family's config names it explicitly -- then it travels inside the ref.
+
+Answers use one format everywhere (prompt instruction, the built-in model's warm-start data, the verifier): the
+text between the last ``<answer>`` and ``</answer>`` of a completion. The verifier is the dataset's own
+``score_answer`` (partial credit included), clamped to [0, 1]; ``propositional_logic`` has no single gold answer
+and is scored against its premises by reasoning-gym.
+
+Knows nothing about models, tokenizers or prompts' chat formatting (see ``node.policy``), nor about who sent a
+ref: :meth:`TaskSource.materialize` only accepts the families and configs this node itself trains on, which
+keeps hostile refs from making it generate arbitrary datasets.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import re
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from node.config import TaskConfig
+from protocol.errors import SwarmError
+from protocol.types import Scalar, TaskRef
+
+logger = logging.getLogger(__name__)
+
+#: Virtual dataset size (upper bound on item indices) when a family's config does not set ``size``.
+DEFAULT_SIZE = 1_000_000_000
+#: The instruction appended to every question (plain template and chat templates alike).
+ANSWER_INSTRUCTION = "Give the final answer as <answer>...</answer>."
+ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
+_ANSWER_RE = re.compile(re.escape(ANSWER_OPEN) + r"(.*?)" + re.escape(ANSWER_CLOSE), re.DOTALL)
+
+#: The SAPO paper's nine reasoning-gym families (arXiv 2509.08721) plus the default ``chain_sum``.
+SAPO_FAMILIES = (
+    "base_conversion",
+    "basic_arithmetic",
+    "arc_1d",
+    "bf",
+    "propositional_logic",
+    "fraction_simplification",
+    "decimal_arithmetic",
+    "calendar_arithmetic",
+    "binary_matrix",
+)
+
+
+class TaskError(SwarmError):
+    """A task ref or family config cannot be materialized here (unknown family, foreign config, bad index)."""
+
+
+@dataclass
+class TaskItem:
+    """One materialized task: the question, its gold answer (``None`` when scored otherwise) and the metadata
+    reasoning-gym's verifier needs."""
+
+    ref: TaskRef
+    question: str
+    answer: str | None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def format_answer(answer: str) -> str:
+    """The completion text that states ``answer`` in the one answer format the verifier reads."""
+    return f"{ANSWER_OPEN}{answer}{ANSWER_CLOSE}"
+
+
+def extract_answer(text: str) -> str | None:
+    """The stripped text inside the last ``<answer>...</answer>`` of ``text``, or ``None`` when there is none
+    (an unclosed tag -- a truncated completion -- counts as no answer)."""
+    matches = _ANSWER_RE.findall(text)
+    return matches[-1].strip() if matches else None
+
+
+def _config_key(config: Mapping[str, Scalar]) -> str:
+    return json.dumps(dict(config), sort_keys=True, separators=(",", ":"))
+
+
+class _LRU(OrderedDict):
+    """A tiny least-recently-used map (``functools.lru_cache`` would key on unhashable configs)."""
+
+    def __init__(self, maxsize: int):
+        super().__init__()
+        self.maxsize = maxsize
+
+    def get_or(self, key: Any, make: Any) -> Any:
+        if key in self:
+            self.move_to_end(key)
+            return self[key]
+        value = make()
+        self[key] = value
+        if len(self) > self.maxsize:
+            self.popitem(last=False)
+        return value
+
+
+class TaskSource:
+    """Draws task refs from the configured families, materializes refs (own or peers') and scores completions.
+
+    Deterministic: :meth:`sample` depends only on the ``rng`` passed in, :meth:`materialize` only on the ref.
+    """
+
+    def __init__(self, cfg: TaskConfig, *, cache_items: int = 4096):
+        import reasoning_gym  # noqa: F401  (registers the datasets)
+        from reasoning_gym.factory import DATASETS
+
+        if not cfg.families:
+            raise TaskError("tasks.families is empty; configure at least one reasoning-gym family")
+        self.cfg = cfg
+        self._families: list[tuple[str, dict[str, Scalar]]] = []
+        self._weights: list[float] = []
+        self._allowed: set[tuple[str, str]] = set()
+        for fam in cfg.families:
+            if fam.name not in DATASETS:
+                raise TaskError(f"unknown task family {fam.name!r} (not a reasoning-gym dataset)")
+            if "seed" in fam.config:
+                raise TaskError(f"task family {fam.name!r}: remove 'seed' from its config (use tasks.seed)")
+            self._families.append((fam.name, dict(fam.config)))
+            self._weights.append(fam.weight)
+            self._allowed.add((fam.name, _config_key(fam.config)))
+        self._datasets = _LRU(64)
+        self._items = _LRU(cache_items)
+        for name, config in self._families:  # fail at start-up, not at the first step, on a bad config
+            self._dataset(name, config, cfg.seed)
+
+    @property
+    def families(self) -> list[str]:
+        """Names of the families this source draws from (and accepts refs for)."""
+        return [name for name, _ in self._families]
+
+    def sample(self, rng: random.Random, n: int) -> list[TaskRef]:
+        """``n`` refs: a family drawn by weight, then an index uniform in ``[0, pool_size)``."""
+        picks = rng.choices(range(len(self._families)), weights=self._weights, k=n)
+        refs = []
+        for i in picks:
+            name, config = self._families[i]
+            refs.append(
+                TaskRef(family=name, config=dict(config), seed=self.cfg.seed, index=rng.randrange(self.cfg.pool_size))
+            )
+        return refs
+
+    def accepts(self, ref: TaskRef) -> bool:
+        """Whether ``ref`` names a family and config this node trains on (the only refs it materializes)."""
+        return (ref.family, _config_key(ref.config)) in self._allowed
+
+    def materialize(self, ref: TaskRef) -> TaskItem:
+        """Regenerate the question and gold answer of ``ref`` (cached); :class:`TaskError` for a family or
+        config this node does not train on, or an index outside the dataset."""
+        if not self.accepts(ref):
+            raise TaskError(
+                f"task {ref.family!r} with config {_config_key(ref.config)} is not one of this node's families"
+            )
+        return self._items.get_or(ref.key(), lambda: self._generate(ref))
+
+    def score(self, item: TaskItem, completion_text: str) -> float:
+        """Reward in [0, 1]: the answer extracted from ``completion_text`` scored by the dataset's own verifier."""
+        answer = extract_answer(completion_text)
+        if answer is None:
+            return 0.0
+        dataset = self._dataset(item.ref.family, dict(item.ref.config), item.ref.seed)
+        entry = {"question": item.question, "answer": item.answer, "metadata": item.metadata}
+        try:
+            reward = float(dataset.score_answer(answer, entry))
+        except Exception as e:  # a verifier crashing on garbage text is a wrong answer, not a node failure
+            logger.debug("score_answer of %s raised %r on %r", item.ref.family, e, answer[:80])
+            return 0.0
+        return min(1.0, max(0.0, reward)) if reward == reward else 0.0
+
+    def _dataset(self, name: str, config: dict[str, Scalar], seed: int) -> Any:
+        def make() -> Any:
+            import reasoning_gym
+
+            kwargs = {"size": DEFAULT_SIZE, **config, "seed": seed}
+            try:
+                return reasoning_gym.create_dataset(name, **kwargs)
+            except (TypeError, ValueError, AssertionError) as e:
+                raise TaskError(f"task family {name!r}: invalid config {_config_key(config)}: {e}") from e
+
+        return self._datasets.get_or((name, _config_key(config), seed), make)
+
+    def _generate(self, ref: TaskRef) -> TaskItem:
+        if not isinstance(ref.seed, int) or ref.seed < 0:
+            raise TaskError(f"task seed must be a non-negative integer, got {ref.seed!r}")
+        dataset = self._dataset(ref.family, dict(ref.config), ref.seed)
+        if not isinstance(ref.index, int) or not 0 <= ref.index < dataset.size:
+            raise TaskError(f"task index {ref.index!r} outside [0, {dataset.size}) for {ref.family!r}")
+        entry = dataset[ref.index]
+        answer = entry.get("answer")
+        return TaskItem(
+            ref=ref,
+            question=entry["question"],
+            answer=None if answer is None else str(answer),
+            metadata=entry.get("metadata", {}),
+        )
