@@ -1,0 +1,462 @@
+"""The hivemind transport: signed record bytes in a hivemind (Kademlia) DHT, one key per record plus a window index.
+
+Key layout (see ``protocol/SPEC.md``, "hivemind transport"):
+
+* record  ``{swarm}/rollouts/{window}/{sender}/{digest}`` -> the record bytes (a plain value, no subkey), where
+  ``digest`` is the first 16 bytes of SHA-256 of the record, in hex: keys are content addressed, so nobody can
+  overwrite a record with different bytes, and any peer can check a value against its key;
+* index   ``{swarm}/rollouts/{window}`` -> one subkey ``{window}/{sender}/{digest}`` per record, value ``b""``.
+
+A reader asks for the index of each recent window, then fetches only the record keys it has not seen yet with
+one ``get_many``. Large values never share a key, so no DHT message grows with the swarm (p2pd caps a message at
+4 MiB: 32 x 200 KB under one key fails silently). Entries expire ``expiration_windows`` windows after publishing.
+
+Every honest node runs :class:`DHTRecordGuard` (a hivemind ``RecordValidatorBase``) on everything it is asked
+to store and on every value a peer returns: a record must decode as a signed record of this swarm whose
+``(window, sender, digest)`` reproduces the key it is stored under, and must pass the caller's ``validate``
+hook; an index entry must name a record of the window its key belongs to and carry no data. Refusals are counted
+by reason (:meth:`HivemindTransport.rejections`).
+
+The DHT runs as an in-process ``DHTNode`` on a private event loop in a daemon thread (with its own ``p2pd``
+child process). That sidesteps hivemind's ``DHT`` process wrapper, whose pipe breaks on values above ~16 KB
+(hivemind PR #660), and it keeps peer bytes out of that wrapper's pickled pipe. Callers' coroutines never run
+hivemind code on their own loop; every call into the DHT has a timeout.
+
+This is the only module of the project that imports hivemind. It knows nothing about what a record means
+beyond its signed header (``protocol.records`` decodes it), nor about replay, quotas or dedup by sequence
+number: the channel's validator does those on the receive path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import re
+import threading
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, TypeVar
+
+import msgpack
+from hivemind.dht.node import DHTNode
+from hivemind.dht.routing import DHTID
+from hivemind.dht.validation import DHTRecord, RecordValidatorBase
+from hivemind.utils import get_dht_time
+
+from protocol.errors import TransportError
+from protocol.records import RecordDecodeError, RecordSignatureError, decode_record
+from protocol.transport.base import Transport
+from protocol.transport.config import HivemindTransportConfig, ProtocolConfig
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Hex characters of the content digest in a record key (16 bytes of SHA-256).
+DIGEST_HEX = 32
+#: Index entries whose record could not be fetched this many times are given up (forged or lost entries).
+MAX_FETCH_ATTEMPTS = 5
+#: Records remembered as already validated by a node's guard (about 2 KB of memory per 64 entries).
+PASSED_CACHE_SIZE = 4096
+#: Most new records one fetch asks for (bounds one poll's work under an index flood; the rest come next poll).
+MAX_RECORDS_PER_FETCH = 256
+#: How hivemind serializes "no subkey" (a plain value) and the empty bytes value of an index entry.
+_NO_SUBKEY = msgpack.packb(None)
+_EMPTY_VALUE = msgpack.packb(b"", use_bin_type=True)
+_INDEX_SUBKEY_RE = re.compile(rf"^(\d{{1,15}})/([0-9a-f]{{32}})/([0-9a-f]{{{DIGEST_HEX}}})$")
+
+
+def record_digest(data: bytes) -> str:
+    """The content digest used in record keys: SHA-256, first 16 bytes, lowercase hex."""
+    return hashlib.sha256(data).hexdigest()[:DIGEST_HEX]
+
+
+def index_key(swarm: str, window: int) -> str:
+    """DHT key of the per-window index (subkeys name the records published in that window)."""
+    return f"{swarm}/rollouts/{window}"
+
+
+def index_subkey(window: int, sender: str, digest: str) -> str:
+    """Subkey of one index entry; it repeats the window so a validator can check it against the hashed key."""
+    return f"{window}/{sender}/{digest}"
+
+
+def record_key(swarm: str, window: int, sender: str, digest: str) -> str:
+    """DHT key of one record (content addressed)."""
+    return f"{swarm}/rollouts/{window}/{sender}/{digest}"
+
+
+def _key_id(key: str) -> bytes:
+    return DHTID.generate(source=key).to_bytes()
+
+
+class DHTRecordGuard(RecordValidatorBase):
+    """Store-time and fetch-time check of every DHT entry; refuses anything that is not ours, counted by reason.
+
+    Stateless by design (no replay or quota memory): hivemind validates the same entry on every store, every
+    lookup response and every cache refresh, so a stateful check would refuse honest repeats.
+    """
+
+    def __init__(
+        self, swarm: str, *, max_bytes: int, max_ttl_s: float, validate: Callable[[bytes], bool] | None = None
+    ):
+        self.swarm = swarm
+        self.max_bytes = max_bytes
+        self.max_ttl_s = max_ttl_s
+        self.hook = validate
+        self.rejections: Counter[str] = Counter()
+        self.accepted = 0
+        # hivemind re-validates one record on every store, lookup response and cache refresh: remember records
+        # that passed (by key and content hash) for a short while so each node verifies each record about once.
+        self._passed: OrderedDict[tuple[bytes, bytes], float] = OrderedDict()
+        self._pass_ttl_s = max(1.0, max_ttl_s / 8)
+        self.seconds = 0.0  # CPU spent validating (for the benchmark's codec share)
+        self._lock = threading.Lock()
+
+    def validate(self, record: DHTRecord) -> bool:
+        start = time.perf_counter()
+        try:
+            reason = self.check(record)
+        except Exception:  # a validator must never raise into hivemind: a bug here would drop honest data silently
+            logger.exception("hivemind record guard failed on a record")
+            reason = "guard_error"
+        with self._lock:
+            self.seconds += time.perf_counter() - start
+            if reason is None:
+                self.accepted += 1
+            else:
+                self.rejections[reason] += 1
+        if reason is not None:
+            logger.debug("refused DHT entry (%s), %d bytes", reason, len(record.value))
+        return reason is None
+
+    def check(self, record: DHTRecord) -> str | None:
+        """The reason to refuse ``record``, or None to accept it."""
+        if record.expiration_time > get_dht_time() + self.max_ttl_s:
+            return "expiration_too_far"
+        if record.subkey == _NO_SUBKEY:
+            return self._check_record(record)
+        return self._check_index_entry(record)
+
+    def _check_record(self, record: DHTRecord) -> str | None:
+        if len(record.value) > self.max_bytes + 16:
+            return "oversize"
+        memo = (record.key, hashlib.sha256(record.value).digest())
+        now = time.monotonic()
+        with self._lock:
+            passed_at = self._passed.get(memo)
+        if passed_at is not None and now - passed_at < self._pass_ttl_s:
+            return None
+        reason = self._check_record_uncached(record)
+        if reason is None:
+            with self._lock:
+                self._passed[memo] = now
+                self._passed.move_to_end(memo)
+                while len(self._passed) > PASSED_CACHE_SIZE:
+                    self._passed.popitem(last=False)
+        return reason
+
+    def _check_record_uncached(self, record: DHTRecord) -> str | None:
+        try:
+            data = msgpack.unpackb(record.value, raw=True, max_bin_len=self.max_bytes)
+        except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
+            return "malformed"
+        if not isinstance(data, bytes):
+            return "malformed"
+        try:
+            env = decode_record(data, self.max_bytes)
+        except (RecordDecodeError, RecordSignatureError) as e:
+            return e.reason
+        if env.swarm != self.swarm:
+            return "wrong_swarm"
+        if _key_id(record_key(self.swarm, env.window, env.sender, record_digest(data))) != record.key:
+            return "key_mismatch"
+        hook = self.hook
+        if hook is not None and not hook(data):
+            return "invalid_record"
+        return None
+
+    def _check_index_entry(self, record: DHTRecord) -> str | None:
+        if record.value != _EMPTY_VALUE:
+            return "index_with_data"
+        try:
+            subkey = msgpack.unpackb(record.subkey, raw=False)
+        except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
+            return "malformed_index"
+        match = _INDEX_SUBKEY_RE.match(subkey) if isinstance(subkey, str) else None
+        if match is None:
+            return "malformed_index"
+        if _key_id(index_key(self.swarm, int(match.group(1)))) != record.key:
+            return "key_mismatch"
+        return None
+
+
+class _LoopThread:
+    """A private asyncio loop in a daemon thread: hivemind's tasks live there, callers await through futures."""
+
+    def __init__(self, name: str):
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+        # Let cancelled tasks unwind before the loop closes.
+        pending = asyncio.all_tasks(self.loop)
+        for task in pending:
+            task.cancel()
+        if pending:
+            self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        self.loop.close()
+
+    async def call(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
+        """Run ``coro`` on the private loop; raise ``TimeoutError`` (after cancelling it there) past ``timeout``."""
+
+        async def bounded() -> T:
+            return await asyncio.wait_for(coro, timeout)
+
+        fut = asyncio.run_coroutine_threadsafe(bounded(), self.loop)
+        try:
+            # The outer bound is a safety net in case the private loop itself is stuck.
+            return await asyncio.wait_for(asyncio.wrap_future(fut), timeout + 5.0)
+        except (TimeoutError, asyncio.CancelledError):
+            fut.cancel()
+            raise
+
+    def stop(self, join_timeout: float = 10.0) -> None:
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(join_timeout)
+
+
+class HivemindTransport(Transport):
+    """Transport over a hivemind DHT node; build it with ``await HivemindTransport.create(cfg, swarm=...)``."""
+
+    def __init__(
+        self,
+        cfg: HivemindTransportConfig,
+        protocol: ProtocolConfig,
+        swarm: str,
+        runner: _LoopThread,
+        node: DHTNode,
+        guard: DHTRecordGuard | None,
+        addresses: list[str],
+    ):
+        self.cfg = cfg
+        self.protocol = protocol
+        self.swarm = swarm
+        self.guard = guard
+        self._runner = runner
+        self._node = node
+        self._addresses = addresses
+        self._record_validator = guard.hook if guard is not None else None
+        self._records: dict[int, dict[str, bytes]] = {}  # window -> index subkey -> record bytes
+        self._misses: Counter[tuple[int, str]] = Counter()  # index entries whose record could not be fetched
+        self._closed = False
+        self._fetch_lock = asyncio.Lock()
+
+    @classmethod
+    async def create(
+        cls,
+        cfg: HivemindTransportConfig,
+        *,
+        swarm: str,
+        validate: Callable[[bytes], bool] | None = None,
+        protocol: ProtocolConfig | None = None,
+    ) -> HivemindTransport:
+        """Start a DHT node (and its p2pd), bootstrapping from ``cfg.initial_peers`` or starting a new swarm.
+
+        ``validate`` is the store-time hook (e.g. ``RecordValidator.is_storable``); it must be stateless, since
+        hivemind validates the same entry many times. ``protocol`` gives the window length and record size cap
+        (defaults: ``ProtocolConfig()``); every node of a swarm must use the same window length.
+        """
+        protocol = protocol if protocol is not None else ProtocolConfig()
+        guard = None
+        if cfg.store_validation:
+            guard = DHTRecordGuard(
+                swarm,
+                max_bytes=protocol.max_record_bytes,
+                max_ttl_s=(cfg.expiration_windows + protocol.max_future_windows + 2) * protocol.window_seconds,
+                validate=validate,
+            )
+        runner = _LoopThread(name=f"hivemind-dht-{swarm}")
+        kwargs: dict[str, Any] = dict(
+            initial_peers=list(cfg.initial_peers) or None,
+            host_maddrs=[f"/ip4/{cfg.host}/tcp/{cfg.port}"],
+            client_mode=cfg.client_mode,
+            record_validator=guard,
+            wait_timeout=cfg.request_timeout_s,
+            # A fresh p2pd per node has its own libp2p key (peer id): never a key shared by DHTs in one process.
+            identity_path=None,
+        )
+        if cfg.announce_maddrs:
+            kwargs["announce_maddrs"] = list(cfg.announce_maddrs)
+        try:
+            node = await runner.call(DHTNode.create(**kwargs), timeout=cfg.startup_timeout_s)
+            maddrs = await runner.call(node.get_visible_maddrs(), timeout=cfg.request_timeout_s)
+        except BaseException as e:
+            runner.stop()
+            if isinstance(e, asyncio.CancelledError):
+                raise
+            raise TransportError(f"hivemind DHT could not start ({e.__class__.__name__}: {e})") from e
+        addresses = [str(m) for m in maddrs]
+        logger.info("hivemind DHT up for swarm %r at %s", swarm, ", ".join(addresses))
+        return cls(cfg, protocol, swarm, runner, node, guard, addresses)
+
+    # -- Transport interface -------------------------------------------------------------------------------------
+
+    async def publish(self, data: bytes, *, window: int, sender: str) -> None:
+        """Store the record under its content-addressed key and announce it in the window's index."""
+        self._check_open()
+        if len(data) > self.protocol.max_record_bytes:
+            cap = self.protocol.max_record_bytes
+            raise TransportError(f"record of {len(data)} bytes exceeds max_record_bytes={cap}")
+        digest = record_digest(data)
+        sub = index_subkey(window, sender, digest)
+        keys = [record_key(self.swarm, window, sender, digest), index_key(self.swarm, window)]
+        # Expire a fixed number of windows after the record's own window ends (not after the store).
+        expiration = float((window + 1 + self.cfg.expiration_windows) * self.protocol.window_seconds)
+        if self.guard is not None:
+            # Refuse up front, with the reason, what every honest replica (our own node included) would refuse.
+            record = DHTRecord(_key_id(keys[0]), _NO_SUBKEY, msgpack.packb(data, use_bin_type=True), expiration)
+            reason = self.guard.check(record)
+            if reason is not None:
+                raise TransportError(f"hivemind transport refuses to publish this record ({reason})")
+        try:
+            ok = await self._runner.call(
+                self._node.store_many(keys, [data, b""], expiration, subkeys=[None, sub]),
+                timeout=self.cfg.request_timeout_s * 2,
+            )
+        except TimeoutError:
+            raise TransportError(f"hivemind store timed out after {self.cfg.request_timeout_s * 2:.0f}s") from None
+        if not all(ok.values()):
+            # Our node stored it; some replica refused (e.g. its clock puts the window out of range) or timed out.
+            logger.debug("hivemind store of %s not accepted by every replica: %s", sub, ok)
+        self._records.setdefault(window, {})[sub] = data
+
+    async def fetch_recent(self, windows: Sequence[int]) -> list[bytes]:
+        """All records of ``windows`` known to the DHT (or cached from earlier fetches); never hangs, never raises
+        on network faults: on a timeout it returns what it has."""
+        self._check_open()
+        windows = sorted(set(windows))
+        async with self._fetch_lock:
+            try:
+                await self._refresh(windows)
+            except TimeoutError:
+                logger.debug("hivemind fetch timed out; returning cached records")
+            self._prune(windows)
+        return [data for w in windows for data in self._records.get(w, {}).values()]
+
+    async def peers(self) -> list[str]:
+        """libp2p peer ids (base58) of the DHT nodes in this node's routing table."""
+        if self._closed:
+            return []
+
+        async def read() -> list[str]:
+            return [str(pid) for pid in self._node.protocol.routing_table.peer_id_to_uid]
+
+        return await self._runner.call(read(), timeout=self.cfg.request_timeout_s)
+
+    def addresses(self) -> list[str]:
+        """Full multiaddrs other peers can bootstrap from (``/ip4/HOST/tcp/PORT/p2p/PEERID``)."""
+        return list(self._addresses)
+
+    async def close(self) -> None:
+        """Shut the DHT node and its p2pd down, then stop the private loop; safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._runner.call(self._node.shutdown(), timeout=self.cfg.request_timeout_s * 2)
+        except Exception:
+            logger.warning("hivemind DHT did not shut down cleanly; killing its p2pd", exc_info=True)
+        finally:
+            self._kill_p2pd()
+            self._runner.stop()
+
+    def set_record_validator(self, validate: Callable[[bytes], bool] | None) -> None:
+        """Swap the store-time hook; takes effect at once (the guard runs in this process)."""
+        self._record_validator = validate
+        if self.guard is not None:
+            self.guard.hook = validate
+
+    # -- extras ---------------------------------------------------------------------------------------------------
+
+    async def store_raw(self, key: str, value: bytes, expiration_time: float, subkey: str | None = None) -> bool:
+        """Store arbitrary bytes under an arbitrary key, bypassing :meth:`publish`'s layout (fault injection and
+        tests only: a hostile peer built with ``store_validation=False`` uses it to try forged entries)."""
+        self._check_open()
+        return await self._runner.call(
+            self._node.store(key, value, expiration_time, subkey=subkey), timeout=self.cfg.request_timeout_s * 2
+        )
+
+    def rejections(self) -> dict[str, int]:
+        """DHT entries this node refused (to store, or from a peer's lookup response), by reason."""
+        if self.guard is None:
+            return {}
+        with self.guard._lock:
+            return dict(self.guard.rejections)
+
+    def stats(self) -> dict[str, float]:
+        """Counters for metrics and benchmarks: entries the guard accepted and seconds it spent checking."""
+        if self.guard is None:
+            return {"accepted": 0, "guard_seconds": 0.0}
+        with self.guard._lock:
+            return {"accepted": self.guard.accepted, "guard_seconds": self.guard.seconds}
+
+    # -- internals ------------------------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransportError("hivemind transport is closed")
+
+    async def _refresh(self, windows: list[int]) -> None:
+        timeout = self.cfg.request_timeout_s
+        keys = [index_key(self.swarm, w) for w in windows]
+        # latest: a cached index would hide records announced since; force a lookup across the key's replicas.
+        found = await self._runner.call(self._node.get_many(keys, sufficient_expiration_time=float("inf")), timeout)
+        wanted: dict[str, tuple[int, str]] = {}
+        for w, key in zip(windows, keys, strict=True):
+            entry = found.get(key)
+            if entry is None or not isinstance(entry.value, dict):
+                continue
+            have = self._records.get(w, {})
+            for sub in entry.value:
+                if not isinstance(sub, str) or sub in have or self._misses[(w, sub)] >= MAX_FETCH_ATTEMPTS:
+                    continue
+                match = _INDEX_SUBKEY_RE.match(sub)
+                if match is None or int(match.group(1)) != w:
+                    continue
+                wanted[record_key(self.swarm, w, match.group(2), match.group(3))] = (w, sub)
+                if len(wanted) >= MAX_RECORDS_PER_FETCH:
+                    break
+        if not wanted:
+            return
+        got = await self._runner.call(self._node.get_many(list(wanted)), timeout)
+        for key, (w, sub) in wanted.items():
+            entry = got.get(key)
+            data = entry.value if entry is not None else None
+            if isinstance(data, bytes) and record_digest(data) == sub.rsplit("/", 1)[1]:
+                self._records.setdefault(w, {})[sub] = data
+            else:
+                self._misses[(w, sub)] += 1
+
+    def _prune(self, windows: list[int]) -> None:
+        if not windows:
+            return
+        oldest = max(windows) - self.cfg.expiration_windows - 1
+        for w in [w for w in self._records if w < oldest]:
+            del self._records[w]
+        for k in [k for k in self._misses if k[0] < oldest]:
+            del self._misses[k]
+
+    def _kill_p2pd(self) -> None:
+        child = getattr(getattr(self._node, "p2p", None), "_child", None)
+        if child is None or child.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            child.kill()

@@ -1,0 +1,162 @@
+"""A test peer process over the real hivemind transport: ``python -m tests.integration.hivemind_peer ...``.
+
+Honest role: starts a :class:`~protocol.channel.Channel` over :class:`HivemindTransport`, prints
+``ADDR <multiaddr>`` on stdout (others bootstrap from it), publishes ``--records`` rollout records of about
+``--record-kb`` KB, polls, and appends one JSON line per record received from another peer to ``--out``
+(``{"type": "record", "sender", "seq", "window", "size"}``). Every poll it rewrites ``--out.metrics.json`` with
+the channel's metrics (rejections by reason) and the transport's DHT-level rejections. It runs until SIGTERM
+or ``--duration`` seconds.
+
+Hostile role (``--hostile``): a node whose own DHT does not validate; it writes tampered, replayed,
+oversized, malformed, wrong-swarm and misfiled entries straight into the DHT (``store_raw``), bypassing the
+transport's layout, and prints ``HOSTILE DONE`` once it has tried them all.
+
+Knows nothing about pytest; the tests read its stdout and files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from protocol.channel import Channel
+from protocol.identity import Identity
+from protocol.records import encode_record, sign_body, window_of
+from protocol.transport.config import HivemindTransportConfig, ProtocolConfig
+from protocol.transport.hivemind_dht import HivemindTransport, index_key, index_subkey, record_digest, record_key
+from protocol.types import Completion, Group, RolloutBatch, TaskRef
+from protocol.validation import RecordValidator
+
+
+def make_batch(record_kb: float, step: int) -> RolloutBatch:
+    chars = max(8, int(record_kb * 1024 / 8) - 40)
+    comps = tuple(Completion(text=f"{step}:{i} " + "x" * chars, n_tokens=chars // 4) for i in range(8))
+    return RolloutBatch("builtin:tiny", step, "tok", (Group(TaskRef("chain_sum", seed=step), comps),))
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--swarm", default="it")
+    ap.add_argument("--bootstrap", action="append", default=[])
+    ap.add_argument("--key", type=Path, help="identity key file (kept across restarts of one peer)")
+    ap.add_argument("--records", type=int, default=2)
+    ap.add_argument("--record-kb", type=float, default=4.0)
+    ap.add_argument("--publish-interval", type=float, default=0.5)
+    ap.add_argument("--poll-s", type=float, default=0.3)
+    ap.add_argument("--duration", type=float, default=120.0)
+    ap.add_argument("--window-seconds", type=int, default=15)
+    ap.add_argument("--max-record-kb", type=int, default=512)
+    ap.add_argument("--client-mode", action="store_true")
+    ap.add_argument("--hostile", action="store_true")
+    ap.add_argument("--out", type=Path)
+    return ap.parse_args(argv)
+
+
+def _protocol(a: argparse.Namespace) -> ProtocolConfig:
+    return ProtocolConfig(window_seconds=a.window_seconds, max_record_bytes=a.max_record_kb * 1024)
+
+
+async def honest(a: argparse.Namespace, stop: asyncio.Event) -> None:
+    pc = _protocol(a)
+    identity = Identity.load_or_create(a.key) if a.key else Identity.generate()
+    validator = RecordValidator.from_config(a.swarm, pc)
+    cfg = HivemindTransportConfig(initial_peers=a.bootstrap, client_mode=a.client_mode, request_timeout_s=5)
+    transport = await HivemindTransport.create(cfg, swarm=a.swarm, validate=validator.is_storable, protocol=pc)
+    channel = await Channel.create(identity, transport, validator, fetch_past_windows=2, timeout_s=20)
+    print("ADDR", transport.addresses()[0], identity.peer_id, flush=True)
+    out = a.out.open("a")
+    metrics_path = Path(f"{a.out}.metrics.json")
+    end = time.monotonic() + a.duration
+    next_pub, published = time.monotonic(), 0
+    try:
+        while not stop.is_set() and time.monotonic() < end:
+            if published < a.records and time.monotonic() >= next_pub:
+                await channel.publish("rollouts", make_batch(a.record_kb, published))
+                published += 1
+                next_pub = time.monotonic() + a.publish_interval
+            for env in await channel.poll():
+                line = {"type": "record", "sender": env.sender, "seq": env.seq, "window": env.window, "size": env.size}
+                out.write(json.dumps(line) + "\n")
+                out.flush()
+            metrics = {"me": identity.peer_id, "published": published, "channel": channel.metrics()}
+            metrics["dht_rejections"] = transport.rejections()
+            tmp = metrics_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(metrics))
+            tmp.replace(metrics_path)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), a.poll_s)
+    finally:
+        out.close()
+        await channel.close()
+
+
+async def hostile(a: argparse.Namespace, stop: asyncio.Event) -> None:
+    """Try every kind of bad entry once, straight into the DHT; then idle until stopped."""
+    pc = _protocol(a)
+    me = Identity.generate()
+    cfg = HivemindTransportConfig(initial_peers=a.bootstrap, store_validation=False, request_timeout_s=5)
+    dht = await HivemindTransport.create(cfg, swarm=a.swarm, protocol=pc)
+    print("ADDR", dht.addresses()[0], me.peer_id, flush=True)
+    w = window_of(time.time(), pc.window_seconds)
+    exp = float((w + 3) * pc.window_seconds)
+
+    def signed(seq: int, swarm: str = a.swarm, window: int = w, kb: float = 2.0) -> bytes:
+        return encode_record(
+            me, kind="rollouts", swarm=swarm, seq=seq, window=window, created=time.time(), payload=make_batch(kb, seq)
+        )
+
+    async def put(data: bytes, window: int = w, sender: str = me.peer_id) -> None:
+        d = record_digest(data)
+        await dht.store_raw(record_key(a.swarm, window, sender, d), data, exp)
+        await dht.store_raw(index_key(a.swarm, window), b"", exp, subkey=index_subkey(window, sender, d))
+
+    good = signed(1)
+    tampered = bytearray(signed(2))
+    at = tampered.index(b"x" * 16)
+    tampered[at] = ord("y")  # inside a completion's text: still decodes, but the signature no longer matches
+    attempts = {
+        "tampered": bytes(tampered),
+        "malformed": os.urandom(3000),
+        "wrong_swarm": signed(3, swarm="other-swarm"),
+        # signed and well formed, but larger than max_record_bytes (sign_body skips encode_record's size cap)
+        "oversized": sign_body(me, {"x": b"y" * (pc.max_record_bytes + 1024)}),
+    }
+    for name, data in attempts.items():
+        await put(data)
+        print("HOSTILE tried", name, flush=True)
+    # Misfiled: a valid record under another sender's key, and under another window's key.
+    await put(good, sender="0" * 32)
+    await put(good, window=w - 1)
+    # Replay: the same (sender, seq) with different content (equivocation) under correct keys; the DHT accepts
+    # both (each is authentic), the receivers' validators keep one and count the other as a replay.
+    await put(good)
+    await put(signed(1, kb=2.5))
+    # Junk in the index: an entry with data, and a subkey that names no record format.
+    await dht.store_raw(index_key(a.swarm, w), b"junk", exp, subkey=index_subkey(w, me.peer_id, "0" * 32))
+    await dht.store_raw(index_key(a.swarm, w), b"", exp, subkey="not/a/record")
+    print("HOSTILE DONE", flush=True)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), a.duration)
+    await dht.close()
+
+
+async def main(argv: list[str] | None = None) -> None:
+    a = _args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await (hostile(a, stop) if a.hostile else honest(a, stop))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

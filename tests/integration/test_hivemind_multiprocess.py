@@ -1,0 +1,193 @@
+"""Real peers in separate processes over the hivemind transport on 127.0.0.1 (``tests.integration.hivemind_peer``).
+
+Processes are tracked by pid and ended by pid (terminate, then kill), their p2pd children included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.network]
+
+
+class Peer:
+    """One ``hivemind_peer`` process; stdout lines are collected by a reader thread."""
+
+    def __init__(self, name: str, tmp: Path, *args: str) -> None:
+        self.name = name
+        self.out = tmp / f"{name}.jsonl"
+        self.log = (tmp / f"{name}.log").open("a")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.integration.hivemind_peer", "--out", str(self.out), *args],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        self.pid = self.proc.pid
+        self.lines: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_line(self, prefix: str, timeout: float = 60) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in self.lines:
+                if line.startswith(prefix):
+                    return line
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise AssertionError(f"{self.name} (pid {self.pid}) printed no {prefix!r}; stdout={self.lines[-10:]}")
+
+    @property
+    def addr(self) -> str:
+        return self.wait_line("ADDR").split()[1]
+
+    @property
+    def peer_id(self) -> str:
+        return self.wait_line("ADDR").split()[2]
+
+    def records(self) -> list[dict]:
+        if not self.out.exists():
+            return []
+        return [json.loads(line) for line in self.out.read_text().splitlines() if line.strip()]
+
+    def metrics(self) -> dict:
+        path = Path(f"{self.out}.metrics.json")
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def stop(self, timeout: float = 15) -> None:
+        """SIGTERM (the peer closes its DHT and p2pd), then SIGKILL this pid and any child it left."""
+        try:
+            kids = [p.pid for p in psutil.Process(self.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            kids = []
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        for pid in kids:
+            with contextlib.suppress(ProcessLookupError, psutil.NoSuchProcess):
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    os.kill(pid, signal.SIGKILL)
+        self.log.close()
+        self.left_children = [pid for pid in kids if psutil.pid_exists(pid) and _alive(pid)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.fixture
+def start_peer(tmp_path):
+    peers: list[Peer] = []
+
+    def start(name: str, *args: str) -> Peer:
+        p = Peer(name, tmp_path, *args)
+        peers.append(p)
+        return p
+
+    yield start
+    for p in peers:
+        p.stop()
+
+
+def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def seen_from(peer: Peer, sender: str) -> set[int]:
+    return {r["seq"] for r in peer.records() if r["sender"] == sender}
+
+
+@pytest.mark.timeout(120)
+def test_three_peers_exchange_200kb_records(start_peer):
+    args = ("--records", "2", "--record-kb", "200", "--publish-interval", "0.5")
+    a = start_peer("a", *args)
+    b = start_peer("b", *args, "--bootstrap", a.addr)
+    c = start_peer("c", *args, "--bootstrap", a.addr, "--client-mode")  # behind NAT: dials out only
+    peers = [a, b, c]
+    for p in peers:
+        others = [q for q in peers if q is not p]
+        wait_until(lambda p=p, others=others: all(len(seen_from(p, q.peer_id)) == 2 for q in others), 60, p.name)
+    for p in peers:
+        assert all(r["size"] > 200_000 for r in p.records())
+        assert p.metrics()["channel"]["rejected_total"] == 0
+    for p in peers:
+        p.stop()
+        assert p.proc.returncode is not None
+        assert p.left_children == [], "p2pd outlived its peer"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_peer_that_leaves_and_rejoins_catches_up(start_peer, tmp_path):
+    a = start_peer("a", "--records", "5", "--publish-interval", "2.5")
+    key = str(tmp_path / "c.key")
+    c = start_peer("c1", "--records", "1", "--bootstrap", a.addr, "--key", key)
+    wait_until(lambda: len(seen_from(c, a.peer_id)) >= 1, 60, "c to see a's first record")
+    c.stop()
+    missed_while_away = time.monotonic()
+    wait_until(lambda: a.metrics().get("published", 0) >= 4, 60, "a to publish while c is away")
+    assert time.monotonic() - missed_while_away > 1
+    c2 = start_peer("c2", "--records", "1", "--bootstrap", a.addr, "--key", key)
+    wait_until(lambda: len(seen_from(c2, a.peer_id)) == 5, 60, "rejoined c to catch up on all of a's records")
+    # The rejoined node has the same identity: it receives a's records again but never its own.
+    assert c2.peer_id == c.peer_id
+    assert not seen_from(c2, c2.peer_id)
+
+
+@pytest.mark.timeout(120)
+def test_hostile_peer_is_refused_and_counted(start_peer):
+    a = start_peer("a", "--records", "3", "--publish-interval", "1")
+    b = start_peer("b", "--records", "3", "--publish-interval", "1", "--bootstrap", a.addr)
+    b.wait_line("ADDR")
+    h = start_peer("h", "--hostile", "--bootstrap", a.addr)
+    h.wait_line("HOSTILE DONE", 60)
+    wait_until(lambda: len(seen_from(a, b.peer_id)) == 3 and len(seen_from(b, a.peer_id)) == 3, 60, "honest peers")
+    # Give the honest peers a few polls over the hostile entries.
+    time.sleep(2)
+    refused: dict[str, int] = {}
+    replays = 0
+    for p in (a, b):
+        m = p.metrics()
+        for reason, n in m["dht_rejections"].items():
+            refused[reason] = refused.get(reason, 0) + n
+        replays += m["channel"]["rejected"]["replay"]
+        # Whatever the hostile peer sent, the honest ones only ever delivered its one authentic record (seq 1).
+        assert seen_from(p, h.peer_id) <= {1}
+        assert p.proc.poll() is None, f"{p.name} died"
+    for reason in ("bad_signature", "malformed", "wrong_swarm", "oversize", "key_mismatch"):
+        assert refused.get(reason, 0) > 0, (reason, refused)
+    assert refused.get("index_with_data", 0) + refused.get("malformed_index", 0) > 0, refused
+    assert replays >= 1

@@ -1,0 +1,125 @@
+"""The hivemind transport: the shared Transport contract suite, plus its store-time guard, timeouts and shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import psutil
+import pytest
+
+from protocol.errors import TransportError
+from protocol.identity import Identity
+from protocol.transport.config import HivemindTransportConfig, ProtocolConfig
+from protocol.transport.hivemind_dht import HivemindTransport, index_key, index_subkey, record_digest, record_key
+from protocol.validation import RecordValidator
+from tests.contract.transport_contract import *  # noqa: F403
+from tests.contract.transport_contract import SWARM, WINDOW_SECONDS, eventually, make_record, now_window
+
+pytestmark = [pytest.mark.network, pytest.mark.timeout(120)]
+
+PROTOCOL = ProtocolConfig(window_seconds=WINDOW_SECONDS)
+
+
+async def _start(initial_peers: list[str], **cfg) -> HivemindTransport:
+    validator = RecordValidator.from_config(SWARM, PROTOCOL)
+    config = HivemindTransportConfig(initial_peers=initial_peers, request_timeout_s=5, **cfg)
+    return await HivemindTransport.create(config, swarm=SWARM, validate=validator.is_storable, protocol=PROTOCOL)
+
+
+@pytest.fixture
+async def make_transports():
+    made: list[HivemindTransport] = []
+
+    async def make(n: int, **cfg) -> list[HivemindTransport]:
+        first = await _start([], **cfg)
+        made.append(first)
+        for _ in range(n - 1):
+            made.append(await _start(first.addresses(), **cfg))
+        return made[-n:]
+
+    yield make
+    for t in made:
+        await t.close()
+
+
+def _p2pd_children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True) if "p2pd" in p.name()}
+
+
+async def test_addresses_are_full_multiaddrs(make_transports):
+    (a,) = await make_transports(1)
+    (addr,) = [x for x in a.addresses() if x.startswith("/ip4/127.0.0.1/")]
+    assert "/tcp/" in addr and "/p2p/12D3" in addr
+
+
+async def test_store_time_guard_refuses_forged_and_misfiled_records(make_transports):
+    a, b = await make_transports(2)
+    ident, other = Identity.generate(), Identity.generate()
+    w = now_window()
+    good = make_record(ident, window=w, size=20_000)
+    tampered = bytearray(good)
+    tampered[tampered.index(b"y" * 16)] = ord("z")
+    with pytest.raises(TransportError, match="bad_signature"):
+        await a.publish(bytes(tampered), window=w, sender=ident.peer_id)
+    # An authentic record filed under somebody else's sender (or another window) does not match its key.
+    with pytest.raises(TransportError, match="key_mismatch"):
+        await a.publish(good, window=w, sender=other.peer_id)
+    exp = float((w + 3) * WINDOW_SECONDS)
+    assert not await a.store_raw(record_key(SWARM, w - 1, ident.peer_id, record_digest(good)), good, exp)
+    assert not await a.store_raw(index_key(SWARM, w), b"data", exp, subkey=index_subkey(w, ident.peer_id, "0" * 32))
+    assert a.rejections()["key_mismatch"] >= 1  # publish refuses up front without counting; store_raw counts
+    assert a.rejections()["index_with_data"] == 1
+    # The good record still goes through, and b never saw any of the bad ones.
+    await a.publish(good, window=w, sender=ident.peer_id)
+    assert await eventually(lambda: b.fetch_recent([w - 1, w]), lambda r: good in r) == [good]
+
+
+async def test_unvalidating_peer_cannot_plant_records_on_honest_ones(make_transports):
+    (honest,) = await make_transports(1)
+    rogue = await HivemindTransport.create(
+        HivemindTransportConfig(initial_peers=honest.addresses(), store_validation=False, request_timeout_s=5),
+        swarm=SWARM,
+        protocol=PROTOCOL,
+    )
+    try:
+        w = now_window()
+        junk = b"\x81\xa1x\xa1y" * 1000
+        d = record_digest(junk)
+        await rogue.publish(junk, window=w, sender="f" * 32)  # the rogue's own node keeps it...
+        assert honest.rejections().get("malformed", 0) >= 1  # ...the honest one refused to store it
+        assert await honest.fetch_recent([w]) == []
+        assert index_subkey(w, "f" * 32, d)
+    finally:
+        await rogue.close()
+
+
+async def test_fetch_returns_promptly_when_peers_vanish(make_transports):
+    a, b = await make_transports(2)
+    ident = Identity.generate()
+    w = now_window()
+    data = make_record(ident, window=w)
+    await a.publish(data, window=w, sender=ident.peer_id)
+    await eventually(lambda: b.fetch_recent([w]), lambda r: data in r)
+    await a.close()
+    start = time.monotonic()
+    got = await asyncio.wait_for(b.fetch_recent([w, w + 1]), 30)
+    assert data in got  # what b already had is still returned
+    assert time.monotonic() - start < 2 * b.cfg.request_timeout_s + 5
+
+
+async def test_close_ends_p2pd():
+    before = _p2pd_children()
+    t = await _start([])
+    started = _p2pd_children() - before
+    assert len(started) == 1
+    await t.close()
+    await t.close()
+    for pid in started:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+async def test_bootstrap_failure_is_a_transport_error():
+    bogus = "/ip4/127.0.0.1/tcp/9/p2p/12D3KooWCY9GtMZB47pjfuy1VLPuoYm4gHm15kLmLgu4UDnSDiSt"
+    with pytest.raises(TransportError):
+        await _start([bogus], startup_timeout_s=20)
