@@ -91,17 +91,41 @@ class HivemindTransportConfig(StrictModel):
 
 
 class Libp2pTransportConfig(StrictModel):
-    """py-libp2p GossipSub (push instead of poll, no Go daemon). Placeholder: not implemented yet."""
+    """py-libp2p GossipSub push plus a direct sync protocol for catch-up, no Go daemon (``protocol/SPEC.md`` 7.3)."""
 
     type: Literal["libp2p"] = "libp2p"
-    listen_addrs: list[str] = Field(default_factory=lambda: ["/ip4/127.0.0.1/tcp/0"])
-    """Multiaddrs to listen on."""
-    bootstrap: list[str] = Field(default_factory=list)
-    """Multiaddrs (with /p2p/ peer id) of peers to connect to at start."""
+    host: str = "127.0.0.1"
+    """Interface to listen on; ``0.0.0.0`` to accept peers from other machines."""
+    port: int = Field(default=0, ge=0, le=65535)
+    """TCP port to listen on; 0 picks a free one (printed as a multiaddr with ``/p2p/`` at start)."""
+    initial_peers: list[str] = Field(default_factory=list)
+    """Multiaddrs (with ``/p2p/`` peer id) of peers to bootstrap from; empty starts a new swarm."""
     topic_prefix: str = Field(default="rl-swarm", min_length=1, max_length=64)
-    """GossipSub topics are ``{topic_prefix}/{swarm}/{kind}``."""
-    max_messages_per_s: float = Field(default=10.0, gt=0)
-    """Publish rate limit (GossipSub's spam protection drops more than ~10 msg/s per topic)."""
+    """The GossipSub topic is ``{topic_prefix}/{swarm}/records/1``."""
+    max_messages_per_s: float = Field(default=8.0, gt=0, le=1000)
+    """Own publish rate limit, messages per second (publishes wait for a token, counted as ``publish_throttled``);
+    kept below ``router_max_messages_per_s`` so our own records are never dropped by a peer's spam guard."""
+    router_max_messages_per_s: float = Field(default=200.0, gt=0, le=100_000)
+    """GossipSub spam protection: messages per second per forwarding peer and topic before they are dropped
+    (py-libp2p's default of 10 silently drops honest relays on swarms of more than ~10 peers)."""
+    inline_max_bytes: int = Field(default=900_000, ge=1024, le=1_000_000)
+    """Records up to this size travel inside the gossip message; larger ones are announced and fetched over the
+    sync protocol (py-libp2p drops pubsub frames over 1 MiB silently)."""
+    expiration_windows: int = Field(default=4, ge=1, le=1024)
+    """Records are kept this many windows behind the current one, then forgotten (like DHT expiry)."""
+    max_records_per_window: int = Field(default=4096, ge=16, le=1_000_000)
+    """Most records kept for one window (bounds memory under a flood; evictions are counted)."""
+    sync_interval_s: float = Field(default=5.0, gt=0, le=3600)
+    """Anti-entropy period: every so often pull the records we miss from one random peer (heals gossip loss,
+    covers records published before we joined)."""
+    heartbeat_interval_s: int = Field(default=1, ge=1, le=120)
+    """GossipSub heartbeat (mesh maintenance and gossip) period in seconds."""
+    degree: int = Field(default=6, ge=1, le=64)
+    """GossipSub target mesh degree D (D_low = D - 2, D_high = 2 D)."""
+    request_timeout_s: float = Field(default=10.0, gt=0, le=600)
+    """Timeout of one network operation (connect, publish, sync request, edge fetch), in seconds."""
+    startup_timeout_s: float = Field(default=30.0, gt=0, le=600)
+    """Time allowed to start the host and connect to the initial peers, in seconds."""
 
 
 TransportConfig = Annotated[

@@ -35,8 +35,10 @@ async def _hivemind(cfg: Any, *, swarm: str, peer_id: str, validate, protocol: P
     return await HivemindTransport.create(cfg, swarm=swarm, validate=validate, protocol=protocol)
 
 
-async def _libp2p(cfg: Any, **_: Any):
-    raise ConfigError("transport.type=libp2p is not available yet; use hivemind (default) or memory")
+async def _libp2p(cfg: Any, *, swarm: str, peer_id: str, validate, protocol: ProtocolConfig, network=None):
+    from protocol.transport.libp2p_gossip import Libp2pTransport
+
+    return await Libp2pTransport.create(cfg, swarm=swarm, validate=validate, protocol=protocol)
 
 
 register_transport("memory", _memory)

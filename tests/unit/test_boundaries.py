@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "transformers", "hivemind", "libp2p", "vllm")
 # Backends that are allowed (and expected) to import a heavy library.
-BACKENDS = {"protocol.transport.hivemind_dht", "protocol.transport.libp2p"}
+BACKENDS = {"protocol.transport.hivemind_dht", "protocol.transport.libp2p_gossip"}
 
 
 def _light_modules() -> list[str]:

@@ -1,0 +1,201 @@
+"""The libp2p transport, always in other processes: this pytest process imports hivemind elsewhere, and
+hivemind and libp2p cannot share a process (duplicate protobuf symbol, see FACTS.md).
+
+* the contract suite and libp2p unit checks run in a child pytest (``tests/libp2p_isolated/contract_lp2p.py``);
+* a swarm of peer processes on 127.0.0.1 (``tests/libp2p_isolated/peer_lp2p.py``) exchanges records, a peer
+  joins late and one leaves, and a hostile peer floods invalid records that honest peers refuse at the edge;
+* the B1 benchmark in quick mode (``benchmarks/b1_gossip_libp2p.py --quick``).
+
+This module never imports libp2p; it skips when the ``libp2p`` package is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = [
+    pytest.mark.network,
+    pytest.mark.skipif(importlib.util.find_spec("libp2p") is None, reason="libp2p not installed (extra: libp2p)"),
+]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
+
+
+@pytest.mark.timeout(300)
+def test_contract_suite_in_its_own_process():
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "tests/libp2p_isolated/contract_lp2p.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=280,
+    )
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+    assert " passed" in out.stdout and "skipped" not in out.stdout.splitlines()[-1]
+
+
+class _Peer:
+    """One ``peer_lp2p`` process; stdout collected by a reader thread; ended by pid (terminate, then kill)."""
+
+    def __init__(self, tmp: Path, name: str, *args: str) -> None:
+        self.out = tmp / f"{name}.json"
+        self.lines: list[str] = []
+        self._log = (tmp / f"{name}.log").open("w")
+        cmd = [sys.executable, "-m", "tests.libp2p_isolated.peer_lp2p", "--out", str(self.out), *args]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._log, text=True, env=_env(), cwd=ROOT)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def _wait_for(self, pattern: str, timeout: float) -> str:
+        pat = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                if m := pat.search(line):
+                    return m.group(1)
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise AssertionError(f"no {pattern!r} from pid {self.proc.pid}: {self.lines[-10:]} {self.tail()}")
+
+    def tail(self) -> str:
+        self._log.flush()
+        return Path(self._log.name).read_text()[-3000:]
+
+    def address(self, timeout: float = 60) -> str:
+        return self._wait_for(r"listening on (/ip4/127\.0\.0\.1/tcp/\d+/p2p/\S+)", timeout)
+
+    def sender(self, timeout: float = 60) -> str:
+        return self._wait_for(r"sender ([0-9a-f]{32})", timeout)
+
+    def result(self, timeout: float) -> dict:
+        rc = self.proc.wait(timeout)
+        assert rc == 0, self.tail()
+        return json.loads(self.out.read_text())
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self._log.close()
+
+
+@pytest.mark.timeout(280)
+def test_swarm_of_processes_with_join_leave_and_a_hostile_peer(tmp_path):
+    peers: list[_Peer] = []
+    try:
+        # Honest peers stay until they hold records of all 5 honest senders (a, b, c, leaver, late), then linger
+        # so the others can sync from them; durations are generous caps for a loaded 2-core machine.
+        common = ["--duration", "150", "--records", "3", "--expect", "5", "--exit-when-done", "--linger", "8"]
+        a = _Peer(tmp_path, "a", *common)
+        peers.append(a)
+        boot = a.address()
+        b = _Peer(tmp_path, "b", *common, "--bootstrap", boot)
+        c = _Peer(tmp_path, "c", *common, "--bootstrap", boot)
+        leaver = _Peer(tmp_path, "leaver", "--duration", "6", "--records", "2", "--bootstrap", boot)
+        evil = _Peer(tmp_path, "evil", "--hostile", "--duration", "25", "--bootstrap", boot)
+        peers += [b, c, leaver, evil]
+        honest = [a, b, c]
+        senders = {p: p.sender() for p in [*honest, leaver, evil]}
+        time.sleep(10)
+        # Joins after the leaver has gone: it must still get the leaver's records (from the others, by sync).
+        late_args = ["--duration", "120", "--records", "2", "--expect", "5", "--exit-when-done", "--linger", "8"]
+        late = _Peer(tmp_path, "late", *late_args, "--bootstrap", b.address())
+        peers.append(late)
+        senders[late] = late.sender()
+        results = {p: p.result(timeout=170) for p in [*honest, leaver, evil, late]}
+    finally:
+        for p in peers:
+            p.stop()
+
+    good = {senders[p] for p in [*honest, leaver, late]}
+    for p in honest:
+        got = set(results[p]["senders"])
+        assert good <= got, f"{p.out.name} missed {good - got}"
+        assert got <= good | {senders[evil]}  # nothing else was ever accepted
+    late_got = set(results[late]["senders"])
+    assert {senders[p] for p in [*honest, leaver]} <= late_got
+
+    # The hostile frames were refused at the edge and counted by reason on the peers that received them.
+    rejected: dict[str, int] = {}
+    for p in [*honest, late]:
+        for reason, n in results[p]["stats"]["rejected"].items():
+            rejected[reason] = rejected.get(reason, 0) + n
+    for reason in ("bad_signature", "oversize", "wrong_swarm", "malformed"):
+        assert rejected.get(reason, 0) >= 1, rejected
+    assert rejected.get("announce_unknown_record", 0) + rejected.get("announce_unavailable", 0) >= 1, rejected
+    assert all(len(results[p]["peers"]) >= 1 for p in honest)
+
+
+@pytest.mark.timeout(200)
+def test_b1_libp2p_quick(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "benchmarks/b1_gossip_libp2p.py", "--quick", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=180,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    table = (tmp_path / "b1_gossip_libp2p.md").read_text()
+    rows = [line.split("|") for line in table.splitlines() if line.startswith("| 3 |")]
+    assert {r[2].strip() for r in rows} == {"raw", "libp2p"}
+    assert all(r[9].strip() == "0" for r in rows), table  # every record reached every peer
+
+
+@pytest.mark.timeout(600)
+def test_two_swarm_nodes_train_together_over_libp2p(tmp_path):
+    """``swarm-node join --transport libp2p``: the join CLI's two-node SAPO test over this transport."""
+    from tests.integration.procs import NodeProc
+
+    fast = [
+        "--transport", "libp2p",
+        "--set", "rollout.prompts_per_step=4",
+        "--set", "rollout.group_size=4",
+        "--set", "sapo.local_groups=2",
+        "--set", "sapo.external_groups=2",
+        "--set", "runtime.poll_interval_s=0.5",
+    ]  # fmt: skip
+    a_dir, b_dir = tmp_path / "a", tmp_path / "b"
+    a = NodeProc(["join", "--run-dir", str(a_dir), "--max-steps", "24", *fast], tmp_path / "a.log", env=_env())
+    b = None
+    try:
+        maddr = a.multiaddr()
+        b_args = ["join", "--peers", maddr, "--run-dir", str(b_dir), "--max-steps", "16", *fast]
+        b = NodeProc(b_args, tmp_path / "b.log", env=_env())
+        assert b.wait(timeout=480) == 0, b.tail()
+        assert a.wait(timeout=240) == 0, a.tail()
+    finally:
+        for p in (a, b):
+            if p is not None:
+                p.stop()
+    for run_dir in (a_dir, b_dir):
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        assert sum(r["external_groups"] for r in rows) > 0, f"{run_dir.name} never trained on a peer's groups"
+        assert max(r["peers"] for r in rows) >= 1
+        assert rows[-1]["rejected"] == 0

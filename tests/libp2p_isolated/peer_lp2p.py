@@ -1,0 +1,162 @@
+"""One libp2p peer process for the multi-process tests: honest (publishes and collects records) or hostile
+(floods tampered, forged, oversized, wrong-swarm and garbage messages, optionally one valid record).
+
+Prints ``listening on <multiaddr>`` once up, runs for ``--duration`` seconds (or until it has records from
+``--expect`` distinct senders, when ``--exit-when-done``), then writes a JSON summary to ``--out``: our sender
+id, the senders of every valid record received, the transport's stats, and the peers seen.
+
+    python -m tests.libp2p_isolated.peer_lp2p --out /tmp/a.json [--bootstrap ADDR] [--hostile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from protocol.identity import Identity
+from protocol.records import encode_record, window_of
+from protocol.transport.config import Libp2pTransportConfig, ProtocolConfig
+from protocol.transport.libp2p_gossip import TAG_ANNOUNCE, TAG_RECORD, Libp2pTransport
+from protocol.types import Completion, Group, RolloutBatch, TaskRef
+from protocol.validation import RecordValidator
+
+logger = logging.getLogger("peer_lp2p")
+
+SWARM = "lp2p-test"
+# Two minutes of acceptance horizon: on a loaded 2-core machine a late joiner may start a minute after the others.
+PROTOCOL = ProtocolConfig(window_seconds=15, max_record_bytes=256 * 1024, max_past_windows=8)
+
+
+def batch(text: str, index: int) -> RolloutBatch:
+    return RolloutBatch("m", 0, "t", (Group(TaskRef("chain_sum", {}, 0, index), (Completion(text, 1),)),))
+
+
+def record(ident: Identity, text: str, index: int, *, swarm: str = SWARM, seq: int | None = None) -> bytes:
+    now = time.time()
+    return encode_record(
+        ident,
+        kind="rollouts",
+        swarm=swarm,
+        seq=seq if seq is not None else int(now * 1000) + index,
+        window=window_of(now, PROTOCOL.window_seconds),
+        created=now,
+        payload=batch(text, index),
+        max_bytes=1 << 20,
+    )
+
+
+def hostile_frames(ident: Identity) -> list[bytes]:
+    """Invalid gossip frames, one of each kind the edge must refuse."""
+    good = record(ident, "good" + "y" * 64, 1)
+    tampered = bytearray(good)
+    tampered[tampered.index(b"y" * 16)] = ord("z")
+    victim = Identity.generate()
+    forged = bytearray(record(victim, "forged" + "q" * 64, 2))  # claims victim, then re-signed by nobody
+    forged[-1] ^= 0xFF
+    oversized = record(ident, "o" * 262_100, 3)  # fine for a 1 MiB encoder, above the swarm's 256 KiB cap
+    wrong_swarm = record(ident, "w", 4, swarm="other-swarm")
+    ann = bytes([TAG_ANNOUNCE]) + b"\x83\xa6digest\xc4\x20" + b"\x00" * 32 + b"\xa4size\x01\xa6window\x01"
+    return [
+        bytes([TAG_RECORD]) + bytes(tampered),
+        bytes([TAG_RECORD]) + bytes(forged),
+        bytes([TAG_RECORD]) + oversized,
+        bytes([TAG_RECORD]) + wrong_swarm,
+        bytes([TAG_RECORD]) + b"\x92garbage",
+        ann,
+    ]
+
+
+async def run(a: argparse.Namespace) -> dict:
+    ident = Identity.generate()
+    validator = RecordValidator.from_config(SWARM, PROTOCOL)
+    cfg = Libp2pTransportConfig(
+        initial_peers=a.bootstrap,
+        request_timeout_s=5,
+        sync_interval_s=a.sync_interval,
+        inline_max_bytes=a.inline_max,
+        expiration_windows=8,
+    )
+    transport = await Libp2pTransport.create(
+        cfg, swarm=SWARM, validate=validator.is_storable, protocol=PROTOCOL, validate_own=not a.hostile
+    )
+    for addr in transport.addresses():
+        print(f"listening on {addr}", flush=True)
+    print(f"sender {ident.peer_id}", flush=True)
+    senders: set[str] = set()
+    peers_seen: set[str] = set()
+    handled: set[bytes] = set()
+    end = time.monotonic() + a.duration
+    published = 0
+    done_at: float | None = None
+    next_publish = 0.0
+    try:
+        await asyncio.sleep(a.warmup)
+        if a.hostile:
+            for _ in range(a.repeat):
+                for frame in hostile_frames(ident):
+                    await transport.publish_raw(frame)
+                await asyncio.sleep(0.2)
+            if a.also_valid:
+                data = record(ident, "hostile-but-valid", 99)
+                await transport.publish(data, window=window_of(time.time(), 15), sender=ident.peer_id)
+        while time.monotonic() < end:
+            if not a.hostile and published < a.records and time.monotonic() >= next_publish:
+                next_publish = time.monotonic() + a.every
+                data = record(ident, f"{ident.peer_id} #{published}" + "p" * a.size, published)
+                await transport.publish(data, window=window_of(time.time(), 15), sender=ident.peer_id)
+                published += 1
+            w = window_of(time.time(), 15)
+            for data in await transport.fetch_recent([w - 2, w - 1, w, w + 1]):
+                if data not in handled:
+                    handled.add(data)
+                    env = validator.check(data)
+                    if env is not None:
+                        senders.add(env.sender)
+            peers_seen.update(await transport.peers())
+            if a.exit_when_done and len(senders) >= a.expect and published >= a.records:
+                done_at = done_at if done_at is not None else time.monotonic()
+                if time.monotonic() - done_at >= a.linger:
+                    break
+            await asyncio.sleep(0.2)
+        return {
+            "sender": ident.peer_id,
+            "senders": sorted(senders),
+            "stats": transport.stats(),
+            "peers": sorted(peers_seen),
+            "published": published,
+        }
+    finally:
+        await transport.close()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--bootstrap", action="append", default=[])
+    ap.add_argument("--hostile", action="store_true")
+    ap.add_argument("--also-valid", action="store_true", help="hostile: end with one valid record")
+    ap.add_argument("--records", type=int, default=3)
+    ap.add_argument("--size", type=int, default=1000)
+    ap.add_argument("--every", type=float, default=4.0, help="seconds between own records")
+    ap.add_argument("--repeat", type=int, default=3, help="hostile: rounds of invalid frames")
+    ap.add_argument("--duration", type=float, default=30.0)
+    ap.add_argument("--warmup", type=float, default=1.5)
+    ap.add_argument("--expect", type=int, default=0)
+    ap.add_argument("--exit-when-done", action="store_true")
+    ap.add_argument("--linger", type=float, default=5.0, help="seconds to stay up after --expect is met")
+    ap.add_argument("--sync-interval", type=float, default=2.0)
+    ap.add_argument("--inline-max", type=int, default=900_000)
+    a = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    out = asyncio.run(run(a))
+    a.out.write_text(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
