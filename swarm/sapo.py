@@ -47,8 +47,8 @@ def ingest_rollouts(
     """Re-score a validated peer record's groups locally and add them to the pool.
 
     Returns outcome counts: ``accepted``, ``duplicate``, ``bad_group_size``, ``task_rejected`` (the scorer
-    refused the TaskRef), ``score_error`` (anything else the scorer raised). Never raises: a peer's data
-    cannot crash the node.
+    refused the TaskRef), ``score_error`` (anything else the scorer raised), ``zero_advantage`` (all local
+    rewards equal, e.g. forged rewards on wrong answers). Never raises: a peer's data cannot crash the node.
     """
     counts: Counter[str] = Counter()
     batch = envelope.payload
@@ -76,6 +76,11 @@ def ingest_rollouts(
             continue
         if len(rewards) != n or not all(isinstance(r, float | int) and math.isfinite(r) for r in rewards):
             counts["score_error"] += 1
+            continue
+        if len(set(rewards)) < 2:
+            # Nothing to learn (honest senders publish informative groups only): refusing it here keeps a
+            # validly signed flood of wrong answers from evicting honest groups out of the bounded pool.
+            counts["zero_advantage"] += 1
             continue
         added = pool.add(
             PooledGroup(

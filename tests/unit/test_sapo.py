@@ -37,12 +37,12 @@ def test_ingest_rescores_locally_and_ignores_reward_hints():
     pool = RolloutPool(100, 10)
     env = _envelope("peerA", 7, [_group(5, ["5", "4", "5"]), _group(6, ["1", "2", "3"])])
     counts = ingest_rollouts(pool, env, _scorer, step=1)
-    assert counts == Counter(accepted=2)
+    assert counts == Counter(accepted=1, zero_advantage=1)
     stored = {g.key: g for g in pool}
     assert stored[group_key("peerA", 7, 0)].rewards == (1.0, 0.0, 1.0)
-    # Every completion claimed reward 1.0; the receiver's verifier says otherwise.
-    assert stored[group_key("peerA", 7, 1)].rewards == (0.0, 0.0, 0.0)
     assert stored[group_key("peerA", 7, 0)].policy_version == 3
+    # Every completion claimed reward 1.0; the receiver's verifier says all are wrong: refused, not pooled.
+    assert group_key("peerA", 7, 1) not in pool
 
 
 def test_ingest_drops_and_counts_bad_groups_without_raising():
