@@ -56,7 +56,8 @@ def completion_logprobs(
     completion_lens: Tensor,
     *,
     temperature: float = 1.0,
-) -> Tensor:
+    with_entropy: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
     """Logprobs of the completion tokens of right-padded ``prompt + completion`` rows.
 
     Only positions from the shortest prompt onward are projected to the vocabulary (``logits_to_keep`` where
@@ -70,9 +71,12 @@ def completion_logprobs(
         prompt_lens: ``(B,)`` prompt lengths ``P_i >= 1``.
         completion_lens: ``(B,)`` completion lengths ``C_i``.
         temperature: logits are divided by it (match the rollout engine's sampling temperature).
+        with_entropy: also return the detached entropy ``H = logsumexp(z) - sum softmax(z) * z`` of each position's
+            next-token distribution, ``(B, T)``, 0 beyond ``C_i`` (for high-entropy token selection).
 
     Returns:
-        ``(B, T)`` with ``T = max C_i``: entry ``(i, j)`` is ``log pi(completion_ij | prefix)``, 0 beyond ``C_i``.
+        ``(B, T)`` with ``T = max C_i``: entry ``(i, j)`` is ``log pi(completion_ij | prefix)``, 0 beyond ``C_i``
+        (and the entropies when ``with_entropy``).
     """
     batch, length = input_ids.shape
     start = int(prompt_lens.min()) - 1  # first position whose logits predict a completion token
@@ -90,9 +94,29 @@ def completion_logprobs(
     picked = picked.float()
     if temperature != 1.0:
         picked = picked / temperature
-    logp = picked.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(picked, dim=-1)  # (B, T)
+    lse = torch.logsumexp(picked, dim=-1)  # (B, T)
+    logp = picked.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse  # (B, T)
     mask = offsets < completion_lens.unsqueeze(-1)  # (B, T)
-    return logp * mask
+    if not with_entropy:
+        return logp * mask
+    with torch.no_grad():
+        entropy = lse - (picked.softmax(dim=-1) * picked).sum(-1)  # (B, T)
+    return logp * mask, entropy * mask
+
+
+def high_entropy_mask(entropy: Tensor, mask: Tensor, top_frac: float) -> Tensor:
+    """1 for the ``ceil(top_frac * N)`` valid tokens with the highest entropy, 0 elsewhere (ties kept).
+
+    The "80/20" selection (Wang et al. 2025, Beyond the 80/20 Rule, arXiv 2506.01939; DART's optional token
+    selection): the policy gradient on the high-entropy "forking" minority carries most of the learning signal.
+    ``entropy, mask  # (B, T)``; returns ``(B, T)`` float, no gradient."""
+    valid = mask.to(torch.bool)
+    n = int(valid.sum())
+    if top_frac >= 1.0 or n == 0:
+        return valid.to(entropy.dtype)
+    k = max(1, math.ceil(top_frac * n))
+    threshold = entropy[valid].topk(k).values.min()
+    return (valid & (entropy >= threshold)).to(entropy.dtype)
 
 
 def _accepts_logits_to_keep(model: nn.Module) -> bool:
@@ -200,6 +224,7 @@ class Learner:
         mb = self.cfg.micro_batch_size
         for lo in range(0, n_seq, mb):
             batch = self._collate(samples[lo : lo + mb])
+            top_frac = getattr(self.cfg, "entropy_top_frac", 1.0)
             logp = completion_logprobs(
                 self.model,
                 batch.input_ids,
@@ -207,9 +232,19 @@ class Learner:
                 batch.prompt_lens,
                 batch.completion_lens,
                 temperature=self.temperature,
+                with_entropy=top_frac < 1.0,
             )  # (b, T)
+            entropy = None
+            if isinstance(logp, tuple):
+                logp, entropy = logp
             old_logp = logp.detach()  # (b, T)
             weights, hits, counted = self._is_weights(old_logp, batch)  # (b, T)
+            if entropy is not None:  # high-entropy token selection (per micro-batch): other tokens get weight 0
+                keep = high_entropy_mask(entropy, batch.mask, top_frac)  # (b, T)
+                weights = weights * keep
+                sums["entropy_kept_frac"] = sums.get("entropy_kept_frac", torch.zeros((), device=self.device)) + (
+                    keep.sum() / n_tok
+                )
             ref_logp = None
             if self.ref_model is not None:
                 with torch.no_grad():

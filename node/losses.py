@@ -343,3 +343,143 @@ register_loss(
         citation="Liu et al. 2025, Understanding R1-Zero-Like Training, arXiv 2503.20783",
     )
 )
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Preference losses (kind "mnpo"): a batch of P preference pairs (y_w, y_l) with length-averaged logprobs of the
+# player, the reference and up to J opponents. The node's MNPO phase (``node.mnpo``) drives them.
+
+
+def _opponent_lambdas(opp_mask: Tensor, opp_weights: Tensor | None, max_opponents: int | None) -> Tensor:
+    """Per-pair opponent weights ``lam_pj``: configured (or uniform) weights of the covering opponents, renormalised
+    to sum to 1 per pair; only the first ``max_opponents`` covering opponents of each row count. ``(P, J)``."""
+    mask = opp_mask.to(torch.bool)  # (P, J)
+    if max_opponents is not None:
+        mask = mask & (mask.to(torch.int64).cumsum(-1) <= max_opponents)  # (P, J) first k covering columns
+    if opp_weights is None:
+        w = torch.ones(mask.shape, dtype=torch.float64, device=mask.device)  # (P, J)
+    else:
+        w = opp_weights.to(torch.float64).expand(mask.shape)  # (J,) or (P, J) -> (P, J)
+    w = torch.where(mask, w, torch.zeros_like(w))  # (P, J)
+    total = w.sum(-1, keepdim=True)  # (P, 1)
+    return torch.where(total > 0, w / total.clamp(min=1e-300), torch.zeros_like(w))  # (P, J)
+
+
+def mnpo_loss(
+    player_w: Tensor,
+    player_l: Tensor,
+    ref_w: Tensor,
+    ref_l: Tensor,
+    opp_w: Tensor | None = None,
+    opp_l: Tensor | None = None,
+    opp_mask: Tensor | None = None,
+    *,
+    eta: float,
+    ratio: float,
+    opp_weights: Tensor | None = None,
+    max_opponents: int | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Multiplayer Nash Preference Optimization loss (Wu et al. 2025, MNPO, arXiv 2509.23102).
+
+    For pair ``p`` with winner ``y_w`` and loser ``y_l`` and *length-averaged* logprobs (mean over the completion's
+    tokens, each player under its own tokenizer)::
+
+        d_pi(p) = log pi(y_w) - log pi(y_l)                                       (a log-ratio)
+        h_p     = d_player(p) - ratio * d_ref(p) - (1 - ratio) * sum_j lam_pj * d_j(p)
+        loss    = mean_p (h_p - 1 / (2 * eta))^2
+
+    ``lam_pj`` are the opponent weights (``opp_weights``, uniform if None) restricted to the opponents that *cover*
+    pair ``p`` (``opp_mask``; at most ``max_opponents`` of them, the first ones in column order) and renormalised to
+    sum to 1 per pair. A pair no opponent covers plays against the reference alone (``d_j := d_ref``): then
+    ``h = d_player - d_ref`` and the loss is IPO's (Azar et al. 2023, arXiv 2310.12036) with ``tau = eta`` -- the
+    paper's n = 2 special case. ``ratio = 1`` ignores the opponents; ``ratio = 0`` with the previous iterate as the
+    only opponent is INPO (Zhang et al. 2024, arXiv 2407.00617). TD-MNPO takes opponents from the player's own past
+    iterates, HT-MNPO from other players (here: peers' cross-scores).
+
+    Args:
+        player_w, player_l: ``(P,)`` the player's length-averaged logprobs (with gradient).
+        ref_w, ref_l: ``(P,)`` the reference policy's (no gradient).
+        opp_w, opp_l: ``(P, J)`` the opponents' (no gradient; entries where ``opp_mask`` is False are ignored).
+        opp_mask: ``(P, J)`` bool, opponent ``j`` has scores on both responses of pair ``p``.
+        eta: ``> 0``, the step size of the mirror-descent game (paper default 0.0075); the target margin is
+            ``1 / (2 eta)``.
+        ratio: in ``[0, 1]``, weight of the reference in the mixture it competes against (paper 0.33..0.85).
+        opp_weights: ``(J,)`` or ``(P, J)`` non-negative unnormalised ``lam``; None = uniform.
+        max_opponents: at most this many covering opponents per pair (None = all).
+
+    Returns:
+        ``(loss, metrics)``: 0-d loss; detached 0-d metrics ``h_mean`` (mean h), ``margin`` (mean player log-ratio
+        minus reference log-ratio), ``pref_acc`` (fraction with player log-ratio > reference log-ratio),
+        ``opponents`` (mean covering opponents used per pair), ``covered_frac`` (pairs with at least one).
+    """
+    if not eta > 0:
+        raise ValueError(f"eta must be > 0, got {eta}")
+    if not 0.0 <= ratio <= 1.0:
+        raise ValueError(f"ratio must be in [0, 1], got {ratio}")
+    d_player = player_w - player_l  # (P,)
+    d_ref = (ref_w - ref_l).to(d_player.dtype).detach()  # (P,)
+    n_opp = torch.zeros_like(d_ref)  # (P,)
+    if opp_w is None or opp_l is None or opp_mask is None or opp_w.shape[-1] == 0:
+        d_opp = d_ref  # (P,) no opponents at all: the reference is the opponent
+    else:
+        lam = _opponent_lambdas(opp_mask, opp_weights, max_opponents)  # (P, J)
+        covered = lam.sum(-1) > 0  # (P,)
+        d_j = (opp_w - opp_l).to(torch.float64).detach()  # (P, J)
+        d_j = torch.where(lam > 0, d_j, torch.zeros_like(d_j))  # masked entries may hold anything (even NaN)
+        mix = (lam * d_j).sum(-1).to(d_player.dtype)  # (P,)
+        d_opp = torch.where(covered, mix, d_ref)  # (P,)
+        n_opp = (lam > 0).sum(-1).to(d_player.dtype)  # (P,)
+    h = d_player - ratio * d_ref - (1.0 - ratio) * d_opp  # (P,)
+    loss = ((h - 1.0 / (2.0 * eta)) ** 2).mean()
+    with torch.no_grad():
+        margin = d_player.detach() - d_ref  # (P,)
+        metrics = {
+            "h_mean": h.detach().mean(),
+            "margin": margin.mean(),
+            "pref_acc": (margin > 0).to(d_player.dtype).mean(),
+            "opponents": n_opp.mean(),
+            "covered_frac": (n_opp > 0).to(d_player.dtype).mean(),
+        }
+    return loss, metrics
+
+
+def dpo_loss(
+    player_w: Tensor,
+    player_l: Tensor,
+    ref_w: Tensor,
+    ref_l: Tensor,
+    opp_w: Tensor | None = None,
+    opp_l: Tensor | None = None,
+    opp_mask: Tensor | None = None,
+    *,
+    beta: float,
+    **_: object,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """DPO (Rafailov et al. 2023, arXiv 2305.18290) on length-averaged logprobs: the two-player baseline of MNPO.
+
+    ``loss = mean_p -log sigmoid(beta * [(log pi(y_w) - log pi(y_l)) - (log pi_ref(y_w) - log pi_ref(y_l))])``.
+    The reference is the only opponent; opponent arguments are accepted (same call shape as :func:`mnpo_loss`) and
+    ignored. Length-averaged logprobs make this the length-normalised variant (as SimPO's normalisation).
+
+    Returns:
+        ``(loss, metrics)`` with ``margin``, ``pref_acc`` as in :func:`mnpo_loss` (``opponents`` and
+        ``covered_frac`` are 0).
+    """
+    if not beta > 0:
+        raise ValueError(f"beta must be > 0, got {beta}")
+    margin = (player_w - player_l) - (ref_w - ref_l).to(player_w.dtype).detach()  # (P,)
+    loss = -torch.nn.functional.logsigmoid(beta * margin).mean()
+    with torch.no_grad():
+        zero = torch.zeros((), dtype=margin.dtype, device=margin.device)
+        metrics = {
+            "h_mean": margin.detach().mean(),
+            "margin": margin.detach().mean(),
+            "pref_acc": (margin.detach() > 0).to(margin.dtype).mean(),
+            "opponents": zero,
+            "covered_frac": zero,
+        }
+    return loss, metrics
+
+
+register_loss(LossSpec("mnpo", "mnpo", mnpo_loss, citation="Wu et al. 2025, MNPO, arXiv 2509.23102"))
+register_loss(LossSpec("dpo", "mnpo", dpo_loss, citation="Rafailov et al. 2023, DPO, arXiv 2305.18290"))

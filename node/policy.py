@@ -138,6 +138,9 @@ def load_policy(cfg: ModelConfig) -> Policy:
     """Load ``cfg.name`` (``builtin:tiny``, a local directory or a hub name) onto the configured device."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a node's stdout carries its addresses and status, not loader bars
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     name = cfg.name

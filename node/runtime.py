@@ -27,6 +27,7 @@ from node.metrics import JsonlWriter, LiveView, truncate_after_step
 from protocol.types import Completion, Group, RolloutBatch, TaskRef
 from swarm.pool import SELF, PooledGroup, RolloutPool
 from swarm.sapo import SapoBatch, SapoSampler, ingest_rollouts
+from swarm.scores import SCORES as _SCORES  # noqa: F401  (registers the MNPO "scores" record kind)
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +54,12 @@ def build_parts(cfg: NodeConfig) -> NodeParts:
 
     policy = load_policy(cfg.model)
     tasks = TaskSource(cfg.tasks)
-    engine = TransformersEngine(policy, batch_size=cfg.rollout.batch_size)
+    if cfg.rollout.engine == "vllm":  # issue 6: GPU rollout engine (node.engine_vllm, the only vllm importer)
+        from node.engine_vllm import build_vllm_engine
+
+        engine = build_vllm_engine(cfg, policy)
+    else:
+        engine = TransformersEngine(policy, batch_size=cfg.rollout.batch_size)
     pad = policy.tokenizer.pad_token_id
     if pad is None:
         pad = policy.tokenizer.eos_token_id
@@ -100,8 +106,20 @@ class Node:
         self._rollouts: JsonlWriter | None = None
         self._tasks: set[asyncio.Task] = set()
         self._publish_task: asyncio.Task | None = None
+        self._outbox: list[Group] = []
+        self._last_publish = float("-inf")
         self._peers: list[str] = []
         self.last_metrics: dict[str, Any] = {}
+        self.mnpo: Any = None  # node.mnpo.MnpoPhase when mnpo.schedule is not "off"
+        if cfg.mnpo.schedule != "off":
+            from node.mnpo import MnpoPhase
+
+            self.mnpo = MnpoPhase(self)
+        self.planner: Any = None  # node.planner.RolloutPlanner when APRIL, VADE or DART is on (issue 6)
+        if cfg.april.enabled or cfg.vade.enabled or cfg.dart.enabled:
+            from node.planner import RolloutPlanner
+
+            self.planner = RolloutPlanner(cfg, self.tasks, self.engine, self.policy)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -138,6 +156,8 @@ class Node:
         restore(self.learner, ckpt)
         self.step = ckpt.step
         self.totals.update(ckpt.extra.get("totals", {}))
+        if self.planner is not None and ckpt.extra.get("rollout_plan"):  # issue 6: APRIL buffer, VADE posteriors
+            self.planner.load_state_dict(ckpt.extra["rollout_plan"])
         self.engine.set_policy_version(self.learner.policy_version)
         dropped = truncate_after_step(self.metrics_path, self.step)
         logger.info("resumed from step %d (policy version %d)", self.step, self.learner.policy_version)
@@ -152,7 +172,11 @@ class Node:
             self.run_dir / "checkpoints",
             self.learner,
             step=self.step,
-            extra={"totals": dict(self.totals), "name": self.name},
+            extra={
+                "totals": dict(self.totals),
+                "name": self.name,
+                **({"rollout_plan": self.planner.state_dict()} if self.planner is not None else {}),  # issue 6
+            },
             keep=self.cfg.checkpoint.keep,
         )
         if self._metrics is not None:
@@ -190,19 +214,26 @@ class Node:
 
     def generate(self) -> list[PooledGroup]:
         """Draw prompts, generate G completions each, score them locally. Blocking (run off the loop)."""
+        if self.mnpo is not None:
+            self.mnpo.generate()
+            if not self.mnpo.grpo_this_step():
+                return []
         rcfg = self.cfg.rollout
         rng = self._step_rng("prompts")
-        refs = self.tasks.sample(rng, rcfg.prompts_per_step)
-        items = [self.tasks.materialize(r) for r in refs]
-        prompts = [self.policy.format_prompt(it.question) for it in items]
-        gens = self.engine.generate(
-            prompts,
-            rcfg.group_size,
-            max_new_tokens=rcfg.max_new_tokens,
-            temperature=rcfg.temperature,
-            top_p=rcfg.top_p,
-            seed=rng.randrange(2**31),
-        )
+        if self.planner is not None:  # issue 6: VADE selection, DART counts, APRIL partial rollouts
+            items, gens = self.planner.generate(rng, self.step)
+        else:
+            refs = self.tasks.sample(rng, rcfg.prompts_per_step)
+            items = [self.tasks.materialize(r) for r in refs]
+            prompts = [self.policy.format_prompt(it.question) for it in items]
+            gens = self.engine.generate(
+                prompts,
+                rcfg.group_size,
+                max_new_tokens=rcfg.max_new_tokens,
+                temperature=rcfg.temperature,
+                top_p=rcfg.top_p,
+                seed=rng.randrange(2**31),
+            )
         own = []
         for i, (item, comps) in enumerate(zip(items, gens, strict=True)):
             rewards = tuple(float(self.tasks.score(item, c.text)) for c in comps)
@@ -229,6 +260,8 @@ class Node:
                     extra={"gen": comps},
                 )
             )
+        if self.planner is not None:  # issue 6: feed the rewards to the VADE/DART posteriors
+            self.planner.observe(own, self.step)
         return own
 
     def score_external(self, ref: TaskRef, texts: list[str]) -> list[float]:
@@ -237,17 +270,53 @@ class Node:
         return [float(self.tasks.score(item, t)) for t in texts]
 
     async def publish(self, own: list[PooledGroup]) -> None:
-        """Sign and publish this step's informative groups (peers drop zero-advantage ones anyway)."""
-        if self.channel is None:
-            return
-        groups = tuple(g.group for g in own if g.informative)
-        if not groups:
+        """Sign and publish these groups' informative ones now (peers drop zero-advantage groups anyway)."""
+        mnpo = self.mnpo.take_groups() if self.mnpo is not None else []
+        await self.publish_groups([g.group for g in own if g.informative] + mnpo)
+
+    def _take_outbox(self) -> list[Group]:
+        """Pop the oldest queued groups that fit in one record (half the size cap, to leave room for headers)."""
+        budget = self.cfg.protocol.max_record_bytes // 2
+        taken = 0
+        size = 0
+        for group in self._outbox:
+            size += sum(len(c.text.encode()) + 64 for c in group.completions) + 256
+            if taken and size > budget:
+                break
+            taken += 1
+        out, self._outbox = self._outbox[:taken], self._outbox[taken:]
+        return out
+
+    def _queue_publish(self, own: list[PooledGroup]) -> None:
+        """Queue this step's groups; publish at most every ``publish_interval_s`` so peers' quotas are respected.
+
+        A slow network never blocks a step: while a publish is in flight, groups wait in the outbox (bounded;
+        the oldest are dropped first and counted).
+        """
+        self._outbox.extend(g.group for g in own if g.informative)
+        if self.mnpo is not None:
+            self._outbox.extend(self.mnpo.take_groups())
+        excess = len(self._outbox) - self.cfg.runtime.max_outbox_groups
+        if excess > 0:
+            del self._outbox[:excess]
+            self.totals["outbox_dropped"] += excess
+        now = time.monotonic()
+        in_flight = self._publish_task is not None and not self._publish_task.done()
+        if self._outbox and not in_flight and now - self._last_publish >= self.cfg.runtime.publish_interval_s:
+            self._last_publish = now
+            self._publish_task = self._spawn(self.publish_groups(self._take_outbox()), "publish")
+
+    async def publish_groups(self, groups: list[Group]) -> None:
+        """Sign and publish one record of ``groups``; a network failure is counted, never raised."""
+        if self.mnpo is not None:
+            await self.mnpo.publish()
+        if self.channel is None or not groups:
             return
         batch = RolloutBatch(
             model=self.cfg.model.name,
             policy_version=self.learner.policy_version,
             tokenizer=self.policy.tokenizer_id,
-            groups=groups,
+            groups=tuple(groups),
         )
         try:
             await self.channel.publish("rollouts", batch)
@@ -268,6 +337,8 @@ class Node:
             return 0
         accepted = 0
         for env in envelopes:
+            if self.mnpo is not None:
+                self.mnpo.ingest(env)
             if env.kind != "rollouts":
                 continue
             counts = ingest_rollouts(self.pool, env, self.score_external, self.step)
@@ -313,9 +384,11 @@ class Node:
 
     def train(self, samples: list[Any]) -> dict[str, float]:
         """One learner update (blocking); no update when every group had zero advantage."""
-        if not samples:
+        out = self.learner.step(samples) if samples else {}
+        if self.mnpo is not None:
+            out = {**out, **self.mnpo.train()}
+        if not out:
             return {}
-        out = self.learner.step(samples)
         self.engine.set_policy_version(self.learner.policy_version)
         return out
 
@@ -327,9 +400,7 @@ class Node:
         own = await asyncio.to_thread(self.generate)
         t_gen = time.perf_counter() - t0
         if self.channel is not None:
-            if self._publish_task is not None and not self._publish_task.done():
-                await self._publish_task  # at most one publish in flight
-            self._publish_task = self._spawn(self.publish(own), "publish")
+            self._queue_publish(own)
             if poll:
                 await self.sync()
         batch = self.sampler.sample(self.pool, self.step, own)
@@ -347,7 +418,9 @@ class Node:
         chan = self.channel.metrics() if self.channel is not None else {}
         # Refused by the validator (forged, replayed, ...) plus dropped at ingest (tasks we will not regenerate).
         reasons = Counter({k: v for k, v in (chan.get("rejected") or {}).items() if v})
-        reasons.update({k: v for k, v in self.ingest_counts.items() if k not in ("accepted", "duplicate") and v})
+        # Zero-advantage groups are dropped but not "rejected": honest MNPO responses can carry equal rewards.
+        not_rejections = ("accepted", "duplicate", "zero_advantage")
+        reasons.update({k: v for k, v in self.ingest_counts.items() if k not in not_rejections and v})
         m: dict[str, Any] = {
             **{k: v for k, v in train_metrics.items() if isinstance(v, int | float)},
             "step": self.step,
@@ -361,6 +434,7 @@ class Node:
             "rejected": sum(reasons.values()),
             "rejected_by_reason": dict(reasons),
             "accepted_groups": self.ingest_counts.get("accepted", 0),
+            "zero_advantage_groups": self.ingest_counts.get("zero_advantage", 0),
             "policy_version": self.learner.policy_version,
             "gen_s": round(t_gen, 4),
             "train_s": round(t_train, 4),
@@ -368,6 +442,8 @@ class Node:
             "gen_tokens": gen_tokens,
             "gen_tokens_per_s": gen_tokens / t_gen if t_gen > 0 else 0.0,
             **self.pool.stats(self.step),
+            **(self.mnpo.metrics() if self.mnpo is not None else {}),
+            **(self.planner.metrics() if self.planner is not None else {}),  # issue 6
         }
         self.last_metrics = m
         if self._metrics is not None:
@@ -404,9 +480,13 @@ class Node:
             while (max_steps is None or self.step < max_steps) and not stop.is_set():
                 await self.step_once(poll=False)
         finally:
-            if self._publish_task is not None and not self._publish_task.done():
-                with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):
+                if self._publish_task is not None and not self._publish_task.done():
                     await asyncio.wait_for(self._publish_task, self.cfg.runtime.shutdown_timeout_s)
+                if self._outbox and self.channel is not None:  # last groups, so peers still get them
+                    await asyncio.wait_for(
+                        self.publish_groups(self._take_outbox()), self.cfg.runtime.shutdown_timeout_s
+                    )
             await asyncio.to_thread(self.checkpoint)
             if self._live is not None:
                 self._live.close()

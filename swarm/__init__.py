@@ -1,7 +1,10 @@
-"""Population logic, model-free: the rollout pool, SAPO mixing of own and peers' groups, trust.
+"""Population logic, model-free: the rollout pool, SAPO mixing of own and peers' groups, MNPO, prompt selection.
 
-* ``pool`` -- bounded pool of own and peers' groups with age and source
-* ``sapo`` -- SAPO sampling: I local + J external groups, re-scored by the receiver, per-peer caps
+* ``pool``   -- bounded pool of own and peers' groups with age and source
+* ``sapo``   -- SAPO sampling: I local + J external groups, re-scored by the receiver, per-peer caps
+* ``scores`` -- the signed ``scores`` record kind (MNPO cross-scores: a player's logprobs on pooled responses)
+* ``mnpo``   -- MNPO windows, response store, peers' scores, opponent and pair choice (TD / HT)
+* ``vade``   -- VADE prompt selection: per-prompt Beta posteriors, Thompson sampling, information score
 
 Never imports torch, transformers or hivemind.
 """

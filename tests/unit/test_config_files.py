@@ -69,3 +69,16 @@ def test_resolved_config_round_trips(tmp_path):
     path = write_resolved(cfg, tmp_path)
     again = validate_config(NodeConfig, read_yaml(path))
     assert again == cfg
+
+
+def test_transport_section_without_type_means_hivemind():
+    cfg = load_config(
+        NodeConfig, None, ["transport.port=4321", 'transport.initial_peers=["/ip4/127.0.0.1/tcp/1/p2p/x"]']
+    )
+    assert cfg.transport.type == "hivemind" and cfg.transport.port == 4321
+    assert load_config(NodeConfig, None, ["transport.type=memory"]).transport.type == "memory"
+
+
+def test_publish_rate_must_fit_the_peer_quota():
+    with pytest.raises(ConfigError, match=r"raise runtime.publish_interval_s to at least"):
+        load_config(NodeConfig, None, ["runtime.publish_interval_s=0.1"])

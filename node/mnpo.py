@@ -1,0 +1,410 @@
+"""The node's MNPO phase: shared-prompt responses, cross-scoring, pairs with opponents, and the MNPO update.
+
+Multiplayer Nash Preference Optimization (Wu et al. 2025, arXiv 2509.23102) with the swarm as the population.
+The :class:`node.runtime.Node` calls four hooks, each a few lines there:
+
+* :meth:`MnpoPhase.generate` (blocking, after the node's own generation): answer this MNPO window's shared prompts
+  (:func:`swarm.mnpo.window_rng`), then compute this player's length-averaged logprobs on a rendezvous-chosen
+  sample of the pooled responses (own and peers') -- its cross-scores, also kept as its own history for TD-MNPO;
+* :meth:`MnpoPhase.take_groups` / :meth:`MnpoPhase.publish`: the responses go out in the node's own ``rollouts``
+  record, the scores as a ``scores`` record (``swarm.scores``): two records per publish, within peers' quotas;
+* :meth:`MnpoPhase.ingest` (on the event loop, for each validated envelope): peers' responses to window prompts
+  and peers' scores;
+* :meth:`MnpoPhase.train` (blocking): pairs from the node's preference oracle (``node.oracles``) over the pooled
+  responses, opponents = peers whose scores cover the pair, else own history (``swarm.mnpo.select_opponents``), the
+  loss of ``node.losses`` (``mnpo`` or the ``dpo`` baseline), one optimizer step of the learner's optimizer.
+
+Heterogeneous models and tokenizers work: every player re-tokenizes the texts with its own tokenizer, and only
+its own log-ratios (player, reference) plus each opponent's own log-ratio enter the loss. The reference is a frozen
+copy of the policy as it was when the phase started (the learner's KL reference if it keeps one).
+
+Thread safety: ``ingest`` runs on the event loop while ``generate``/``train`` run in worker threads; the shared
+bookkeeping is guarded by one lock, and forward/backward passes run outside it.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import random
+import threading
+from collections import Counter
+from typing import Any
+
+import torch
+
+from node.config import MnpoConfig
+from node.learner import completion_logprobs
+from node.losses import get_loss
+from node.oracles import build_oracle
+from protocol.types import Completion, Envelope, Group, TaskRef
+from swarm.mnpo import (
+    History,
+    Pair,
+    Response,
+    ResponseStore,
+    ScoreBook,
+    choose_pairs,
+    ingest_window_rollouts,
+    mnpo_window,
+    pair_stats,
+    score_sample,
+    select_opponents,
+    window_rng,
+)
+from swarm.pool import SELF
+from swarm.scores import KIND as SCORES_KIND
+from swarm.scores import MIN_LOGPROB, ScoreBatch, response_hash
+
+logger = logging.getLogger(__name__)
+
+
+class MnpoPhase:
+    """MNPO state and steps of one node (see the module docstring). ``node`` is the owning ``Node``."""
+
+    def __init__(self, node: Any) -> None:
+        self.node = node
+        self.cfg: MnpoConfig = node.cfg.mnpo
+        cfg = self.cfg
+        self.spec = get_loss(cfg.loss)
+        self.store = ResponseStore(
+            keep_windows=cfg.keep_windows,
+            max_per_sender=max(16, 2 * cfg.prompts_per_window * cfg.responses_per_prompt),
+        )
+        self.book = ScoreBook()
+        self.history = History(cfg.history)
+        learner = node.learner
+        self.device = learner.device
+        ref = getattr(learner, "ref_model", None)
+        self.ref_model = ref if ref is not None else copy.deepcopy(learner.model).eval().requires_grad_(False)
+        self.oracle = build_oracle(
+            cfg.oracle, node.tasks, prompt_of=lambda t: node.tasks.materialize(t).question, device=self.device
+        )
+        self.rng = random.Random(f"mnpo:{node.cfg.seed}:{node.name}")
+        self._lock = threading.Lock()
+        self._prompts: dict[int, list[TaskRef]] = {}
+        self._ref_cache: dict[bytes, float] = {}
+        self._pending_groups: list[Group] = []
+        self._pending_scores: ScoreBatch | None = None
+        self._window = -1
+        self.counts: Counter[str] = Counter()
+        self.last: dict[str, float] = {}
+        self._own_rewards: list[float] = []
+        self._step_grpo = self.grpo_this_step()
+        self._step_mnpo = self.mnpo_this_step()
+
+    # ------------------------------------------------------------------ schedule and windows
+
+    def grpo_this_step(self) -> bool:
+        """Whether the node's GRPO/SAPO update runs at its current step."""
+        s = self.cfg.schedule
+        return s == "side_by_side" or (s == "alternate" and self.node.step % 2 == 0)
+
+    def mnpo_this_step(self) -> bool:
+        """Whether the MNPO phase generates and trains at the node's current step."""
+        s = self.cfg.schedule
+        return s in ("only", "side_by_side") or (s == "alternate" and self.node.step % 2 == 1)
+
+    def current_window(self) -> int:
+        """The MNPO window: the channel's protocol window // span, or the node's step // span without a network."""
+        ch = self.node.channel
+        base = ch.validator.current_window() if ch is not None else self.node.step
+        return mnpo_window(base, self.cfg.window_span)
+
+    def prompts(self, window: int) -> list[TaskRef]:
+        """Window ``window``'s shared prompt set (the same on every player with the same ``tasks`` config)."""
+        got = self._prompts.get(window)
+        if got is None:
+            rng = window_rng(self.node.cfg.swarm_id, self.node.cfg.tasks.seed, window)
+            got = self.node.tasks.sample(rng, self.cfg.prompts_per_window)
+            self._prompts[window] = got
+            for w in [w for w in self._prompts if w < window - self.cfg.keep_windows - 1]:
+                del self._prompts[w]
+        return got
+
+    def _task_windows(self, window: int) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for w in range(window - self.cfg.keep_windows + 1, window + 2):  # peers slightly ahead count too
+            for t in self.prompts(w):
+                out.setdefault(t.key(), w)
+        return out
+
+    def _advance(self, window: int) -> None:
+        if window != self._window:
+            self._window = window
+            self.store.prune(window)
+            self.book.prune(window - self.cfg.keep_windows + 1)
+            live = {r.hash for r in self.store.responses()}
+            self._ref_cache = {h: v for h, v in self._ref_cache.items() if h in live}
+
+    # ------------------------------------------------------------------ logprobs
+
+    def _tokens(self, r: Response) -> tuple[list[int], list[int]]:
+        policy = self.node.policy
+        item = self.node.tasks.materialize(r.task)
+        prompt_ids = policy.encode(policy.format_prompt(item.question))
+        max_new = self.node.cfg.rollout.max_new_tokens
+        ids = policy.encode(r.text)[:max_new]
+        eos = policy.tokenizer.eos_token_id
+        if r.finish_reason == "stop" and eos is not None and len(ids) < max_new:
+            ids.append(eos)
+        return prompt_ids, ids
+
+    def _mean_logprobs(self, model: Any, responses: list[Response], *, grad: bool) -> torch.Tensor:
+        """Length-averaged logprobs ``(n,)`` of ``responses`` under ``model`` (micro-batched)."""
+        pad = self.node.learner.pad_token_id
+        outs = []
+        mb = self.cfg.micro_batch_size
+        for lo in range(0, len(responses), mb):
+            rows = [self._tokens(r) for r in responses[lo : lo + mb]]
+            rows = [(p, c if c else [pad]) for p, c in rows]  # an empty text still scores its first token
+            length = max(len(p) + len(c) for p, c in rows)
+            ids = torch.full((len(rows), length), pad, dtype=torch.long)
+            att = torch.zeros((len(rows), length), dtype=torch.long)
+            for i, (p, c) in enumerate(rows):
+                ids[i, : len(p) + len(c)] = torch.tensor(p + c)
+                att[i, : len(p) + len(c)] = 1
+            plen = torch.tensor([len(p) for p, _ in rows])
+            clen = torch.tensor([len(c) for _, c in rows])
+            with torch.set_grad_enabled(grad):
+                logp = completion_logprobs(
+                    model, ids.to(self.device), att.to(self.device), plen.to(self.device), clen.to(self.device)
+                )  # (b, T)
+                outs.append(logp.sum(-1) / clen.to(self.device).to(logp.dtype))  # (b,)
+        return torch.cat(outs) if outs else torch.zeros(0, device=self.device)
+
+    def _ref_logprobs(self, responses: list[Response]) -> torch.Tensor:
+        missing = [r for r in {r.hash: r for r in responses}.values() if r.hash not in self._ref_cache]
+        if missing:
+            vals = self._mean_logprobs(self.ref_model, missing, grad=False)
+            for r, v in zip(missing, vals.tolist(), strict=True):
+                self._ref_cache[r.hash] = v
+        return torch.tensor([self._ref_cache[r.hash] for r in responses], dtype=torch.float32, device=self.device)
+
+    # ------------------------------------------------------------------ hooks
+
+    def generate(self) -> None:
+        """Answer the window's prompts and cross-score the pool (blocking; run off the event loop)."""
+        self._step_grpo, self._step_mnpo = self.grpo_this_step(), self.mnpo_this_step()
+        self._own_rewards = []
+        if not self._step_mnpo:
+            return
+        node, cfg = self.node, self.cfg
+        window = self.current_window()
+        with self._lock:
+            self._advance(window)
+            tasks = self.prompts(window)
+        rcfg = node.cfg.rollout
+        items = [node.tasks.materialize(t) for t in tasks]
+        prompts = [node.policy.format_prompt(it.question) for it in items]
+        gens = node.engine.generate(
+            prompts,
+            cfg.responses_per_prompt,
+            max_new_tokens=rcfg.max_new_tokens,
+            temperature=rcfg.temperature,
+            top_p=rcfg.top_p,
+            seed=self.rng.randrange(2**31),
+        )
+        groups = []
+        own: list[Response] = []
+        rewards: list[float] = []
+        for task, comps in zip(tasks, gens, strict=True):
+            texts = [c.text for c in comps]
+            hint = self._pointwise(task, texts)
+            rewards.extend(hint or [])
+            groups.append(
+                Group(
+                    task=task,
+                    completions=tuple(
+                        Completion(
+                            text=c.text,
+                            n_tokens=len(c.token_ids),
+                            finish_reason=c.finish_reason,
+                            policy_version=c.policy_version,
+                            logprob_mean=(math.fsum(c.logprobs) / len(c.logprobs)) if c.logprobs else None,
+                            reward_hint=None if hint is None else hint[i],
+                        )
+                        for i, c in enumerate(comps)
+                    ),
+                )
+            )
+            for c in comps:
+                own.append(
+                    Response(response_hash(task, c.text), task, c.text, SELF, window, c.finish_reason, c.policy_version)
+                )
+        with self._lock:
+            for r in own:
+                self.counts["own_" + self.store.add(r)] += 1
+            sample = score_sample(self.store.responses(), cfg.max_scores, salt=f"mnpo-score:{window}")
+        version = node.learner.policy_version
+        with torch.no_grad():
+            lps = self._mean_logprobs(node.learner.model, sample, grad=False).tolist() if sample else []
+        lps = [min(0.0, max(MIN_LOGPROB, v)) if math.isfinite(v) else MIN_LOGPROB for v in lps]
+        scores = {r.hash: v for r, v in zip(sample, lps, strict=True)}
+        with self._lock:
+            self.history.record(version, scores)
+        self._own_rewards = rewards
+        sb = ScoreBatch(
+            window=window,
+            model=node.cfg.model.name,
+            tokenizer=node.policy.tokenizer_id,
+            policy_version=version,
+            hashes=tuple(scores),
+            logprob_means=tuple(scores.values()),
+        )
+        with self._lock:
+            self._pending_groups.extend(groups)
+            del self._pending_groups[: -4 * cfg.prompts_per_window]  # a slow network: keep the newest only
+            self._pending_scores = sb
+
+    def take_groups(self) -> list[Group]:
+        """This player's new response groups, for the node's next ``rollouts`` record (one record carries both the
+        node's GRPO groups and these, which keeps the node within the peers' per-window record quota)."""
+        with self._lock:
+            out, self._pending_groups = self._pending_groups, []
+        return out
+
+    def _pointwise(self, task: TaskRef, texts: list[str]) -> list[float] | None:
+        scores = getattr(self.oracle, "scores", None)
+        if scores is None:
+            return None
+        try:
+            return [float(x) for x in scores(task, texts)]
+        except Exception as e:  # an oracle failing on one prompt costs that prompt's metric, not the node
+            logger.debug("oracle failed on %s: %r", task.family, e)
+            return None
+
+    async def publish(self) -> None:
+        """Publish the latest cross-scores as a ``scores`` record (the responses travel in the node's ``rollouts``
+        record, :meth:`take_groups`); network errors are counted, never raised."""
+        channel = self.node.channel
+        with self._lock:
+            scores, self._pending_scores = self._pending_scores, None
+        if channel is None or scores is None:
+            return
+        try:
+            await channel.publish(SCORES_KIND, scores)
+            self.counts["published_scores"] += 1
+        except Exception as e:  # the network failing must not stop training
+            self.counts["publish_errors"] += 1
+            logger.warning("MNPO publish of scores failed: %s", e)
+
+    def ingest(self, env: Envelope) -> None:
+        """Take peers' window responses and scores from a validated envelope (never raises)."""
+        try:
+            with self._lock:
+                window = self.current_window()
+                self._advance(window)
+                if env.kind == "rollouts":
+                    for k, v in ingest_window_rollouts(self.store, env, self._task_windows(window)).items():
+                        self.counts["peer_" + k] += v
+                elif env.kind == SCORES_KIND and isinstance(env.payload, ScoreBatch):
+                    if env.payload.window >= window - self.cfg.keep_windows + 1:
+                        self.counts[
+                            "scores_" + ("kept" if self.book.add(env.sender, env.seq, env.payload) else "old")
+                        ] += 1
+                    else:
+                        self.counts["scores_stale"] += 1
+        except Exception as e:  # peer data must never crash the node
+            self.counts["ingest_errors"] += 1
+            logger.debug("MNPO ingest failed on a record from %s: %r", env.sender[:8], e)
+
+    def build_pairs(self) -> list[Pair]:
+        """Pairs from the oracle over the pooled responses, with their opponents, best covered first."""
+        cfg = self.cfg
+        with self._lock:
+            groups = self.store.by_task()
+        candidates: list[Pair] = []
+        for responses in groups.values():
+            if len(responses) < 2:
+                continue
+            try:
+                idx = self.oracle.pairs(responses[0].task, [r.text for r in responses], self.rng)
+            except Exception as e:  # e.g. a task this node will not regenerate
+                logger.debug("oracle failed on %s: %r", responses[0].task.family, e)
+                self.counts["oracle_errors"] += 1
+                continue
+            with self._lock:
+                for i, j in idx:
+                    w, lo = responses[i], responses[j]
+                    opps = select_opponents(
+                        w.hash,
+                        lo.hash,
+                        source=cfg.opponents,
+                        book=self.book,
+                        history=self.history,
+                        max_opponents=cfg.max_opponents,
+                        rng=self.rng,
+                    )
+                    candidates.append(Pair(w, lo, tuple(opps)))
+        return choose_pairs(candidates, cfg.pairs_per_step, self.rng)
+
+    def train(self) -> dict[str, float]:
+        """One MNPO update on this step's pairs (blocking); ``{}`` when MNPO does not run this step."""
+        if not self._step_mnpo:
+            self.last = {}
+            return {}
+        pairs = self.build_pairs()
+        stats = pair_stats(pairs)
+        if self._own_rewards:
+            stats["mnpo_reward_mean"] = math.fsum(self._own_rewards) / len(self._own_rewards)
+        if not pairs:
+            self.last = stats
+            return stats
+        cfg, learner = self.cfg, self.node.learner
+        wins = [p.win for p in pairs]
+        loses = [p.lose for p in pairs]
+        n_pairs, slots = len(pairs), cfg.max_opponents
+        opp_w = torch.zeros((n_pairs, slots))
+        opp_l = torch.zeros((n_pairs, slots))
+        mask = torch.zeros((n_pairs, slots), dtype=torch.bool)
+        for i, p in enumerate(pairs):
+            for j, o in enumerate(p.opponents[:slots]):
+                opp_w[i, j], opp_l[i, j], mask[i, j] = o.lp_w, o.lp_l, True
+        ref = self._ref_logprobs(wins + loses)  # (2P,)
+        version = learner.policy_version
+        learner.optimizer.zero_grad(set_to_none=True)
+        player = self._mean_logprobs(learner.model, wins + loses, grad=True)  # (2P,)
+        loss, metrics = self.spec.fn(
+            player[:n_pairs],
+            player[n_pairs:],
+            ref[:n_pairs],
+            ref[n_pairs:],
+            opp_w.to(self.device),
+            opp_l.to(self.device),
+            mask.to(self.device),
+            **self._loss_kwargs(),
+        )
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(learner.params, learner.cfg.max_grad_norm)
+        learner.optimizer.step()
+        learner.optimizer.zero_grad(set_to_none=True)
+        learner.policy_version += 1
+        own = {r.hash: float(v) for r, v in zip(wins + loses, player.detach().tolist(), strict=True)}
+        with self._lock:
+            self.history.record(version, own)
+        stats.update({f"mnpo_{k}": float(v) for k, v in metrics.items() if k not in ("opponents", "covered_frac")})
+        stats.update(mnpo_loss=float(loss.detach()), mnpo_grad_norm=float(grad_norm))
+        self.last = stats
+        return stats
+
+    def _loss_kwargs(self) -> dict[str, Any]:
+        cfg = self.cfg
+        if cfg.loss == "dpo":
+            return {"beta": cfg.dpo_beta}
+        weights = None
+        if cfg.opponent_weights is not None:
+            weights = torch.tensor(cfg.opponent_weights, device=self.device)
+        return {"eta": cfg.eta, "ratio": cfg.ratio, "opp_weights": weights, "max_opponents": cfg.max_opponents}
+
+    def metrics(self) -> dict[str, Any]:
+        """This step's MNPO metrics for the node's metrics line (``reward_mean`` too when GRPO did not run)."""
+        out: dict[str, Any] = dict(self.last)
+        with self._lock:
+            out["mnpo_pool_responses"] = len(self.store)
+            out["mnpo_score_peers"] = len(self.book)
+        out["mnpo_counts"] = dict(self.counts)
+        if not self._step_grpo and "mnpo_reward_mean" in out:
+            out["reward_mean"] = out["mnpo_reward_mean"]
+        return out

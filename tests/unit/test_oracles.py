@@ -1,0 +1,126 @@
+"""Preference oracles: verifiable (pairs only where rewards differ), a local reward model, the synthetic one."""
+
+import random
+
+import pytest
+
+from node.oracles import (
+    OracleError,
+    RewardModelOracle,
+    SyntheticOracle,
+    VerifiableOracle,
+    build_oracle,
+    response_text,
+)
+from protocol.types import TaskRef
+
+T = TaskRef("chain_sum", {}, 0, 1)
+
+
+class FakeTasks:
+    """Gold answer "4": reward 1 for it, 0.5 for "3", 0 otherwise."""
+
+    def materialize(self, ref):
+        return ref
+
+    def score(self, item, text):
+        return {"4": 1.0, "3": 0.5}.get(text, 0.0)
+
+
+def test_verifiable_pairs_only_where_rewards_differ():
+    o = VerifiableOracle(FakeTasks())
+    texts = ["4", "x", "y", "3", "4"]
+    pairs = o.pairs(T, texts, random.Random(0))
+    assert set(pairs) == {(0, 1), (0, 2), (0, 3), (3, 1), (3, 2), (4, 1), (4, 2), (4, 3)}
+    assert o.pairs(T, ["x", "y"], random.Random(0)) == []  # a tie says nothing
+    assert VerifiableOracle(FakeTasks(), margin=0.6).pairs(T, ["4", "3", "x"], random.Random(0)) == [(0, 2)]
+
+
+def test_build_oracle_from_config():
+    from node.config import VerifiableOracleConfig
+
+    o = build_oracle(VerifiableOracleConfig(margin=0.1), FakeTasks(), prompt_of=str, device="cpu")
+    assert isinstance(o, VerifiableOracle) and o.margin == 0.1
+
+
+@pytest.fixture(scope="module")
+def tiny_reward_model(tmp_path_factory):
+    """A randomly initialised one-layer sequence-classification model and tokenizer, saved locally (no download)."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import AutoModelForSequenceClassification, PreTrainedTokenizerFast, Qwen2Config
+
+    d = tmp_path_factory.mktemp("rm")
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<unk>", "<pad>", "<eos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(["what is 2 + 2?", "<answer>4</answer>", "<answer>5</answer>"], trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>", eos_token="<eos>")
+    fast.save_pretrained(d)
+    torch.manual_seed(0)
+    cfg = Qwen2Config(
+        vocab_size=len(fast),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        num_labels=1,
+        pad_token_id=fast.pad_token_id,
+    )
+    AutoModelForSequenceClassification.from_config(cfg).save_pretrained(d)
+    return d
+
+
+def test_reward_model_oracle_scores_and_pairs(tiny_reward_model):
+    o = RewardModelOracle(str(tiny_reward_model), prompt_of=lambda t: "what is 2 + 2?", batch_size=2)
+    texts = ["<answer>4</answer>", "<answer>5</answer>", "no idea", "<answer>4</answer> ok"]
+    s = o.scores(T, texts)
+    assert len(s) == 4 and s == o.scores(T, texts)  # deterministic, batching does not matter
+    assert s == pytest.approx(
+        RewardModelOracle(str(tiny_reward_model), prompt_of=lambda t: "what is 2 + 2?", batch_size=16).scores(T, texts),
+        abs=1e-5,
+    )
+    for w, lo in o.pairs(T, texts, random.Random(0)):
+        assert s[w] > s[lo]
+    assert len(o.pairs(T, texts, random.Random(0))) == 6  # random scores: no ties
+
+
+def test_reward_model_missing_is_one_clear_error(tmp_path):
+    with pytest.raises(OracleError, match="does not exist"):
+        RewardModelOracle(str(tmp_path / "nope" / "x" / "y"), prompt_of=str)
+    with pytest.raises(OracleError):
+        RewardModelOracle(str(tmp_path), prompt_of=str)  # a directory without a model
+
+
+def test_synthetic_cyclic_matrix_is_rock_paper_scissors():
+    m = SyntheticOracle.cyclic_matrix(3)
+    assert m[0][1] == 1.0 and m[1][2] == 1.0 and m[2][0] == 1.0  # r0 > r1 > r2 > r0
+    for a in range(3):
+        for b in range(3):
+            assert m[a][b] + m[b][a] == pytest.approx(1.0)
+    with pytest.raises(OracleError):
+        SyntheticOracle.cyclic_matrix(4)
+    with pytest.raises(OracleError):
+        SyntheticOracle([[0.5, 0.9], [0.9, 0.5]])
+
+
+def test_synthetic_population_is_heterogeneous_and_centred():
+    pop, players = SyntheticOracle.population(4, 5, cyclic=0.6, transitive=0.3, heterogeneity=0.5, seed=1)
+    assert len(players) == 4
+    assert any(abs(players[0].prob(0, 1) - players[1].prob(0, 1)) > 1e-3 for _ in range(1))
+    for a in range(5):
+        for b in range(5):
+            mean = sum(p.prob(a, b) for p in players) / 4
+            assert mean == pytest.approx(pop.prob(a, b), abs=0.2)  # centred noise (up to clipping)
+            assert players[2].prob(a, b) + players[2].prob(b, a) == pytest.approx(1.0)
+
+
+def test_synthetic_pairs_follow_the_matrix():
+    o = SyntheticOracle(SyntheticOracle.cyclic_matrix(3, cyclic=0.5))  # P(r0 > r1) = 0.75
+    rng = random.Random(0)
+    wins = sum(o.pairs(T, [response_text(0), response_text(1)], rng) == [(0, 1)] for _ in range(4000))
+    assert 0.72 < wins / 4000 < 0.78
+    assert o.pairs(T, ["r0", "r0", "other"], rng) == []
