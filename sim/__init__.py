@@ -1,4 +1,12 @@
 """The simulator: many nodes on one machine, faults, experiments, reports.
 
-* ``cli`` -- ``swarm-sim``
+* ``config``     -- the experiment YAML (``SimConfig``): nodes, steps, seeds, variants, faults, adversaries
+* ``scripted``   -- a cheap scripted policy/tasks/engine/learner for scale and unit tests
+* ``adversary``  -- hostile peers built from the protocol's fault-injecting transport wrappers
+* ``inprocess``  -- N nodes on one event loop over the memory transport, deterministic given a seed
+* ``multiproc``  -- N real ``swarm-node join`` processes over hivemind on 127.0.0.1
+* ``runner``     -- every configuration x seed of an experiment
+* ``report``     -- results.csv / results.md / rewards.png from the per-node metrics
+* ``mnpo``       -- the MNPO population game (non-transitive oracle): win rate and duality gap per method
+* ``cli``        -- ``swarm-sim``
 """

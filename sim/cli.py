@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+from typing import Annotated
+
 import typer
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Run swarm simulations and experiments.")
@@ -12,5 +16,50 @@ def _root() -> None:
     """Run swarm simulations and experiments."""
 
 
+def fail(message: str) -> None:
+    """One clear line on stderr, exit code 1 (never a traceback for user errors)."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code=1)
+
+
+@app.command()
+def run(
+    config: Annotated[Path, typer.Argument(help="Experiment YAML (configs/sim/*.yaml).")],
+    out: Annotated[Path, typer.Option("--out", help="Run directory: per-node metrics, results table, plots.")],
+    overrides: Annotated[
+        list[str] | None, typer.Option("--set", help="Override a field, e.g. --set steps=5 (repeatable).")
+    ] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="Apply the config's quick: overrides (a short run).")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO level.")] = False,
+) -> None:
+    """Run every configuration of CONFIG for every seed, then write results.csv, results.md and rewards.png."""
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
+    from protocol.errors import SwarmError
+    from sim.config import load_sim_config
+
+    try:
+        cfg = load_sim_config(str(config), overrides or [], quick=quick)
+    except SwarmError as e:
+        fail(str(e))
+    from protocol.config import write_resolved
+    from sim.report import markdown_table, write_report
+    from sim.runner import run_experiment
+
+    try:
+        write_resolved(cfg, out)
+        run_experiment(cfg, out, progress=lambda line: typer.echo(line, err=True))
+    except SwarmError as e:
+        fail(str(e))
+    rows = write_report(out, title=cfg.name, order=[v.name for v in cfg.configurations])
+    typer.echo(markdown_table(rows), nl=False)
+    typer.echo(f"results in {out}/results.md, plots in {out}/rewards.png")
+
+
 def main() -> None:
     app(prog_name="swarm-sim")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,314 @@
+"""N nodes on one event loop over one :class:`~protocol.transport.memory.MemoryNetwork`, deterministic given a seed.
+
+The schedule is in rounds. At the start of round ``r`` the simulated clock reads
+``start_time + r * round_seconds`` (validators, record stamps and network latency all read this clock, never the
+wall clock), churn and partitions for round ``r`` are applied, then:
+
+1. every *active* node (online, and ``r % speed == 0``) generates and publishes its groups;
+2. every adversary publishes its hostile traffic;
+3. every online node syncs (a real node polls in the background whether or not it is stepping);
+4. every active node samples its SAPO batch, trains and finishes its step (metrics line).
+
+The phases are the node's own methods (:meth:`Node.generate`, :meth:`Node.publish`, :meth:`Node.sync`,
+``sampler.sample``, :meth:`Node.build_samples`, :meth:`Node.train`, ``_finish_step``), not a copy of the loop.
+Nodes share nothing mutable except the network: each has its own parts, channel, validator and RNGs, and its
+identity is an Ed25519 key derived from ``(seed, index)``. Cost counters (CPU seconds per node, bytes fetched)
+are kept for the scale benchmark.
+
+Knows nothing about what the results mean (``sim.report``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from node.config import NodeConfig
+from protocol.transport.base import Transport
+from sim.config import SimConfig
+
+logger = logging.getLogger(__name__)
+
+
+class SimClock:
+    """The simulated unix time; the simulator moves it, everything else only reads it."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def derived_identity(seed: int, role: str, index: int) -> Any:
+    """A deterministic Ed25519 identity: the private key is a hash of ``(seed, role, index)``."""
+    from protocol.identity import Identity
+
+    return Identity.from_private_bytes(hashlib.sha256(f"rl-swarm-sim:{seed}:{role}:{index}".encode()).digest())
+
+
+class CountingTransport(Transport):
+    """Delegates to ``inner`` and counts the bytes this peer publishes and fetches (the scale benchmark's cost).
+
+    With ``fetch_cap`` a fetch returns at most that many records, a seeded random subset (``network.fetch_cap``).
+    """
+
+    def __init__(self, inner: Transport, *, fetch_cap: int | None = None, seed: int = 0) -> None:
+        self.inner = inner
+        self.fetch_cap = fetch_cap
+        self.rng = random.Random(seed)
+        self.bytes_fetched = 0
+        self.records_fetched = 0
+        self.bytes_published = 0
+        self.fetches = 0
+
+    async def publish(self, data: bytes, *, window: int, sender: str) -> None:
+        self.bytes_published += len(data)
+        await self.inner.publish(data, window=window, sender=sender)
+
+    async def fetch_recent(self, windows: Sequence[int]) -> list[bytes]:
+        got = await self.inner.fetch_recent(windows)
+        if self.fetch_cap is not None and len(got) > self.fetch_cap:
+            got = self.rng.sample(got, self.fetch_cap)
+        self.fetches += 1
+        self.records_fetched += len(got)
+        self.bytes_fetched += sum(len(d) for d in got)
+        return got
+
+    async def peers(self) -> list[str]:
+        return await self.inner.peers()
+
+    def addresses(self) -> list[str]:
+        return self.inner.addresses()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def set_record_validator(self, validate: Any) -> None:
+        self.inner.set_record_validator(validate)
+
+    @property
+    def record_validator(self) -> Any:
+        return self.inner.record_validator
+
+
+@dataclass
+class NodeCost:
+    """What one honest node spent over the run."""
+
+    steps: int = 0
+    cpu_s: float = 0.0
+    bytes_fetched: int = 0
+    records_fetched: int = 0
+    bytes_published: int = 0
+
+
+@dataclass
+class SeedResult:
+    """Outcome of one (configuration, seed) run."""
+
+    variant: str
+    seed: int
+    run_dir: Path
+    wall_s: float = 0.0
+    costs: list[NodeCost] = field(default_factory=list)
+    rounds: list[dict[str, float]] = field(default_factory=list)
+    """Per round, swarm totals so far: ``cpu_s``, ``bytes_fetched``, ``records_fetched``; and that round's ``steps``."""
+    final: list[dict[str, Any]] = field(default_factory=list)
+
+
+def protocol_config(cfg: NodeConfig) -> Any:
+    """The node's protocol limits (``protocol:`` section), or the defaults if the node config has none."""
+    from protocol.transport.config import ProtocolConfig
+
+    return getattr(cfg, "protocol", None) or ProtocolConfig()
+
+
+def build_node_parts(sim: SimConfig, cfg: NodeConfig) -> Any:
+    """The node's heavy parts: the real ones (``node.runtime.build_parts``) or the scripted stand-ins."""
+    if sim.policy == "scripted":
+        from sim.scripted import build_scripted_parts
+
+        s = sim.scripted
+        return build_scripted_parts(
+            cfg, lr=s.lr, init_p=s.init_p, init_spread=s.init_spread, max_p=s.max_p, answer_tokens=s.answer_tokens
+        )
+    from node.runtime import build_parts
+
+    return build_parts(cfg)
+
+
+async def _open_channel(identity: Any, transport: Transport, swarm_id: str, pcfg: Any, clock: SimClock) -> Any:
+    from protocol.channel import Channel
+    from protocol.validation import RecordValidator
+
+    validator = RecordValidator.from_config(swarm_id, pcfg, clock=clock)
+    return await Channel.create(
+        identity, transport, validator, fetch_past_windows=pcfg.fetch_past_windows, timeout_s=pcfg.timeout_s
+    )
+
+
+async def run_seed(sim: SimConfig, variant: str, seed: int, out: str | Path) -> SeedResult:
+    """Run configuration ``variant`` of ``sim`` with ``seed``; metrics go to ``out/<variant>/seed<seed>/node<i>/``."""
+    from node.runtime import Node
+    from protocol.transport.memory import MemoryNetwork, MemoryTransport
+    from sim.adversary import Adversary, wrap_transport
+
+    if sim.policy == "real":
+        import torch
+
+        torch.set_num_threads(sim.torch_threads)
+        torch.manual_seed(seed)
+    run_dir = Path(out) / variant / f"seed{seed}"
+    result = SeedResult(variant, seed, run_dir)
+    t_start = time.perf_counter()
+    clock = SimClock(sim.start_time)
+    cfgs = [sim.node_config(variant, i, seed) for i in range(sim.nodes)]
+    for c in cfgs:
+        c.checkpoint.every = 10**9  # the simulator keeps state in memory; no checkpoint files per step
+    pcfg = protocol_config(cfgs[0])
+    net = sim.network
+    network = MemoryNetwork(
+        seed=seed,
+        clock=clock,
+        latency_s=net.latency_steps * sim.round_seconds,
+        loss=net.loss,
+        duplicate=net.duplication,
+        retention_windows=max(8, pcfg.max_past_windows + 2),
+    )
+
+    nodes: list[Any] = []
+    transports: list[CountingTransport] = []
+    adversaries: list[Adversary] = []
+    try:
+        for i, cfg in enumerate(cfgs):
+            ident = derived_identity(seed, "node", i)
+            transport = CountingTransport(
+                MemoryTransport(network, ident.peer_id), fetch_cap=net.fetch_cap, seed=seed * 100_003 + i
+            )
+            channel = await _open_channel(ident, transport, cfg.swarm_id, pcfg, clock)
+            parts = build_node_parts(sim, cfg)
+            node = await Node.create(
+                cfg, run_dir / f"node{i}", channel=channel, parts=parts, name=ident.peer_id, resume=False, live=False
+            )
+            for writer in (node._metrics, node._rollouts):  # reproducible runs need no fsync per few lines
+                if writer is not None:
+                    writer._fsync_every = 1 << 30
+            nodes.append(node)
+            transports.append(transport)
+        result.costs = [NodeCost() for _ in nodes]
+        base = cfgs[0]
+        families = [(f.name, dict(f.config)) for f in base.tasks.families]
+
+        def adversary_refs(rng: Any, base: NodeConfig = base) -> list[Any]:
+            from protocol.types import TaskRef
+
+            picks = [families[rng.randrange(len(families))] for _ in range(2)]
+            return [TaskRef(family=n, config=c, seed=base.tasks.seed, index=rng.randrange(1000)) for n, c in picks]
+
+        k = 0
+        for adv in sim.adversaries:
+            for _ in range(adv.count):
+                ident = derived_identity(seed, f"adversary-{adv.type}", k)
+                inner = MemoryTransport(network, ident.peer_id)
+                swarm_id = base.swarm_id if adv.type != "wrong_swarm" else f"not-{base.swarm_id}"[:64]
+                transport = wrap_transport(
+                    adv.type,
+                    inner,
+                    identity=ident,
+                    swarm_id=swarm_id,
+                    records_per_round=adv.records_per_round,
+                    clock=clock,
+                    window_seconds=pcfg.window_seconds,
+                    seed=seed * 1000 + k,
+                )
+                channel = await _open_channel(ident, transport, swarm_id, pcfg, clock)
+                adversaries.append(
+                    Adversary(adv.type, channel, adversary_refs, base.rollout.group_size, seed * 1000 + k)
+                )
+                k += 1
+
+        online = [True] * len(nodes)
+        for r in range(sim.steps):
+            clock.now = sim.start_time + r * sim.round_seconds
+            _apply_churn(sim, r, nodes, online, network)
+            _apply_partitions(sim, r, nodes, network)
+            active = [i for i in range(len(nodes)) if online[i] and r % sim.speed(i) == 0]
+            own: dict[int, Any] = {}
+            t_gen: dict[int, float] = {}
+            for i in active:
+                c0, w0 = time.process_time(), time.perf_counter()
+                own[i] = nodes[i].generate()
+                await nodes[i].publish(own[i])
+                t_gen[i] = time.perf_counter() - w0
+                result.costs[i].cpu_s += time.process_time() - c0
+            for adv in adversaries:
+                await adv.act()
+            for i in range(len(nodes)):
+                if online[i]:
+                    c0 = time.process_time()
+                    await nodes[i].sync()
+                    result.costs[i].cpu_s += time.process_time() - c0
+            for i in active:
+                node = nodes[i]
+                c0, w0 = time.process_time(), time.perf_counter()
+                batch = node.sampler.sample(node.pool, node.step, own[i])
+                samples = node.build_samples(batch)
+                t1 = time.perf_counter()
+                train_metrics = node.train(samples)
+                t_train = time.perf_counter() - t1
+                node._finish_step(own[i], batch, train_metrics, t_gen[i], t_train, t_gen[i] + time.perf_counter() - w0)
+                result.costs[i].cpu_s += time.process_time() - c0
+                result.costs[i].steps += 1
+            result.rounds.append(
+                {
+                    "round": r,
+                    "steps": len(active),
+                    "cpu_s": sum(c.cpu_s for c in result.costs),
+                    "bytes_fetched": sum(t.bytes_fetched for t in transports),
+                    "records_fetched": sum(t.records_fetched for t in transports),
+                }
+            )
+        for i, t in enumerate(transports):
+            c = result.costs[i]
+            c.bytes_fetched, c.records_fetched, c.bytes_published = (
+                t.bytes_fetched,
+                t.records_fetched,
+                t.bytes_published,
+            )
+        result.final = [dict(n.last_metrics) for n in nodes]
+    finally:
+        for node in nodes:
+            await node.close()
+        for adv in adversaries:
+            await adv.close()
+    result.wall_s = time.perf_counter() - t_start
+    logger.info("%s seed %d: %d nodes x %d rounds in %.1fs", variant, seed, len(nodes), sim.steps, result.wall_s)
+    return result
+
+
+def _apply_churn(sim: SimConfig, r: int, nodes: list[Any], online: list[bool], network: Any) -> None:
+    for ev in sim.churn:
+        peer = nodes[ev.node].name
+        if r == ev.leave and online[ev.node]:
+            online[ev.node] = False
+            network.leave(peer)
+            logger.info("round %d: node %d leaves", r, ev.node)
+        elif ev.rejoin is not None and r == ev.rejoin and not online[ev.node]:
+            online[ev.node] = True
+            network.join(peer)
+            logger.info("round %d: node %d rejoins", r, ev.node)
+
+
+def _apply_partitions(sim: SimConfig, r: int, nodes: list[Any], network: Any) -> None:
+    for p in sim.network.partitions:
+        if p.start <= r < p.end:
+            network.partition(*[[nodes[i].name for i in g] for g in p.groups])
+            return
+    network.heal()

@@ -1,0 +1,46 @@
+"""Run a whole experiment: every configuration for every seed, in-process or as real processes.
+
+Knows nothing about reports (``sim.report`` reads what the runs wrote).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sim.config import SimConfig
+
+logger = logging.getLogger(__name__)
+
+
+def run_experiment(sim: SimConfig, out: str | Path, progress: Callable[[str], None] | None = None) -> list[Any]:
+    """Run all (configuration, seed) pairs of ``sim`` into ``out``; returns the in-process results (or run dirs)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    results: list[Any] = []
+    for variant in sim.configurations:
+        for seed in sim.seeds:
+            t0 = time.perf_counter()
+            if sim.mode == "inprocess":
+                from sim.inprocess import run_seed
+
+                results.append(asyncio.run(run_seed(sim, variant.name, seed, out)))
+            else:
+                from sim.multiproc import run_seed_multiprocess
+
+                results.append(run_seed_multiprocess(sim, variant.name, seed, out))
+            line = (
+                f"{variant.name} seed {seed}: {sim.nodes} nodes x {sim.steps} steps in {time.perf_counter() - t0:.1f}s"
+            )
+            logger.info(line)
+            if progress is not None:
+                progress(line)
+    if sim.mnpo_game is not None:
+        from sim.mnpo import run_mnpo_report
+
+        run_mnpo_report(sim, out, progress)
+    return results

@@ -1,0 +1,47 @@
+"""The simulator benchmarks' quick modes run end to end (so they never rot)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_b5_scale_quick(tmp_path):
+    out = tmp_path / "b5.md"
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "b5_scale.py"), "--quick", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    text = out.read_text()
+    assert "| 5 |" in text and "| 20 |" in text and "Machine:" in text
+
+
+@pytest.mark.slow
+def test_b4_sapo_smoke(tmp_path):
+    out = tmp_path / "b4.md"
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "b4_sapo.py"),
+            "--smoke",
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    text = out.read_text()
+    assert "| 8-0 |" in text and "| 4-4 |" in text and "4/4 vs 8/0" in text
+    assert (tmp_path / "b4.png").stat().st_size > 0
