@@ -23,17 +23,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import datetime as dt
 import hashlib
 import json
-import os
-import platform
 import random
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -41,9 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.b1_gossip import COMPLETIONS, fmt, make_batch  # noqa: E402  (no heavy imports at module level)
-
-SWARM = "b1"
+from benchmarks import b1_common  # noqa: E402  (imports neither hivemind nor libp2p)
+from benchmarks.b1_common import SWARM, make_batch  # noqa: E402
 
 
 def _rid(data: bytes) -> str:
@@ -208,182 +200,40 @@ def raw_worker(args: dict) -> None:
 # -- coordinator ----------------------------------------------------------------------------------------------
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-
-
-def run_swarm(mode: str, peers: int, opts: argparse.Namespace, workdir: Path) -> dict:
-    """Start ``peers`` worker processes, let them publish and poll, and compute this run's metrics."""
-    procs: list[subprocess.Popen] = []
-    outs: list[Path] = []
-    logs = []
-    boot = None
-    try:
-        for i in range(peers):
-            out = workdir / f"{mode}_{peers}_{i}.json"
-            out.unlink(missing_ok=True)
-            outs.append(out)
-            wargs = {
-                "mode": mode,
-                "index": i,
-                "peers": peers,
-                "bootstrap": boot,
-                "steps": opts.steps,
-                "interval": opts.interval,
-                "record_kb": opts.record_kb,
-                "poll_s": opts.poll_s,
-                "settle_s": opts.settle_s,
-                "window_seconds": opts.window_seconds,
-                "outfile": str(out),
-            }
-            log = (workdir / f"{mode}_{peers}_{i}.log").open("w")
-            logs.append(log)
-            proc = subprocess.Popen(
-                [sys.executable, __file__, "--worker", json.dumps(wargs)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                text=True,
-                cwd=ROOT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
-            procs.append(proc)
-            if i == 0:
-                line = proc.stdout.readline()
-                if not line.startswith("READY"):
-                    raise RuntimeError(f"peer 0 did not start; see {log.name}")
-                boot = line.split()[1]
-        for i, proc in enumerate(procs[1:], 1):
-            line = proc.stdout.readline()
-            if not line.startswith("READY"):
-                raise RuntimeError(f"peer {i} did not start; see {logs[i].name}")
-        time.sleep(2.0)  # a couple of heartbeats: meshes form before the first publish
-        t0 = time.time() + 1.0
-        for proc in procs:
-            proc.stdin.write(f"GO {t0}\n")
-            proc.stdin.flush()
-        limit = opts.steps * opts.interval + opts.settle_s + 60
-        for proc in procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=max(1.0, t0 + limit - time.time()))
-    finally:
-        for proc in procs:
-            _stop(proc)
-        for log in logs:
-            log.close()
-    results = [json.loads(o.read_text()) for o in outs if o.exists()]
-    return summarize(mode, peers, results)
-
-
 def summarize(mode: str, peers: int, results: list[dict]) -> dict:
-    published: dict[str, float] = {}
-    sizes: list[int] = []
+    # The edge validator runs in the router, outside publish and fetch: it counts in the time spent too.
+    row = b1_common.summarize(mode, peers, results, transport="libp2p", guard_in_total=True, require_all_peers=True)
     drops: dict[str, int] = {}
     for r in results:
-        published.update(r["published"])
-        sizes += r["sizes"]
         for k, v in r.get("drops", {}).items():
             drops[k] = drops.get(k, 0) + v
-    lat = []
-    for rid, tp in published.items():
-        ts = [r["seen"].get(rid) for r in results if rid not in r["published"]]
-        lat.append(max(ts) - tp if ts and all(t is not None for t in ts) else float("inf"))
-    if len(results) < peers:  # a peer that died never saw anything
-        lat = [float("inf")] * len(lat)
-    lat.sort()
-    complete = [x for x in lat if x != float("inf")]
-    span = (max(published.values()) + max(complete) - min(published.values())) if complete else float("nan")
-    timing = {k: sum(r["timing"][k] for r in results) for k in ("encode", "check", "publish", "fetch", "guard")}
-    codec = timing["encode"] + timing["check"] + timing["guard"]
-    total = timing["encode"] + timing["check"] + timing["publish"] + timing["fetch"] + timing["guard"]
-    size = statistics.mean(sizes) if sizes else 0.0
-    return {
-        "mode": mode,
-        "peers": peers,
-        "records": len(published),
-        "incomplete": len(lat) - len(complete),
-        "p50_s": lat[len(lat) // 2] if lat else float("nan"),
-        "p95_s": lat[min(len(lat) - 1, int(0.95 * len(lat)))] if lat else float("nan"),
-        "records_per_s": len(complete) / span if complete and span > 0 else 0.0,
-        "record_kb": size / 1024,
-        "bytes_per_completion": size / COMPLETIONS,
-        "codec_share": codec / total if mode == "libp2p" and total > 0 else float("nan"),
-        "drops": drops,
-    }
+    row["drops"] = drops
+    return row
 
 
-def machine_info() -> dict:
-    import importlib.metadata as md
-
-    mem_gib = float("nan")
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                mem_gib = int(line.split()[1]) / 1024**2
-    return {
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "cores": os.cpu_count(),
-        "ram_gib": round(mem_gib, 1),
-        "python": platform.python_version(),
-        "libp2p": md.version("libp2p"),
-        "load_avg_at_start": os.getloadavg()[0],
-    }
+def run_one(mode: str, peers: int, opts: argparse.Namespace, workdir: Path) -> dict:
+    # A couple of heartbeats before GO: meshes form before the first publish.
+    return summarize(mode, peers, b1_common.run_swarm(__file__, mode, peers, opts, workdir, mesh_wait_s=2.0))
 
 
-def render(rows: list[dict], info: dict, opts: argparse.Namespace) -> str:
+def render(rows: list[dict], machine: str, opts: argparse.Namespace) -> str:
     every = f"{opts.interval:g} s" if opts.interval else "5 + peers/2 s"
-    lines = [
-        "# B1 gossip: record dissemination over libp2p",
-        "",
-        f"Machine: {info['cores']} cores, {info['ram_gib']} GiB RAM, GPU: none; Python {info['python']}, "
-        f"libp2p {info['libp2p']}; load average at start {info['load_avg_at_start']:.1f}. Date: {info['date']}.",
-        "",
+    description = (
         f"Each peer publishes one signed group record (64 completions, ~{opts.record_kb:.0f} KB) every "
         f"{every} for {opts.steps} steps and polls every {opts.poll_s:g} s (a local read: records are "
         f"pushed). Visibility = time from the publisher's encode call until the last other peer has the record "
         f"(incomplete records count as inf). Median of {opts.repeats} repeat(s). raw = bare py-libp2p GossipSub "
         f"with the same router settings carrying the same bytes, no validation, decoding or sync. codec share = "
         f"(encode+sign + receive validate+decode + edge validator) / (encode + publish + fetch + receive checks "
-        f"+ edge validator). Compare with the hivemind transport in `b1_gossip.md`.",
-        "",
-        "| peers | mode | p50 visibility s | p95 visibility s | records/s | record KB | wire bytes/completion "
-        "| codec share | incomplete | p50 vs raw |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        share = r["codec_share"]
-        lines.append(
-            f"| {r['peers']} | {r['mode']} | {fmt(r['p50_s'])} | {fmt(r['p95_s'])} | {fmt(r['records_per_s'])} "
-            f"| {fmt(r['record_kb'], 1)} | {fmt(r['bytes_per_completion'], 0)} | "
-            f"{fmt(share * 100, 1) + '%' if share == share else '-'} | {r['incomplete']} | {r.get('ratio', '-')} |"
-        )
+        f"+ edge validator). Compare with the hivemind transport in `b1_gossip.md`."
+    )
     drops = {k: v for r in rows for k, v in r.get("drops", {}).items()}
-    lines += ["", f"Drops counted by the transport (all runs): {json.dumps(drops) if drops else 'none'}."]
-    lines += ["", "Targets (BENCHMARKS.md): 8 peers p50 <= 2 s; 32 peers p50 <= 10 s; codec share <= 5%.", ""]
-    return "\n".join(lines)
+    notes = ["", f"Drops counted by the transport (all runs): {json.dumps(drops) if drops else 'none'}."]
+    return b1_common.render("libp2p", machine, description, rows, notes)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--worker", help=argparse.SUPPRESS)
-    ap.add_argument("--peers", default="8,32", help="comma-separated swarm sizes (default 8,32)")
-    ap.add_argument("--steps", type=int, default=3, help="records each peer publishes")
-    ap.add_argument("--interval", type=float, default=0.0, help="seconds between steps (default: 5 + peers/2)")
-    ap.add_argument("--record-kb", type=float, default=150.0, help="approximate record size in KB")
-    ap.add_argument("--poll-s", type=float, default=0.05, help="seconds between polls of a peer")
-    ap.add_argument("--settle-s", type=float, default=45.0, help="seconds to keep polling after the last step")
-    ap.add_argument("--window-seconds", type=int, default=15)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--modes", default="raw,libp2p")
-    ap.add_argument("--quick", action="store_true", help="3 peers, 2 small records each, one repeat")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
-    opts = ap.parse_args(argv)
+    opts = b1_common.parser(__doc__, poll_s=0.05, modes="raw,libp2p").parse_args(argv)
     if opts.worker:
         wargs = json.loads(opts.worker)
         if wargs["mode"] == "raw":
@@ -392,36 +242,18 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(worker(wargs))
         return 0
     logging_setup()
-    if opts.quick:
-        opts.peers, opts.steps, opts.record_kb, opts.repeats, opts.settle_s = "3", 2, 50.0, 1, 20.0
-        opts.interval = opts.interval or 2.0
-    info = machine_info()
+    b1_common.apply_quick(opts)
+    machine = b1_common.machine_line("libp2p")
     rows = []
-    with tempfile.TemporaryDirectory(prefix="b1p2p_") as tmp:
-        for peers in [int(p) for p in opts.peers.split(",")]:
-            interval = opts.interval or 5.0 + peers / 2
-            per_mode: dict[str, list[dict]] = {m: [] for m in opts.modes.split(",")}
-            for rep in range(opts.repeats):
-                modes = list(per_mode) if rep % 2 == 0 else list(reversed(per_mode))
-                for mode in modes:
-                    run_opts = argparse.Namespace(**{**vars(opts), "interval": interval})
-                    res = run_swarm(mode, peers, run_opts, Path(tmp))
-                    print(json.dumps(res), file=sys.stderr, flush=True)
-                    per_mode[mode].append(res)
-            for mode, runs in per_mode.items():
-                row = {"mode": mode, "peers": peers, "incomplete": sum(r["incomplete"] for r in runs)}
-                for key in ("p50_s", "p95_s", "records_per_s", "record_kb", "bytes_per_completion", "codec_share"):
-                    row[key] = statistics.median(r[key] for r in runs)
-                row["drops"] = {k: v for r in runs for k, v in r["drops"].items()}
-                rows.append(row)
-            raw = next((r for r in rows if r["peers"] == peers and r["mode"] == "raw"), None)
-            for r in rows:
-                if r["peers"] == peers and raw is not None and 0 < raw["p50_s"] < float("inf"):
-                    r["ratio"] = f"{r['p50_s'] / raw['p50_s']:.2f}x"
-    text = render(rows, info, opts)
-    print(text)
-    opts.out.mkdir(parents=True, exist_ok=True)
-    (opts.out / "b1_gossip_libp2p.md").write_text(text)
+    for peers, per_mode in b1_common.sweep(opts, run_one, tmp_prefix="b1p2p_"):
+        group = []
+        for mode, runs in per_mode.items():
+            row = b1_common.median_row(mode, peers, runs)
+            row["drops"] = {k: v for r in runs for k, v in r["drops"].items()}
+            group.append(row)
+        b1_common.add_ratios(group, finite_raw_only=True)
+        rows += group
+    b1_common.write(render(rows, machine, opts), opts.out, "b1_gossip_libp2p.md")
     return 0
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import math
 import random
 import statistics
@@ -38,6 +37,8 @@ from types import SimpleNamespace
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import machine_info  # noqa: E402
 
 
 def stop_hazard_model(model, eos_ids: list[int], hazard: float):
@@ -140,10 +141,6 @@ def main(argv: list[str] | None = None) -> int:
     from node.policy import load_policy
     from node.tasks import TaskSource
 
-    spec = importlib.util.spec_from_file_location("b2_rollout", ROOT / "benchmarks" / "b2_rollout.py")
-    b2_rollout = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(b2_rollout)
-    machine_info = b2_rollout.machine_info
     if args.threads:
         torch.set_num_threads(args.threads)
     q = args.quick

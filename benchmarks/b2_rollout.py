@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
-import platform
 import random
 import statistics
 import sys
@@ -28,20 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-
-def machine_info() -> str:
-    import torch
-
-    try:
-        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-        ram_s = f"{ram:.0f} GiB"
-    except (ValueError, OSError, AttributeError):
-        ram_s = "unknown"
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
-    return (
-        f"{platform.platform()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}, RAM {ram_s}, "
-        f"GPU {gpu}, python {platform.python_version()}, torch {torch.__version__}"
-    )
+from benchmarks.common import machine_info  # noqa: E402
 
 
 def run_generate(policy, prompt_ids: list[list[int]], max_new_tokens: int, seed: int) -> int:

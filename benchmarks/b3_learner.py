@@ -17,8 +17,6 @@ import argparse
 import copy
 import datetime as dt
 import logging
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -31,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import machine_info  # noqa: E402
 from node.config import LearnerConfig  # noqa: E402
 from node.learner import Learner, TrainSample  # noqa: E402
 from node.losses import get_loss  # noqa: E402
@@ -182,30 +181,12 @@ def run_loss(p: dict, loss: str, device: torch.device, tmp: str) -> dict:
     }
 
 
-def machine() -> str:
-    try:
-        meminfo = Path("/proc/meminfo").read_text().splitlines()
-        mem_kb = next(int(line.split()[1]) for line in meminfo if line.startswith("MemTotal"))
-        ram = f"{mem_kb / 2**20:.1f} GiB"
-    except (OSError, StopIteration):
-        ram = "unknown"
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
-    import transformers
-    import trl
-
-    return (
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, RAM {ram}, GPU {gpu}; "
-        f"Python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, "
-        f"trl {trl.__version__}; torch threads {torch.get_num_threads()}"
-    )
-
-
 def render(rows: list[dict], p: dict, mode: str, device: torch.device) -> str:
     lines = [
         "# B3 learner: one step (loss + backward + optimizer) vs TRL GRPOTrainer",
         "",
         f"* date: {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
-        f"* machine: {machine()}",
+        f"* machine: {machine_info(('transformers', 'trl'))}",
         f"* mode: {mode}; device {device}; model Qwen2 random init, hidden {p['hidden']}, {p['layers']} layers, "
         f"vocab {p['vocab']}; batch {p['batch']} x (prompt {p['prompt']} + completion <= {p['completion']}); "
         f"median of {p['repeats']} interleaved repeats (order alternating) after one warm-up update; float32",

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
-import platform
 import shutil
 import sys
 import time
@@ -28,21 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import machine_info  # noqa: E402
+
 PAPER = {"8-0": 561.79, "6-2": 854.43, "4-4": 1093.31, "2-6": 945.87}
-
-
-def machine_info() -> str:
-    import torch
-
-    try:
-        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-        ram_s = f"{ram:.0f} GiB"
-    except (ValueError, OSError, AttributeError):
-        ram_s = "unknown"
-    return (
-        f"{platform.platform()}, {os.cpu_count()} cores, RAM {ram_s}, python {platform.python_version()}, "
-        f"torch {torch.__version__}"
-    )
 
 
 def verdict(rows: list[dict]) -> list[str]:

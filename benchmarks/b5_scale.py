@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import os
-import platform
 import sys
 import tempfile
 import time
@@ -28,14 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-
-def machine_info() -> str:
-    try:
-        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-        ram_s = f"{ram:.0f} GiB"
-    except (ValueError, OSError, AttributeError):
-        ram_s = "unknown"
-    return f"{platform.platform()}, {os.cpu_count()} cores, RAM {ram_s}, python {platform.python_version()}"
+from benchmarks.common import machine_info  # noqa: E402
 
 
 def measure(n: int, rounds: int, warmup: int, workdir: Path, fetch_cap: int | None = None) -> dict[str, float]:
@@ -68,7 +59,7 @@ def render(rows: list[dict], quick: bool, warmup: int) -> str:
         "# B5 scale: per-node cost vs swarm size (scripted policy, in-process, memory transport)",
         "",
         f"Date: {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}  ",
-        f"Machine: {machine_info()}  ",
+        f"Machine: {machine_info(with_torch=False)}  ",
         f"Mode: {'quick' if quick else 'full'}; config `configs/sim/scale.yaml`; costs averaged over the rounds "
         f"after {warmup} warm-up rounds. Target: per-node cost at the largest N <= 1.5x the cost at the smallest.",
         "`fetch cap` = the simulator's model of a bounded fetch (`network.fetch_cap`: a poll returns at most that many",

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
-import platform
 import shutil
 import sys
 import time
@@ -29,19 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-
-def machine_info() -> str:
-    import torch
-
-    try:
-        ram = f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB"
-    except (ValueError, OSError, AttributeError):
-        ram = "unknown"
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
-    return (
-        f"{platform.platform()}, {os.cpu_count()} cores, RAM {ram}, GPU {gpu}, python {platform.python_version()}, "
-        f"torch {torch.__version__}"
-    )
+from benchmarks.common import machine_info  # noqa: E402
 
 
 def verdict(rows: list[dict]) -> list[str]:

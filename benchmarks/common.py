@@ -1,26 +1,56 @@
-"""Shared by the benchmark scripts: the machine description every results file starts with."""
+"""Shared by the benchmark scripts: the machine description every results file starts with.
+
+Imports nothing heavy at import time (torch only inside :func:`machine_info`, and only if installed), so the
+libp2p benchmark, which must never share a process with hivemind, can use it too.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import importlib.metadata as md
 import os
 import platform
+import shutil
+import subprocess
+from collections.abc import Sequence
 
 
-def machine_info() -> str:
-    """Cores, RAM, GPU (or none), Python and torch versions, and today's date, on one line."""
+def _ram() -> str:
     try:
-        ram_s = f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB"
+        return f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.1f} GiB"
     except (ValueError, OSError, AttributeError):
-        ram_s = "unknown"
-    try:
-        import torch
+        return "unknown"
 
-        gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
-        torch_s = f", torch {torch.__version__} ({torch.get_num_threads()} threads)"
-    except ImportError:
-        gpu, torch_s = "unknown (no torch)", ""
+
+def _nvidia_smi_gpu() -> str:
+    """The first GPU's name from ``nvidia-smi`` (for processes without torch); "none" without one."""
+    if shutil.which("nvidia-smi"):
+        with contextlib.suppress(Exception):
+            query = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
+            return subprocess.run(query, capture_output=True, text=True, timeout=10).stdout.strip() or "none"
+    return "none"
+
+
+def machine_info(packages: Sequence[str] = (), *, with_torch: bool = True) -> str:
+    """Cores, RAM, GPU (or none), Python and torch versions, the versions of ``packages`` (e.g. ``hivemind``),
+    and the date and time (UTC), on one line.
+
+    ``with_torch=False`` leaves torch out (and unimported: benchmarks whose processes never load it); the GPU
+    then comes from ``nvidia-smi``, as it does when torch is not installed."""
+    gpu, torch_s = None, ""
+    if with_torch:
+        try:
+            import torch
+
+            gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+            torch_s = f", torch {torch.__version__} ({torch.get_num_threads()} threads)"
+        except ImportError:
+            pass
+    if gpu is None:
+        gpu = _nvidia_smi_gpu()
+    pkgs = "".join(f", {name} {md.version(name)}" for name in packages)
     return (
-        f"{platform.platform()}, {os.cpu_count()} cores, RAM {ram_s}, GPU {gpu}, "
-        f"python {platform.python_version()}{torch_s}; date {dt.date.today().isoformat()}"
+        f"{platform.platform()}, {os.cpu_count()} cores, RAM {_ram()}, GPU {gpu}, "
+        f"python {platform.python_version()}{torch_s}{pkgs}; date {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC"
     )

@@ -120,6 +120,27 @@ class RolloutEngine(ABC):
         (prefix plus whatever was sampled). Engines that cannot continue or stop early do not override this."""
         raise NotImplementedError(f"{type(self).__name__} does not support resumable generation (APRIL)")
 
+    def _generate_by_requests(
+        self,
+        encoded: list[list[int]],
+        n: int,
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        seed: int | None,
+    ) -> list[list[GeneratedCompletion]]:
+        """:meth:`generate` through :meth:`generate_requests`: one fresh request per prompt (token ids) and
+        completion, grouped back by prompt."""
+        rows = [i for i in range(len(encoded)) for _ in range(n)]  # each prompt n times, in order
+        done = self.generate_requests(
+            [RolloutRequest(encoded[i], max_new_tokens) for i in rows], temperature=temperature, top_p=top_p, seed=seed
+        )
+        out: list[list[GeneratedCompletion]] = [[] for _ in encoded]
+        for i, c in zip(rows, done, strict=True):
+            out[i].append(c)
+        return out
+
     def set_policy_version(self, version: int) -> None:
         """Record which policy version the engine now samples from (after the learner stepped)."""
         self.policy_version = int(version)
@@ -165,14 +186,9 @@ class TransformersEngine(RolloutEngine):
         if n < 1 or max_new_tokens < 1 or temperature <= 0 or not 0 < top_p <= 1:
             raise ValueError("need n >= 1, max_new_tokens >= 1, temperature > 0 and 0 < top_p <= 1")
         encoded = [self.policy.encode(p) for p in prompts]
-        rows = [i for i in range(len(prompts)) for _ in range(n)]  # each prompt n times, in order
-        done = self.generate_requests(
-            [RolloutRequest(encoded[i], max_new_tokens) for i in rows], temperature=temperature, top_p=top_p, seed=seed
+        return self._generate_by_requests(
+            encoded, n, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
         )
-        out: list[list[GeneratedCompletion]] = [[] for _ in prompts]
-        for i, c in zip(rows, done, strict=True):
-            out[i].append(c)
-        return out
 
     def generate_requests(
         self,

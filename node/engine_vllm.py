@@ -135,14 +135,9 @@ class _ChunkedEngine(RolloutEngine):
 
     def generate(self, prompts, n, *, max_new_tokens, temperature=1.0, top_p=1.0, seed=None):
         encoded = [self.policy.encode(p) for p in prompts]
-        rows = [i for i in range(len(prompts)) for _ in range(n)]
-        outs = self.generate_requests(
-            [RolloutRequest(encoded[i], max_new_tokens) for i in rows], temperature=temperature, top_p=top_p, seed=seed
+        return self._generate_by_requests(
+            encoded, n, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
         )
-        grouped: list[list[GeneratedCompletion]] = [[] for _ in prompts]
-        for i, c in zip(rows, outs, strict=True):
-            grouped[i].append(c)
-        return grouped
 
     def generate_requests(
         self,

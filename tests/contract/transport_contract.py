@@ -15,6 +15,10 @@ Use it from a test module by importing the tests and providing a ``make_transpor
         for t in made:
             await t.close()
 
+Transports that bootstrap from a first peer's addresses can use :func:`bootstrapped_transports` instead::
+
+    make_transports = bootstrapped_transports(start)  # start(initial_peers, **cfg) -> one started transport
+
 Transports must be configured for swarm :data:`SWARM` with ``window_seconds`` :data:`WINDOW_SECONDS` (the
 records published here are real signed records of the current window, so store-time validation may be on).
 Visibility is awaited with :func:`eventually` up to :data:`VISIBILITY_TIMEOUT_S`, so slow real networks pass.
@@ -56,6 +60,28 @@ __all__ = [
 
 T = TypeVar("T")
 _seq = [0]
+
+
+def bootstrapped_transports(start: Callable[..., Awaitable[T]]):
+    """A ``make_transports`` fixture over ``start(initial_peers, **cfg)``: ``make(n, **cfg)`` starts one transport,
+    then ``n - 1`` that bootstrap from its addresses; every transport made is closed at teardown."""
+
+    @pytest.fixture
+    async def make_transports():
+        made: list = []
+
+        async def make(n: int, **cfg) -> list[T]:
+            first = await start([], **cfg)
+            made.append(first)
+            for _ in range(n - 1):
+                made.append(await start(first.addresses(), **cfg))
+            return made[-n:]
+
+        yield make
+        for t in made:
+            await t.close()
+
+    return make_transports
 
 
 def now_window() -> int:

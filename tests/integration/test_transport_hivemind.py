@@ -14,7 +14,14 @@ from protocol.transport.config import HivemindTransportConfig, ProtocolConfig
 from protocol.transport.hivemind_dht import HivemindTransport, index_key, index_subkey, record_digest, record_key
 from protocol.validation import RecordValidator
 from tests.contract.transport_contract import *  # noqa: F403
-from tests.contract.transport_contract import SWARM, WINDOW_SECONDS, eventually, make_record, now_window
+from tests.contract.transport_contract import (
+    SWARM,
+    WINDOW_SECONDS,
+    bootstrapped_transports,
+    eventually,
+    make_record,
+    now_window,
+)
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(120)]
 
@@ -27,20 +34,7 @@ async def _start(initial_peers: list[str], **cfg) -> HivemindTransport:
     return await HivemindTransport.create(config, swarm=SWARM, validate=validator.is_storable, protocol=PROTOCOL)
 
 
-@pytest.fixture
-async def make_transports():
-    made: list[HivemindTransport] = []
-
-    async def make(n: int, **cfg) -> list[HivemindTransport]:
-        first = await _start([], **cfg)
-        made.append(first)
-        for _ in range(n - 1):
-            made.append(await _start(first.addresses(), **cfg))
-        return made[-n:]
-
-    yield make
-    for t in made:
-        await t.close()
+make_transports = bootstrapped_transports(_start)
 
 
 def _p2pd_children() -> set[int]:

@@ -18,7 +18,14 @@ from protocol.transport.config import Libp2pTransportConfig, ProtocolConfig
 from protocol.transport.libp2p_gossip import TAG_RECORD, Libp2pTransport
 from protocol.validation import RecordValidator
 from tests.contract.transport_contract import *  # noqa: F403
-from tests.contract.transport_contract import SWARM, WINDOW_SECONDS, eventually, make_record, now_window
+from tests.contract.transport_contract import (
+    SWARM,
+    WINDOW_SECONDS,
+    bootstrapped_transports,
+    eventually,
+    make_record,
+    now_window,
+)
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(120)]
 
@@ -31,20 +38,7 @@ async def _start(initial_peers: list[str], protocol: ProtocolConfig = PROTOCOL, 
     return await Libp2pTransport.create(config, swarm=SWARM, validate=validator.is_storable, protocol=protocol)
 
 
-@pytest.fixture
-async def make_transports():
-    made: list[Libp2pTransport] = []
-
-    async def make(n: int, **cfg) -> list[Libp2pTransport]:
-        first = await _start([], **cfg)
-        made.append(first)
-        for _ in range(n - 1):
-            made.append(await _start(first.addresses(), **cfg))
-        return made[-n:]
-
-    yield make
-    for t in made:
-        await t.close()
+make_transports = bootstrapped_transports(_start)
 
 
 def _libp2p_threads() -> list[threading.Thread]:

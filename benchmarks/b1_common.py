@@ -1,0 +1,295 @@
+"""Shared by the two B1 gossip benchmarks (``b1_gossip.py`` over hivemind, ``b1_gossip_libp2p.py`` over libp2p).
+
+The synthetic records, the coordinator that starts one worker process per peer, the per-run statistics, the
+sweep over swarm sizes and repeats, the Markdown table and the command line. Each script keeps its own workers.
+
+Imports neither hivemind nor libp2p (they cannot share a process: duplicate protobuf symbols), so either script
+can use it; the workers import their transport inside their own process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+from benchmarks.common import machine_info
+
+ROOT = Path(__file__).resolve().parents[1]
+SWARM = "b1"
+COMPLETIONS = 64
+WORDS = ("the", "answer", "is", "so", "we", "add", "then", "sum", "carry", "step", "check", "result", "of", "and")
+MEDIAN_KEYS = ("p50_s", "p95_s", "records_per_s", "record_kb", "bytes_per_completion", "codec_share")
+
+
+# -- records ------------------------------------------------------------------------------------------------
+
+
+def make_batch(record_kb: float, step: int, rng: random.Random):
+    """A RolloutBatch with one group of 64 completions whose encoded size is about ``record_kb`` KB."""
+    from protocol.types import Completion, Group, RolloutBatch, TaskRef
+
+    chars = max(16, int(record_kb * 1024 / COMPLETIONS) - 40)
+    comps = []
+    for i in range(COMPLETIONS):
+        text = " ".join(rng.choice(WORDS) for _ in range(chars // 4 + 1))[:chars]
+        comps.append(
+            Completion(
+                text=text,
+                n_tokens=chars // 4,
+                finish_reason="stop" if i % 7 else "length",
+                policy_version=step,
+                logprob_mean=-rng.random(),
+                reward_hint=float(i % 2),
+            )
+        )
+    task = TaskRef("chain_sum", {"min_terms": 2, "max_terms": 4}, seed=step, index=rng.randrange(10_000))
+    return RolloutBatch(
+        model="builtin:tiny", policy_version=step, tokenizer="tok-b1", groups=(Group(task, tuple(comps)),)
+    )
+
+
+# -- coordinator ----------------------------------------------------------------------------------------------
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def run_swarm(
+    script: str, mode: str, peers: int, opts: argparse.Namespace, workdir: Path, *, mesh_wait_s: float = 0.0
+) -> list[dict]:
+    """Start ``peers`` worker processes (``script --worker ARGS``), let them publish and poll; their result files.
+
+    ``mesh_wait_s``: pause between the last READY and GO (a gossip mesh needs a few heartbeats to form)."""
+    procs: list[subprocess.Popen] = []
+    outs: list[Path] = []
+    logs = []
+    boot = None
+    try:
+        for i in range(peers):
+            out = workdir / f"{mode}_{peers}_{i}.json"
+            out.unlink(missing_ok=True)
+            outs.append(out)
+            wargs = {
+                "mode": mode,
+                "index": i,
+                "peers": peers,
+                "bootstrap": boot,
+                "steps": opts.steps,
+                "interval": opts.interval,
+                "record_kb": opts.record_kb,
+                "poll_s": opts.poll_s,
+                "settle_s": opts.settle_s,
+                "window_seconds": opts.window_seconds,
+                "outfile": str(out),
+            }
+            log = (workdir / f"{mode}_{peers}_{i}.log").open("w")
+            logs.append(log)
+            proc = subprocess.Popen(
+                [sys.executable, script, "--worker", json.dumps(wargs)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                cwd=ROOT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+            procs.append(proc)
+            if i == 0:
+                line = proc.stdout.readline()
+                if not line.startswith("READY"):
+                    raise RuntimeError(f"peer 0 did not start; see {log.name}")
+                boot = line.split()[1]
+        for i, proc in enumerate(procs[1:], 1):
+            line = proc.stdout.readline()
+            if not line.startswith("READY"):
+                raise RuntimeError(f"peer {i} did not start; see {logs[i].name}")
+        if mesh_wait_s:
+            time.sleep(mesh_wait_s)
+        t0 = time.time() + 1.0
+        for proc in procs:
+            proc.stdin.write(f"GO {t0}\n")
+            proc.stdin.flush()
+        limit = opts.steps * opts.interval + opts.settle_s + 60
+        for proc in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(1.0, t0 + limit - time.time()))
+    finally:
+        for proc in procs:
+            _stop(proc)
+        for log in logs:
+            log.close()
+    return [json.loads(o.read_text()) for o in outs if o.exists()]
+
+
+def summarize(
+    mode: str, peers: int, results: list[dict], *, transport: str, guard_in_total: bool, require_all_peers: bool
+) -> dict:
+    """This run's metrics from the workers' result files.
+
+    ``transport``: the mode whose codec share is reported (raw has none). ``guard_in_total``: the transport's
+    receive-side guard runs outside publish and fetch, so it counts in the time spent too. ``require_all_peers``:
+    a peer that died never saw anything, so every record counts as incomplete."""
+    published: dict[str, float] = {}
+    sizes: list[int] = []
+    for r in results:
+        published.update(r["published"])
+        sizes += r["sizes"]
+    # Records are identified by their content digest; a publisher's own records do not count for it.
+    lat = []
+    for rid, tp in published.items():
+        ts = [r["seen"].get(rid) for r in results if rid not in r["published"]]
+        lat.append(max(ts) - tp if ts and all(t is not None for t in ts) else float("inf"))
+    if require_all_peers and len(results) < peers:
+        lat = [float("inf")] * len(lat)
+    lat.sort()
+    complete = [x for x in lat if x != float("inf")]
+    span = (max(published.values()) + max(complete) - min(published.values())) if complete else float("nan")
+    timing = {k: sum(r["timing"][k] for r in results) for k in ("encode", "check", "publish", "fetch", "guard")}
+    codec = timing["encode"] + timing["check"] + timing["guard"]
+    total = timing["encode"] + timing["check"] + timing["publish"] + timing["fetch"]
+    if guard_in_total:
+        total += timing["guard"]
+    size = statistics.mean(sizes) if sizes else 0.0
+    return {
+        "mode": mode,
+        "peers": peers,
+        "records": len(published),
+        "incomplete": len(lat) - len(complete),
+        "p50_s": lat[len(lat) // 2] if lat else float("nan"),
+        "p95_s": lat[min(len(lat) - 1, int(0.95 * len(lat)))] if lat else float("nan"),
+        "records_per_s": len(complete) / span if complete and span > 0 else 0.0,
+        "record_kb": size / 1024,
+        "bytes_per_completion": size / COMPLETIONS,
+        "codec_share": codec / total if mode == transport and total > 0 else float("nan"),
+    }
+
+
+def sweep(
+    opts: argparse.Namespace, run_one: Callable[[str, int, argparse.Namespace, Path], dict], *, tmp_prefix: str
+) -> list[tuple[int, dict[str, list[dict]]]]:
+    """For each swarm size in ``opts.peers``: ``opts.repeats`` runs of every mode (order alternating per repeat),
+    each ``run_one(mode, peers, run_opts, workdir)``; the runs by mode."""
+    out = []
+    with tempfile.TemporaryDirectory(prefix=tmp_prefix) as tmp:
+        for peers in [int(p) for p in opts.peers.split(",")]:
+            interval = opts.interval or 5.0 + peers / 2
+            per_mode: dict[str, list[dict]] = {m: [] for m in opts.modes.split(",")}
+            for rep in range(opts.repeats):
+                modes = list(per_mode) if rep % 2 == 0 else list(reversed(per_mode))
+                for mode in modes:
+                    run_opts = argparse.Namespace(**{**vars(opts), "interval": interval})
+                    res = run_one(mode, peers, run_opts, Path(tmp))
+                    print(json.dumps(res), file=sys.stderr, flush=True)
+                    per_mode[mode].append(res)
+            out.append((peers, per_mode))
+    return out
+
+
+def median_row(mode: str, peers: int, runs: list[dict]) -> dict:
+    """One table row: incomplete records summed over the repeats, every other metric their median."""
+    row = {"mode": mode, "peers": peers, "incomplete": sum(r["incomplete"] for r in runs)}
+    for key in MEDIAN_KEYS:
+        row[key] = statistics.median(r[key] for r in runs)
+    return row
+
+
+def add_ratios(rows: Iterable[dict], *, finite_raw_only: bool) -> None:
+    """Set each row's ``ratio`` (p50 / raw's p50) for rows of one swarm size; ``finite_raw_only``: not when raw's
+    p50 is inf (raw had most records incomplete)."""
+    rows = list(rows)
+    raw = next((r for r in rows if r["mode"] == "raw"), None)
+    if raw is None or not raw["p50_s"] > 0 or (finite_raw_only and raw["p50_s"] == float("inf")):
+        return
+    for r in rows:
+        r["ratio"] = f"{r['p50_s'] / raw['p50_s']:.2f}x"
+
+
+# -- report -------------------------------------------------------------------------------------------------
+
+
+def machine_line(package: str) -> str:
+    """The results file's machine line: :func:`benchmarks.common.machine_info` plus the load average."""
+    return f"Machine: {machine_info((package,), with_torch=False)}; load average at start {os.getloadavg()[0]:.1f}."
+
+
+def fmt(x: float, digits: int = 2) -> str:
+    if x != x:  # nan
+        return "-"
+    if x == float("inf"):
+        return "inf"
+    return f"{x:.{digits}f}"
+
+
+def render(transport: str, machine: str, description: str, rows: list[dict], notes: Sequence[str] = ()) -> str:
+    """The results file: title, machine line, the workload ``description``, the table, ``notes``, the targets."""
+    lines = [
+        f"# B1 gossip: record dissemination over {transport}",
+        "",
+        machine,
+        "",
+        description,
+        "",
+        "| peers | mode | p50 visibility s | p95 visibility s | records/s | record KB | wire bytes/completion "
+        "| codec share | incomplete | p50 vs raw |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        share = r["codec_share"]
+        lines.append(
+            f"| {r['peers']} | {r['mode']} | {fmt(r['p50_s'])} | {fmt(r['p95_s'])} | {fmt(r['records_per_s'])} "
+            f"| {fmt(r['record_kb'], 1)} | {fmt(r['bytes_per_completion'], 0)} | "
+            f"{fmt(share * 100, 1) + '%' if share == share else '-'} | {r['incomplete']} | {r.get('ratio', '-')} |"
+        )
+    lines += [*notes, "", "Targets (BENCHMARKS.md): 8 peers p50 <= 2 s; 32 peers p50 <= 10 s; codec share <= 5%.", ""]
+    return "\n".join(lines)
+
+
+def write(text: str, out: Path, name: str) -> None:
+    print(text)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / name).write_text(text)
+
+
+# -- command line ---------------------------------------------------------------------------------------------
+
+
+def parser(doc: str, *, poll_s: float, modes: str) -> argparse.ArgumentParser:
+    """The options both scripts take; ``poll_s`` and ``modes`` are their defaults."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--peers", default="8,32", help="comma-separated swarm sizes (default 8,32)")
+    ap.add_argument("--steps", type=int, default=3, help="records each peer publishes")
+    ap.add_argument("--interval", type=float, default=0.0, help="seconds between steps (default: 5 + peers/2)")
+    ap.add_argument("--record-kb", type=float, default=150.0, help="approximate record size in KB")
+    ap.add_argument("--poll-s", type=float, default=poll_s, help="seconds between polls of a peer")
+    ap.add_argument("--settle-s", type=float, default=45.0, help="seconds to keep polling after the last step")
+    ap.add_argument("--window-seconds", type=int, default=15)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--modes", default=modes)
+    ap.add_argument("--quick", action="store_true", help="3 peers, 2 small records each, one repeat")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    return ap
+
+
+def apply_quick(opts: argparse.Namespace) -> None:
+    """``--quick``: 3 peers, 2 records of ~50 KB each, one repeat (what the tests run)."""
+    if opts.quick:
+        opts.peers, opts.steps, opts.record_kb, opts.repeats, opts.settle_s = "3", 2, 50.0, 1, 20.0
+        opts.interval = opts.interval or 2.0
