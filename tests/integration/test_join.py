@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from pathlib import Path
@@ -97,8 +98,6 @@ def test_sigkill_mid_run_resumes_from_last_checkpoint(node_procs, tmp_path):
     p.signal(signal.SIGKILL)
     p.wait(timeout=30)
     for pid in alive(children):  # a SIGKILLed node cannot stop its daemon; the test owns these pids
-        import os
-
         os.kill(pid, signal.SIGKILL)
     q = node_procs("second", *args, "--max-steps", "10")
     assert q.wait(timeout=300) == 0, q.tail()
@@ -124,3 +123,49 @@ def test_missing_model_path_is_one_clear_line(node_procs, tmp_path):
     assert p.wait(timeout=120) == 1
     err = p.tail().strip().splitlines()
     assert "Traceback" not in p.tail() and any("no-such-model" in line for line in err[-1:])
+
+
+@pytest.mark.timeout(900)
+def test_four_node_swarm_survives_a_node_killed_and_restarted(node_procs, tmp_path):
+    dirs = [tmp_path / f"n{i}" for i in range(4)]
+    args = [*FAST, "--set", "checkpoint.every=2", "--set", "model.threads=1"]
+    first = node_procs("n0", "join", "--run-dir", str(dirs[0]), *args)
+    maddr = first.multiaddr()
+    procs = [first] + [
+        node_procs(f"n{i}", "join", "--peers", maddr, "--run-dir", str(dirs[i]), *args) for i in range(1, 4)
+    ]
+    for d, p in zip(dirs, procs, strict=True):
+        _wait_steps(d, 4, p)
+
+    victim = procs[3]
+    children = victim.descendants()
+    victim.signal(signal.SIGKILL)
+    victim.wait(timeout=30)
+    for pid in alive(children):  # a SIGKILLed node cannot stop its p2pd; the test owns that pid
+        os.kill(pid, signal.SIGKILL)
+    before = [len(_metrics(d)) for d in dirs[:3]]
+    for i in range(3):  # the survivors keep training without it
+        _wait_steps(dirs[i], before[i] + 4, procs[i])
+
+    # Restart from its own checkpoint, bootstrapping from a different survivor than before.
+    again = node_procs("n3-again", "join", "--peers", procs[1].multiaddr(), "--run-dir", str(dirs[3]), *args)
+    again.multiaddr()
+    resumed_from = None
+
+    def trained_on_peers_after_restart() -> bool:
+        nonlocal resumed_from
+        rows = _metrics(dirs[3])
+        if resumed_from is None and again.lines and any("peer id" in line for line in again.lines):
+            resumed_from = len(rows)
+        return resumed_from is not None and sum(r["external_groups"] for r in rows[resumed_from:]) > 0
+
+    _wait_until(trained_on_peers_after_restart, again, 300, "the restarted node to train on peers' groups")
+    for p in (*procs[:3], again):
+        p.signal(signal.SIGTERM)
+    for p in (*procs[:3], again):
+        assert p.wait(timeout=120) == 0, p.tail()
+    for d in dirs:
+        rows = _metrics(d)
+        assert [r["step"] for r in rows] == list(range(1, len(rows) + 1)), f"{d.name}: steps not contiguous"
+        assert sum(r["external_groups"] for r in rows) > 0
+        assert rows[-1]["rejected"] == 0, rows[-1]["rejected_by_reason"]

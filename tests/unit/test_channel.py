@@ -1,6 +1,7 @@
 """Channel: signed publish, validated and deduplicated poll, metrics, and surviving a dead network."""
 
 import asyncio
+import logging
 
 import pytest
 
@@ -128,7 +129,15 @@ class Broken(Transport):
 
 
 @pytest.mark.parametrize("hang", [False, True])
-async def test_a_dead_network_never_crashes_the_caller(hang, caplog):
+async def test_a_dead_network_never_crashes_the_caller(hang, monkeypatch):
+    # Our own handler on the channel's logger: other suites (hivemind, CLIs) reconfigure the root logger.
+    warnings: list[logging.LogRecord] = []
+    handler = logging.Handler(level=logging.WARNING)
+    handler.emit = warnings.append
+    chan_logger = logging.getLogger("protocol.channel")
+    monkeypatch.setattr(chan_logger, "level", logging.WARNING)
+    chan_logger.addHandler(handler)
+    monkeypatch.setattr(chan_logger, "handlers", [*chan_logger.handlers])
     clock = Clock()
     ch = Channel(Identity.generate(), Broken(hang), validator(clock), timeout_s=0.05)
     env = await ch.publish("rollouts", batch())
@@ -138,7 +147,7 @@ async def test_a_dead_network_never_crashes_the_caller(hang, caplog):
     assert await ch.peers() == [] and ch.addresses() == []
     m = ch.metrics()
     assert m["publish_errors"] == 2 and m["fetch_errors"] == 1 and m["published"] == 0
-    warnings = [r for r in caplog.records if r.name == "protocol.channel" and r.levelname == "WARNING"]
+    chan_logger.removeHandler(handler)
     assert len(warnings) == 1  # warn once, not on every call
     await ch.close()
     await ch.close()
