@@ -6,7 +6,8 @@ hivemind and libp2p cannot share a process (duplicate protobuf symbol, see FACTS
   joins late and one leaves, and a hostile peer floods invalid records that honest peers refuse at the edge;
 * the B1 benchmark in quick mode (``benchmarks/b1_gossip_libp2p.py --quick``).
 
-This module never imports libp2p; it skips when the ``libp2p`` package is not installed.
+This module never imports libp2p. libp2p is part of the ``dev`` extra, so these tests always run; the first one
+fails with a clear message if it is missing rather than skipping.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = [
-    pytest.mark.network,
-    pytest.mark.skipif(importlib.util.find_spec("libp2p") is None, reason="libp2p not installed (extra: libp2p)"),
-]
+pytestmark = [pytest.mark.network]
+
+
+def test_libp2p_is_installed():
+    assert importlib.util.find_spec("libp2p") is not None, 'libp2p missing: pip install -e ".[dev]"'
 
 
 def _env() -> dict[str, str]:
