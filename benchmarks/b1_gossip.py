@@ -183,7 +183,8 @@ def run_one(mode: str, peers: int, opts: argparse.Namespace, workdir: Path) -> d
 def render(rows: list[dict], machine: str, opts: argparse.Namespace) -> str:
     description = (
         f"Each peer publishes one signed group record (64 completions, ~{opts.record_kb:.0f} KB) every "
-        f"{opts.interval:g} s for {opts.steps} steps and polls every {opts.poll_s:g} s. Visibility = time from "
+        f"{opts.interval:g} s (0: 5 + peers/2) for {opts.steps} steps and polls every {opts.poll_s:g} s. "
+        f"Visibility = time from "
         f"the publisher's encode call until the last other peer has the record (incomplete records count as inf). "
         f"Median of {opts.repeats} repeat(s). raw = hivemind DHTNode store/get of the same bytes with the same key "
         f"layout, no validation or decoding. codec share = (encode+sign + receive validate+decode + DHT store "
