@@ -195,17 +195,7 @@ class MnpoPhase:
         with self._lock:
             self._advance(window)
             tasks = self.prompts(window)
-        rcfg = node.cfg.rollout
-        items = [node.tasks.materialize(t) for t in tasks]
-        prompts = [node.policy.format_prompt(it.question) for it in items]
-        gens = node.engine.generate(
-            prompts,
-            cfg.responses_per_prompt,
-            max_new_tokens=rcfg.max_new_tokens,
-            temperature=rcfg.temperature,
-            top_p=rcfg.top_p,
-            seed=self.rng.randrange(2**31),
-        )
+        _, gens = node.rollout(list(tasks), cfg.responses_per_prompt, self.rng)
         groups = []
         own: list[Response] = []
         rewards: list[float] = []

@@ -212,6 +212,20 @@ class Node:
         # Derived from (seed, node, step) alone, so a resumed node redraws exactly what it would have drawn.
         return random.Random(f"{self.cfg.seed}:{self.name}:{purpose}:{self.step}")
 
+    def rollout(self, refs: list[TaskRef], n: int, rng: random.Random) -> tuple[list[Any], list[list[Any]]]:
+        """Materialize ``refs``, format their prompts and sample ``n`` completions each with the rollout config."""
+        rcfg = self.cfg.rollout
+        items = [self.tasks.materialize(r) for r in refs]
+        gens = self.engine.generate(
+            [self.policy.format_prompt(it.question) for it in items],
+            n,
+            max_new_tokens=rcfg.max_new_tokens,
+            temperature=rcfg.temperature,
+            top_p=rcfg.top_p,
+            seed=rng.randrange(2**31),
+        )
+        return items, gens
+
     def generate(self) -> list[PooledGroup]:
         """Draw prompts, generate G completions each, score them locally. Blocking (run off the loop)."""
         if self.mnpo is not None:
@@ -223,17 +237,7 @@ class Node:
         if self.planner is not None:  # issue 6: VADE selection, DART counts, APRIL partial rollouts
             items, gens = self.planner.generate(rng, self.step)
         else:
-            refs = self.tasks.sample(rng, rcfg.prompts_per_step)
-            items = [self.tasks.materialize(r) for r in refs]
-            prompts = [self.policy.format_prompt(it.question) for it in items]
-            gens = self.engine.generate(
-                prompts,
-                rcfg.group_size,
-                max_new_tokens=rcfg.max_new_tokens,
-                temperature=rcfg.temperature,
-                top_p=rcfg.top_p,
-                seed=rng.randrange(2**31),
-            )
+            items, gens = self.rollout(self.tasks.sample(rng, rcfg.prompts_per_step), rcfg.group_size, rng)
         own = []
         for i, (item, comps) in enumerate(zip(items, gens, strict=True)):
             rewards = tuple(float(self.tasks.score(item, c.text)) for c in comps)
