@@ -53,7 +53,7 @@ def join(
         Path | None, typer.Option("--identity", help="Ed25519 key file (default RUN_DIR/identity.key, created).")
     ] = None,
     transport: Annotated[
-        str | None, typer.Option("--transport", help="Transport type: hivemind (default) or memory (alone).")
+        str | None, typer.Option("--transport", help="hivemind (default), libp2p, or memory (alone, no network).")
     ] = None,
     resume: Annotated[bool, typer.Option(help="Continue from RUN_DIR's latest checkpoint, if any.")] = True,
     log_level: Annotated[str, typer.Option("--log-level", help="Python logging level.")] = "WARNING",

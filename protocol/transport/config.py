@@ -67,7 +67,7 @@ class MemoryTransportConfig(StrictModel):
 
 
 class HivemindTransportConfig(StrictModel):
-    """hivemind DHT: records under time-window keys with the sender as subkey (see ``protocol/SPEC.md``)."""
+    """hivemind DHT: one content-addressed key per record plus a per-window index key (see ``protocol/SPEC.md``)."""
 
     type: Literal["hivemind"] = "hivemind"
     host: str = "127.0.0.1"
