@@ -107,6 +107,7 @@ class Node:
         self._tasks: set[asyncio.Task] = set()
         self._publish_task: asyncio.Task | None = None
         self._outbox: list[Group] = []
+        self._checkpointed_step = -1
         self._last_publish = float("-inf")
         self._peers: list[str] = []
         self.last_metrics: dict[str, Any] = {}
@@ -154,7 +155,7 @@ class Node:
         if ckpt is None:
             return
         restore(self.learner, ckpt)
-        self.step = ckpt.step
+        self.step = self._checkpointed_step = ckpt.step
         self.totals.update(ckpt.extra.get("totals", {}))
         if self.planner is not None and ckpt.extra.get("rollout_plan"):  # issue 6: APRIL buffer, VADE posteriors
             self.planner.load_state_dict(ckpt.extra["rollout_plan"])
@@ -179,6 +180,7 @@ class Node:
             },
             keep=self.cfg.checkpoint.keep,
         )
+        self._checkpointed_step = self.step
         if self._metrics is not None:
             self._metrics.sync()
         return path
@@ -491,7 +493,8 @@ class Node:
                     await asyncio.wait_for(
                         self.publish_groups(self._take_outbox()), self.cfg.runtime.shutdown_timeout_s
                     )
-            await asyncio.to_thread(self.checkpoint)
+            if self._checkpointed_step != self.step:  # the last step may have just been checkpointed
+                await asyncio.to_thread(self.checkpoint)
             if self._live is not None:
                 self._live.close()
                 self._live = None
