@@ -144,13 +144,29 @@ def load_latest(ckpt_dir: str | Path) -> Checkpoint | None:
     return None
 
 
-def restore(learner: Learner, ckpt: Checkpoint) -> None:
-    """Load weights, optimizer state, RNG states and ``policy_version`` of ``ckpt`` into ``learner``."""
-    device = next(learner.model.parameters()).device
+def load_step(ckpt_dir: str | Path, step: int) -> Checkpoint | None:
+    """The complete, intact checkpoint of ``step`` under ``ckpt_dir``, or None (absent, pruned or damaged)."""
+    return _verify(Path(ckpt_dir) / f"step-{step:08d}")
+
+
+def available_steps(ckpt_dir: str | Path) -> list[int]:
+    """Steps of the checkpoint directories under ``ckpt_dir`` (complete or not), oldest first."""
+    return [int(_STEP_DIR.match(p.name).group(1)) for p in _step_dirs(Path(ckpt_dir))]  # type: ignore[union-attr]
+
+
+def load_weights(model: Any, ckpt: Checkpoint) -> None:
+    """Load the model weights of ``ckpt`` into ``model`` (strict: every parameter must match)."""
+    device = next(model.parameters()).device
     tensors = load_file(str(ckpt.path / "model.safetensors"), device=str(device))
     for alias, canonical in ckpt.state["tied"].items():
         tensors[alias] = tensors[canonical]
-    learner.model.load_state_dict(tensors, strict=True)
+    model.load_state_dict(tensors, strict=True)
+
+
+def restore(learner: Learner, ckpt: Checkpoint) -> None:
+    """Load weights, optimizer state, RNG states and ``policy_version`` of ``ckpt`` into ``learner``."""
+    device = next(learner.model.parameters()).device
+    load_weights(learner.model, ckpt)
 
     opt_tensors = load_file(str(ckpt.path / "optimizer.safetensors"), device=str(device))
     learner.optimizer.load_state_dict(_unflatten_optimizer(opt_tensors, ckpt.state["optimizer"]))

@@ -86,6 +86,47 @@ def join(
     raise typer.Exit(code=code)
 
 
+@app.command("eval")
+def eval_(
+    run_dir: Annotated[Path, typer.Option("--run-dir", help="The run directory of a `swarm-node join`.")],
+    step: Annotated[
+        int | None, typer.Option("--step", min=0, help="Evaluate this step's checkpoint (default: the latest).")
+    ] = None,
+    initial: Annotated[
+        bool, typer.Option("--initial", help="Evaluate the run's initial model (before any training).")
+    ] = False,
+    items: Annotated[
+        int | None, typer.Option("--items", min=1, help="Held-out items per family (default: the run's eval config).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
+) -> None:
+    """Evaluate a run's checkpoint (or its initial model) on held-out questions it never trained on."""
+    import json
+    import logging
+
+    from protocol.errors import SwarmError
+
+    logging.basicConfig(level="WARNING", format="%(levelname)s %(name)s: %(message)s")
+    if step is not None and initial:
+        fail("--step and --initial exclude each other")
+    try:
+        from node.eval import evaluate_run
+
+        result = evaluate_run(run_dir, step=step, initial=initial, items=items)
+    except SwarmError as e:
+        fail(str(e))
+    if as_json:
+        typer.echo(json.dumps(result, sort_keys=True))
+        return
+    typer.echo(f"held-out accuracy at step {result['step']}: {result['accuracy']:.3f}")
+    typer.echo("family                      n  accuracy  greedy  format  length")
+    for fam, r in result["families"].items():
+        greedy = "   -  " if r["greedy_accuracy"] is None else f"{r['greedy_accuracy']:.3f} "
+        typer.echo(
+            f"{fam:24s} {r['n']:4d}    {r['accuracy']:.3f}   {greedy} {r['format_rate']:.3f}  {r['mean_length']:6.1f}"
+        )
+
+
 def main() -> None:
     app(prog_name="swarm-node")
 

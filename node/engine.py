@@ -183,8 +183,8 @@ class TransformersEngine(RolloutEngine):
         top_p: float = 1.0,
         seed: int | None = None,
     ) -> list[list[GeneratedCompletion]]:
-        if n < 1 or max_new_tokens < 1 or temperature <= 0 or not 0 < top_p <= 1:
-            raise ValueError("need n >= 1, max_new_tokens >= 1, temperature > 0 and 0 < top_p <= 1")
+        if n < 1 or max_new_tokens < 1 or temperature < 0 or not 0 < top_p <= 1:
+            raise ValueError("need n >= 1, max_new_tokens >= 1, temperature >= 0 and 0 < top_p <= 1")
         encoded = [self.policy.encode(p) for p in prompts]
         return self._generate_by_requests(
             encoded, n, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
@@ -199,8 +199,8 @@ class TransformersEngine(RolloutEngine):
         seed: int | None = None,
         should_stop: StopFn | None = None,
     ) -> list[GeneratedCompletion]:
-        if temperature <= 0 or not 0 < top_p <= 1:
-            raise ValueError("need temperature > 0 and 0 < top_p <= 1")
+        if temperature < 0 or not 0 < top_p <= 1:
+            raise ValueError("need temperature >= 0 and 0 < top_p <= 1")
         device = self.policy.device
         gen = torch.Generator(device=device)
         if seed is None:
@@ -309,9 +309,13 @@ class TransformersEngine(RolloutEngine):
                     .logits[:, -1, :]
                     .float()
                 )  # (w, V)
-            logits = apply_top_p(logits / temperature, top_p)
-            logp = torch.log_softmax(logits, dim=-1)  # (w, V): the sampling distribution
-            nxt = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(-1)  # (w,)
+            if temperature == 0:  # greedy: the policy's own logprob of its most likely token
+                logp = torch.log_softmax(logits, dim=-1)  # (w, V)
+                nxt = logp.argmax(dim=-1)  # (w,)
+            else:
+                logits = apply_top_p(logits / temperature, top_p)
+                logp = torch.log_softmax(logits, dim=-1)  # (w, V): the sampling distribution
+                nxt = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(-1)  # (w,)
             nxt = torch.where(done_w, torch.full_like(nxt, pad), nxt)
             tokens[rows, t] = nxt
             logps[rows, t] = logp.gather(-1, nxt[:, None]).squeeze(-1)

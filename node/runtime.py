@@ -116,6 +116,9 @@ class Node:
             from node.mnpo import MnpoPhase
 
             self.mnpo = MnpoPhase(self)
+        self._evaluator: Any = None  # node.eval.Evaluator, built on the first evaluation
+        self._pending_heldout: dict[str, float] = {}
+        self.last_eval_step: int | None = None
         self.planner: Any = None  # node.planner.RolloutPlanner when APRIL, VADE or DART is on (issue 6)
         if cfg.april.enabled or cfg.vade.enabled or cfg.dart.enabled:
             from node.planner import RolloutPlanner
@@ -272,8 +275,36 @@ class Node:
 
     def score_external(self, ref: TaskRef, texts: list[str]) -> list[float]:
         """The receiver's verifier for peers' groups: regenerate the task from its ref, score every text."""
-        item = self.tasks.materialize(ref)  # raises TaskError for families this node does not train on
+        item = self.tasks.materialize_for_training(ref)  # TaskError: not our family, or a held-out question
         return [float(self.tasks.score(item, t)) for t in texts]
+
+    # ------------------------------------------------------------------ held-out evaluation
+
+    def eval_due(self) -> bool:
+        """Whether the step being finished (``self.step + 1``) is an evaluation step (``eval.every_steps``)."""
+        every = self.cfg.eval.every_steps
+        return every is not None and (self.step + 1) % every == 0
+
+    def evaluate(self, step: int) -> dict[str, Any]:
+        """Evaluate the current policy on the held-out split (``node.eval``), append it to ``eval.jsonl`` and
+        carry its headline numbers into the next metrics line. Blocking (run off the event loop)."""
+        from node.eval import Evaluator, append_result, headline
+
+        if self._evaluator is None:
+            self._evaluator = Evaluator(self.tasks, self.policy, self.engine, self.cfg.eval, self.cfg.rollout)
+        result = self._evaluator.evaluate(step)
+        append_result(self.run_dir, result)
+        self._pending_heldout = headline(result)
+        self.last_eval_step = step
+        logger.info(
+            "step %d: held-out accuracy %.3f (greedy %s) over %d families in %.1fs",
+            step,
+            result["accuracy"],
+            "n/a" if result["greedy_accuracy"] is None else f"{result['greedy_accuracy']:.3f}",
+            len(result["families"]),
+            result["eval_s"],
+        )
+        return result
 
     async def publish(self, own: list[PooledGroup]) -> None:
         """Sign and publish these groups' informative ones now (peers drop zero-advantage groups anyway)."""
@@ -414,7 +445,10 @@ class Node:
         t1 = time.perf_counter()
         train_metrics = await asyncio.to_thread(self.train, samples)
         t_train = time.perf_counter() - t1
-        return self._finish_step(own, batch, train_metrics, t_gen, t_train, time.perf_counter() - t0)
+        t_step = time.perf_counter() - t0  # evaluation is not part of the step's cost
+        if self.eval_due():
+            await asyncio.to_thread(self.evaluate, self.step + 1)
+        return self._finish_step(own, batch, train_metrics, t_gen, t_train, t_step)
 
     def _finish_step(self, own, batch: SapoBatch, train_metrics, t_gen, t_train, t_step) -> dict[str, Any]:
         self.step += 1
@@ -450,7 +484,9 @@ class Node:
             **self.pool.stats(self.step),
             **(self.mnpo.metrics() if self.mnpo is not None else {}),
             **(self.planner.metrics() if self.planner is not None else {}),  # issue 6
+            **self._pending_heldout,
         }
+        self._pending_heldout = {}
         self.last_metrics = m
         if self._metrics is not None:
             self._metrics.write(m)
@@ -482,9 +518,18 @@ class Node:
         self._live = LiveView(max_steps, start=self.step, enabled=self._live_enabled)
         if self.channel is not None:
             self._spawn(self._poll_forever(self.cfg.runtime.poll_interval_s), "poll")
+        planned = (
+            (max_steps if max_steps is not None else self.step + 1000) - self.step
+        ) * self.cfg.rollout.prompts_per_step
+        await asyncio.to_thread(self.tasks.warn_if_small, planned)
         try:
+            if self.step == 0 and self.cfg.eval.at_start and not stop.is_set():
+                await asyncio.to_thread(self.evaluate, 0)
             while (max_steps is None or self.step < max_steps) and not stop.is_set():
                 await self.step_once(poll=False)
+            # Not after a stop signal: the user is waiting for the exit (``swarm-node eval`` evaluates later).
+            if self.cfg.eval.at_end and not stop.is_set() and self.step > 0 and self.last_eval_step != self.step:
+                await asyncio.to_thread(self.evaluate, self.step)
         finally:
             with contextlib.suppress(Exception):
                 if self._publish_task is not None and not self._publish_task.done():

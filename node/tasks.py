@@ -11,6 +11,12 @@ text between the last ``<answer>`` and ``</answer>`` of a completion. The verifi
 ``score_answer`` (partial credit included), clamped to [0, 1]; ``propositional_logic`` has no single gold answer
 and is scored against its premises by reasoning-gym.
 
+**Held-out split.** A fixed share (``tasks.heldout_fraction``) of every family's *question space* is reserved for
+evaluation: an item is held out when a hash of its family and question text falls below that share
+(:func:`is_heldout_question`). Training draws (:meth:`TaskSource.sample`) skip held-out items, peers' groups on
+held-out items are refused (:meth:`TaskSource.materialize_for_training`), and evaluation draws only held-out
+items (:meth:`TaskSource.heldout_refs`), so the two are disjoint on question text whatever the seeds or indices.
+
 Knows nothing about models, tokenizers or prompts' chat formatting (see ``node.policy``), nor about who sent a
 ref: :meth:`TaskSource.materialize` only accepts the families and configs this node itself trains on, which
 keeps hostile refs from making it generate arbitrary datasets.
@@ -18,6 +24,7 @@ keeps hostile refs from making it generate arbitrary datasets.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import random
@@ -54,6 +61,10 @@ SAPO_FAMILIES = (
 )
 
 
+#: Redraws of a training index that landed in the held-out split before giving up (a 10% split needs ~1.1).
+_MAX_REDRAWS = 1000
+
+
 class TaskError(SwarmError):
     """A task ref or family config cannot be materialized here (unknown family, foreign config, bad index)."""
 
@@ -79,6 +90,14 @@ def extract_answer(text: str) -> str | None:
     (an unclosed tag -- a truncated completion -- counts as no answer)."""
     matches = _ANSWER_RE.findall(text)
     return matches[-1].strip() if matches else None
+
+
+def is_heldout_question(family: str, question: str, fraction: float) -> bool:
+    """Whether ``question`` of ``family`` lies in the held-out share ``fraction`` of the question space: the first
+    8 bytes of SHA-256 over ``family``, a NUL byte and the UTF-8 question, read as a big-endian integer, are
+    below ``fraction * 2**64``. Depends on the text alone, so every peer draws the same line."""
+    digest = hashlib.sha256(family.encode() + b"\0" + question.encode()).digest()
+    return int.from_bytes(digest[:8], "big") < fraction * 2**64
 
 
 def _config_key(config: Mapping[str, Scalar]) -> str:
@@ -138,15 +157,89 @@ class TaskSource:
         return [name for name, _ in self._families]
 
     def sample(self, rng: random.Random, n: int) -> list[TaskRef]:
-        """``n`` refs: a family drawn by weight, then an index uniform in ``[0, pool_size)``."""
+        """``n`` training refs: a family drawn by weight, then an index uniform in ``[0, pool_size)``, redrawn
+        while the item is held out (a bounded number of times: a family whose whole space is held out fails)."""
         picks = rng.choices(range(len(self._families)), weights=self._weights, k=n)
         refs = []
         for i in picks:
             name, config = self._families[i]
-            refs.append(
-                TaskRef(family=name, config=dict(config), seed=self.cfg.seed, index=rng.randrange(self.cfg.pool_size))
-            )
+            for _ in range(_MAX_REDRAWS):
+                ref = TaskRef(
+                    family=name, config=dict(config), seed=self.cfg.seed, index=rng.randrange(self.cfg.pool_size)
+                )
+                if not self.is_heldout(self.materialize(ref)):
+                    break
+            else:
+                raise TaskError(f"task family {name!r}: no training item found in {_MAX_REDRAWS} draws")
+            refs.append(ref)
         return refs
+
+    def is_heldout(self, item: TaskItem) -> bool:
+        """Whether ``item`` belongs to the held-out (evaluation) split of this node's tasks."""
+        return is_heldout_question(item.ref.family, item.question, self.cfg.heldout_fraction)
+
+    def materialize_for_training(self, ref: TaskRef) -> TaskItem:
+        """:meth:`materialize`, refusing (:class:`TaskError`) held-out items: a peer's group on an evaluation
+        question must not reach the learner, or held-out accuracy would stop measuring generalization."""
+        item = self.materialize(ref)
+        if self.is_heldout(item):
+            raise TaskError(f"task {ref.family!r} index {ref.index} is in this node's held-out split")
+        return item
+
+    def heldout_refs(self, n: int, seed: int) -> dict[str, list[TaskRef]]:
+        """Up to ``n`` held-out refs per family with distinct questions, scanning indices ``0, 1, ...`` of task
+        seed ``seed`` (deterministic). A family whose question space is small may yield fewer."""
+        out: dict[str, list[TaskRef]] = {}
+        budget = max(1000, int(20 * n / max(self.cfg.heldout_fraction, 1e-6)))
+        for name, config in self._families:
+            refs: list[TaskRef] = []
+            seen: set[str] = set()
+            size = self._dataset(name, config, seed).size
+            for index in range(min(budget, size)):
+                ref = TaskRef(family=name, config=dict(config), seed=seed, index=index)
+                item = self._generate(ref)
+                if item.question in seen or not self.is_heldout(item):
+                    continue
+                seen.add(item.question)
+                refs.append(ref)
+                if len(refs) >= n:
+                    break
+            out[name] = refs
+        return out
+
+    def distinct_estimate(self, family_index: int, draws: int, rng: random.Random) -> float:
+        """Estimated number of distinct training questions of one family, from ``draws`` random draws: the
+        birthday estimate ``draws**2 / (2 * repeats)`` (infinite when no question repeats)."""
+        name, config = self._families[family_index]
+        questions = []
+        for _ in range(draws):
+            index = rng.randrange(self.cfg.pool_size)
+            questions.append(
+                self._generate(TaskRef(family=name, config=dict(config), seed=self.cfg.seed, index=index)).question
+            )
+        repeats = len(questions) - len(set(questions))
+        return float("inf") if repeats == 0 else len(questions) ** 2 / (2 * repeats)
+
+    def warn_if_small(self, total_draws: int, *, probe: int = 2000) -> list[str]:
+        """Log one warning line per family whose estimated distinct questions are fewer than this run's expected
+        draws of it (``total_draws`` prompts over all families, split by weight); returns the warnings."""
+        warnings = []
+        total_w = sum(self._weights)
+        rng = random.Random(0)
+        for i, (name, config) in enumerate(self._families):
+            planned = total_draws * self._weights[i] / total_w
+            if planned < 2:
+                continue
+            distinct = self.distinct_estimate(i, min(probe, max(2, int(planned))), rng)
+            if distinct < planned:
+                msg = (
+                    f"task family {name!r} {_config_key(config)} has about {distinct:.0f} distinct questions but "
+                    f"this run draws about {planned:.0f}: the node will see repeats and can memorize them; "
+                    "raise its difficulty knobs"
+                )
+                logger.warning(msg)
+                warnings.append(msg)
+        return warnings
 
     def accepts(self, ref: TaskRef) -> bool:
         """Whether ``ref`` names a family and config this node trains on (the only refs it materializes)."""

@@ -234,6 +234,13 @@ async def run_seed(sim: SimConfig, variant: str, seed: int, out: str | Path) -> 
                 )
                 k += 1
 
+        # Held-out evaluation as a real node does it (start, every ``eval.every_steps``, end); a scripted policy
+        # has no model to evaluate.
+        evaluating = sim.policy == "real"
+        if evaluating:
+            for node in nodes:
+                if node.cfg.eval.at_start:
+                    node.evaluate(0)
         online = [True] * len(nodes)
         for r in range(sim.steps):
             clock.now = sim.start_time + r * sim.round_seconds
@@ -263,7 +270,12 @@ async def run_seed(sim: SimConfig, variant: str, seed: int, out: str | Path) -> 
                 t1 = time.perf_counter()
                 train_metrics = node.train(samples)
                 t_train = time.perf_counter() - t1
-                node._finish_step(own[i], batch, train_metrics, t_gen[i], t_train, t_gen[i] + time.perf_counter() - w0)
+                t_step = t_gen[i] + time.perf_counter() - w0
+                if evaluating and node.eval_due():
+                    c1 = time.process_time()
+                    node.evaluate(node.step + 1)
+                    c0 += time.process_time() - c1  # evaluation is not part of a node's step cost
+                node._finish_step(own[i], batch, train_metrics, t_gen[i], t_train, t_step)
                 result.costs[i].cpu_s += time.process_time() - c0
                 result.costs[i].steps += 1
             result.rounds.append(
@@ -275,6 +287,10 @@ async def run_seed(sim: SimConfig, variant: str, seed: int, out: str | Path) -> 
                     "records_fetched": sum(t.records_fetched for t in transports),
                 }
             )
+        if evaluating:
+            for node in nodes:
+                if node.cfg.eval.at_end and node.step > 0 and node.last_eval_step != node.step:
+                    node.evaluate(node.step)
         for i, t in enumerate(transports):
             c = result.costs[i]
             c.bytes_fetched, c.records_fetched, c.bytes_published = (

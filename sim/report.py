@@ -1,9 +1,11 @@
 """Turn a simulator run directory into a results table (CSV + Markdown) and reward-curve plots (PNG).
 
 Layout read: ``OUT/<configuration>/seed<k>/node<i>/metrics.jsonl`` (one JSON object per learner step, written
-by :class:`node.runtime.Node`). Cumulative reward is ``reward_mean`` summed over nodes and steps (the SAPO
-paper's "total reward"), per seed, then averaged over seeds with its standard deviation. Knows nothing about
-how the nodes were run.
+by :class:`node.runtime.Node`) and ``eval.jsonl`` beside it (held-out evaluations, ``node.eval``). Cumulative
+reward is ``reward_mean`` summed over nodes and steps (the SAPO paper's "total reward": training reward on the
+node's own rollouts), per seed, then averaged over seeds with its standard deviation. Held-out accuracy is the
+mean over nodes of each node's first and last evaluation on questions no node trained on; its gain is the
+learning measure (training reward alone can be memorization). Knows nothing about how the nodes were run.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ CSV_FIELDS = (
     "external_groups",
     "rejected",
     "ratio_vs_baseline",
+    "heldout_start",
+    "heldout_end",
+    "heldout_gain",
+    "heldout_gain_std",
 )
 
 
@@ -43,6 +49,15 @@ class SeedRun:
 
     seed: int
     nodes: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    evals: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    """Per node: its held-out evaluations in order (empty when it did not evaluate)."""
+
+    def heldout(self) -> tuple[float, float] | None:
+        """Mean over evaluated nodes of (first, last) held-out accuracy, or None when no node has two evals."""
+        pairs = [(float(e[0]["accuracy"]), float(e[-1]["accuracy"])) for e in self.evals.values() if len(e) >= 2]
+        if not pairs:
+            return None
+        return statistics.fmean(p[0] for p in pairs), statistics.fmean(p[1] for p in pairs)
 
     def cumulative_reward(self) -> float:
         return math.fsum(float(r.get("reward_mean", 0.0)) for rows in self.nodes.values() for r in rows)
@@ -79,6 +94,9 @@ class ConfigResult:
         steps = max((r.max_step() for r in self.runs), default=0)
         tail = max(1, steps // 10)
         mean = statistics.fmean(cums) if cums else 0.0
+        held = [h for h in (r.heldout() for r in self.runs) if h is not None]
+        gains = [end - start for start, end in held]
+        nan = float("nan")
         return {
             "config": self.name,
             "seeds": len(self.runs),
@@ -90,7 +108,21 @@ class ConfigResult:
             "external_groups": statistics.fmean(r.external_groups() for r in self.runs) if self.runs else 0.0,
             "rejected": statistics.fmean(r.rejected() for r in self.runs) if self.runs else 0.0,
             "ratio_vs_baseline": (mean / baseline) if baseline else float("nan"),
+            "heldout_start": statistics.fmean(h[0] for h in held) if held else nan,
+            "heldout_end": statistics.fmean(h[1] for h in held) if held else nan,
+            "heldout_gain": statistics.fmean(gains) if gains else nan,
+            "heldout_gain_std": statistics.stdev(gains) if len(gains) > 1 else nan,
         }
+
+    def heldout_curve(self) -> tuple[list[int], list[float]]:
+        """Per evaluated step: held-out accuracy, mean over nodes and seeds."""
+        by_step: dict[int, list[float]] = {}
+        for run in self.runs:
+            for evals in run.evals.values():
+                for e in evals:
+                    by_step.setdefault(int(e["step"]), []).append(float(e["accuracy"]))
+        steps = sorted(by_step)
+        return steps, [statistics.fmean(by_step[s]) for s in steps]
 
     def curve(self) -> tuple[list[int], list[float], list[float], list[float]]:
         """Per step: the mean over nodes (averaged over seeds), and the min and max over nodes (averaged)."""
@@ -124,6 +156,7 @@ def collect(out: str | Path, order: list[str] | None = None) -> list[ConfigResul
                 n = _NODE_RE.match(node_dir.name)
                 if n and node_dir.is_dir():
                     run.nodes[int(n.group(1))] = read_jsonl(node_dir / "metrics.jsonl")
+                    run.evals[int(n.group(1))] = read_jsonl(node_dir / "eval.jsonl")
             runs.append(run)
         if runs:
             found[cfg_dir.name] = runs
@@ -139,18 +172,31 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _spread(value: float, std: float, seeds: int, digits: int) -> str:
+    """``value ± std`` over seeds; the value alone for one seed (a spread of one sample means nothing)."""
+    if math.isnan(value):
+        return "-"
+    if seeds < 2 or math.isnan(std):
+        return f"{value:.{digits}f}"
+    return f"{value:.{digits}f} ± {std:.{digits}f}"
+
+
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     """The results rows as a GitHub Markdown table."""
     head = (
-        "| config | seeds | nodes | steps | cumulative reward (mean ± std) | ratio vs "
-        f"{rows[0]['config'] if rows else 'baseline'} | final reward | external groups | rejected |"
+        "| config | seeds | nodes | steps | cumulative reward | ratio vs "
+        f"{rows[0]['config'] if rows else 'baseline'} | final reward | held-out acc. start -> end | held-out gain | "
+        "external groups | rejected |"
     )
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
+        held = "-" if math.isnan(r["heldout_start"]) else f"{r['heldout_start']:.3f} -> {r['heldout_end']:.3f}"
         lines.append(
             f"| {r['config']} | {r['seeds']} | {r['nodes']} | {r['steps']} | "
-            f"{r['cumulative_reward']:.2f} ± {r['cumulative_reward_std']:.2f} | {_fmt(r['ratio_vs_baseline'])} | "
-            f"{r['final_reward']:.3f} | {_fmt(r['external_groups'])} | {_fmt(r['rejected'])} |"
+            f"{_spread(r['cumulative_reward'], r['cumulative_reward_std'], r['seeds'], 2)} | "
+            f"{_fmt(r['ratio_vs_baseline'])} | {r['final_reward']:.3f} | {held} | "
+            f"{_spread(r['heldout_gain'], r['heldout_gain_std'], r['seeds'], 3)} | "
+            f"{_fmt(r['external_groups'])} | {_fmt(r['rejected'])} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -162,18 +208,29 @@ def plot_curves(results: list[ConfigResult], path: Path, title: str) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    has_heldout = any(res.heldout_curve()[0] for res in results)
+    fig, axes = plt.subplots(1, 2 if has_heldout else 1, figsize=(13 if has_heldout else 8, 4.5), dpi=110)
+    ax = axes[0] if has_heldout else axes
     for res in results:
         steps, mean, lo, hi = res.curve()
         if not steps:
             continue
         (line,) = ax.plot(steps, mean, label=res.name, linewidth=1.5)
         ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.15, linewidth=0)
+        if has_heldout:
+            hs, hv = res.heldout_curve()
+            axes[1].plot(hs, hv, marker="o", label=res.name, color=line.get_color(), linewidth=1.5)
     ax.set_xlabel("learner step")
-    ax.set_ylabel("reward (mean over nodes; band: min-max node)")
+    ax.set_ylabel("training reward, own rollouts (mean over nodes; band: min-max node)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize="small")
+    if has_heldout:
+        axes[1].set_xlabel("learner step")
+        axes[1].set_ylabel("held-out accuracy (unseen questions; mean over nodes)")
+        axes[1].set_title("held-out accuracy")
+        axes[1].grid(alpha=0.3)
+        axes[1].legend(loc="best", fontsize="small")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -197,7 +254,12 @@ def write_report(out: str | Path, *, title: str = "experiment", order: list[str]
         w.writeheader()
         for r in rows:
             w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
-    md = f"# {title}\n\nCumulative reward = reward_mean summed over nodes and steps, mean ± std over seeds.\n\n"
+    md = (
+        f"# {title}\n\nCumulative reward = training reward of each node's own rollouts (reward_mean) summed over "
+        "nodes and steps, mean ± std over seeds. Held-out accuracy = mean over nodes of the accuracy on questions "
+        "of the held-out split, which no node trains on, at the first and the last evaluation; its gain is the "
+        "learning measure (mean ± std over seeds).\n\n"
+    )
     (out / "results.md").write_text(md + markdown_table(rows))
     if rows:
         plot_curves(results, out / "rewards.png", title)

@@ -138,6 +138,15 @@ class ScriptedTasks:
         question = question_of(ref)
         return TaskItem(ref=ref, question=question, answer=gold_answer(question))
 
+    def materialize_for_training(self, ref: TaskRef) -> TaskItem:
+        """:meth:`materialize`: the scripted model learns per family, never per item, so it keeps no held-out
+        split (held-out evaluation needs a real policy)."""
+        return self.materialize(ref)
+
+    def warn_if_small(self, total_draws: int) -> list[str]:
+        """Nothing to warn about: scripted items cannot be memorized."""
+        return []
+
     def score(self, item: TaskItem, completion_text: str) -> float:
         return 1.0 if extract_answer(completion_text) == item.answer else 0.0
 
