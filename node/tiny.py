@@ -1,18 +1,23 @@
-"""The built-in default policy ``builtin:tiny``: a few-million-parameter Qwen2-config causal LM built offline.
+"""The built-in default policy ``builtin:tiny``: a 0.8M-parameter Qwen2-config causal LM built offline.
 
-The build (once per recipe, cached) has three deterministic parts:
+The build (once per recipe, cached; about 2-3 minutes on 2 CPU cores) has three deterministic parts:
 
-1. a byte-level BPE tokenizer (``tokenizers``, digits split one per token) trained on prompts and answers of
-   the SAPO reasoning-gym families, saved as a ``PreTrainedTokenizerFast`` without a chat template, so prompts
-   use ``node.policy.PLAIN_TEMPLATE``;
+1. a byte-level BPE tokenizer with few merges (``tokenizers``, digits split one per token; nearly one token
+   per character) trained on prompts and answers of the SAPO reasoning-gym families and the default mix, saved
+   as a ``PreTrainedTokenizerFast`` without a chat template, so prompts use ``node.policy.PLAIN_TEMPLATE``;
 2. a randomly initialised Qwen2 model (Qwen Team, *Qwen2 Technical Report*, arXiv 2407.10671) sized to generate
    thousands of tokens/s on two CPU cores;
-3. a short supervised warm start on the task format (question -> ``<answer>x</answer>`` + EOS): first on gold
-   answers only, then on a mix where only a fraction ``correct_fraction`` of the targets are gold and the rest
-   are the gold answers of *other* items of the same family (plausible, question-independent distractors).
-   The model thus learns the format, the task and a calibrated *habit of answering at random*, so it starts at
-   a success rate clearly between 0 and 1 and RL has a learnable, dense signal from the first step (suppress
-   the distractor mode) -- the point of a demo policy that must visibly improve within minutes on a CPU.
+3. a short supervised warm start on the default task mix (question -> ``<answer>x</answer>`` + EOS), drawn
+   only from the training split of each family (``node.tasks``: the held-out split is never seen): first on
+   gold answers only, then on a mix where only a fraction ``correct_fraction`` of the targets are gold and the
+   rest are the gold answers of *other* items of the same family (plausible, question-independent
+   distractors). The model learns the format, part of each skill and a calibrated *habit of answering at
+   random*, so it starts at a success rate clearly between 0 and 1 and RL has signal from the first step.
+
+What RL then improves is measured on held-out questions (``node.eval``): with the default config, 150 steps
+raise held-out accuracy at the training temperature from about 0.13 to about 0.33, and greedy accuracy (the
+policy's single best guess, which the distractor habit barely touches) from about 0.28 to about 0.38 -- the
+skill itself improves on unseen items (``benchmarks/b7_generalization.py``).
 
 The cache directory is ``<cache>/tiny-<hash of the recipe>``: a recipe change rebuilds. The build runs in a
 temporary directory beside it and is renamed into place under a file lock, so concurrent first starts neither
@@ -46,7 +51,7 @@ logger = logging.getLogger(__name__)
 
 BUILTIN_NAME = "builtin:tiny"
 #: Bump when the build code changes in a way the recipe fields do not capture.
-BUILD_CODE_VERSION = 1
+BUILD_CODE_VERSION = 2
 EOS_TOKEN, PAD_TOKEN = "<|endoftext|>", "<|pad|>"
 _RECIPE_FILE = "rl_swarm_recipe.json"
 
@@ -61,7 +66,10 @@ class TinyRecipe:
 
     seed: int = 0
     # tokenizer
-    vocab_size: int = 1024
+    vocab_size: int = 300
+    """Byte-level BPE with few merges (the 258 byte and special tokens plus ~40): nearly one token per character,
+    which the default mix's character-level skills need (reversing a word, counting a letter). Measured: with
+    1024 tokens, word reversal reached 0.03 held-out greedy accuracy after 150 warm-start steps; with 300, 0.26."""
     tokenizer_items_per_family: int = 200
     # model (Qwen2 config)
     hidden_size: int = 128
@@ -79,14 +87,14 @@ class TinyRecipe:
     sft_task_seed: int = 12345
     """Task seed of the warm-start items (differs from the default ``tasks.seed`` so RL prompts are not the
     exact items seen in the warm start, even where a family's item space is larger than the pool)."""
-    sft_clean_steps: int = 300
-    """Warm-start steps on gold answers only (the model learns the task)."""
+    sft_clean_steps: int = 450
+    """Warm-start steps on gold answers only (the model learns part of each skill)."""
     sft_noisy_steps: int = 150
     """Following steps where only ``correct_fraction`` of the targets are gold (the model learns to be wrong)."""
     sft_batch_size: int = 32
     sft_lr: float = 3e-3
     sft_warmup: int = 20
-    correct_fraction: float = 0.35
+    correct_fraction: float = 0.4
     """Share of gold targets in the noisy phase; sets the starting success rate."""
 
     def to_dict(self) -> dict[str, Any]:
@@ -296,8 +304,17 @@ def warm_start(recipe: TinyRecipe, model: Any, tok: Any) -> dict[str, Any]:
         opt.step()
         sched.step()
         losses.append(loss.item())
-        if step % 50 == 0:
-            logger.debug("warm start step %d loss %.3f", step, losses[-1])
+        if (step + 1) % max(1, total_steps // 10) == 0 or step + 1 == total_steps:
+            elapsed = time.perf_counter() - t0
+            eta = elapsed / (step + 1) * (total_steps - step - 1)
+            logger.info(
+                "building %s: warm start step %d/%d (loss %.3f, about %.0fs left)",
+                BUILTIN_NAME,
+                step + 1,
+                total_steps,
+                losses[-1],
+                eta,
+            )
     model.eval()
     tail = losses[-10:] if losses else [float("nan")]
     return {
