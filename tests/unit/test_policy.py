@@ -50,6 +50,9 @@ def test_chat_template_is_used_when_present(small_dir: Path) -> None:
         "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
         "{% if add_generation_prompt %}<|assistant|>{% endif %}"
     )
+    example = f"<|user|>What is 3 + 4?\n{ANSWER_INSTRUCTION}\n<|assistant|>3 + 4 = 7.\n<answer>7</answer>\n"
+    assert p.format_prompt("Q?") == example + f"<|user|>Q?\n{ANSWER_INSTRUCTION}\n<|assistant|>"
+    p.format_example = False
     assert p.format_prompt("Q?") == f"<|user|>Q?\n{ANSWER_INSTRUCTION}\n<|assistant|>"
 
 
