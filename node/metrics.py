@@ -99,6 +99,7 @@ class LiveView:
     def __init__(self, total: int | None, start: int = 0, enabled: bool | None = None) -> None:
         self.enabled = sys.stderr.isatty() if enabled is None else enabled
         self._progress = None
+        self._heldout: float | None = None  # the latest held-out accuracy (evaluation steps only carry it)
         if not self.enabled:
             return
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -117,8 +118,11 @@ class LiveView:
     def update(self, m: dict[str, Any]) -> None:
         if self._progress is None:
             return
+        if "heldout_accuracy" in m:
+            self._heldout = float(m["heldout_accuracy"])
+        heldout = "" if self._heldout is None else f"held-out {self._heldout:.3f}  "
         info = (
-            f"reward {m.get('reward_mean', 0):.3f}  peers {m.get('peers', 0)}  "
+            f"reward {m.get('reward_mean', 0):.3f}  {heldout}peers {m.get('peers', 0)}  "
             f"in {m.get('received', 0)} out {m.get('published', 0)}  rejected {m.get('rejected', 0)}"
         )
         self._progress.update(self._task, completed=m.get("step", 0), info=info)

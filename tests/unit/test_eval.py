@@ -125,3 +125,17 @@ def test_results_file_round_trips_and_headline(tmp_path: Path) -> None:
     assert headline(rows[0]) == {"heldout_accuracy": 0.25, "heldout_greedy_accuracy": 0.5}
     assert headline(rows[1]) == {"heldout_accuracy": 0.25}
     assert json.loads((tmp_path / "eval.jsonl").read_text().splitlines()[0])["step"] == 0
+
+
+def test_live_view_keeps_showing_the_latest_heldout_accuracy() -> None:
+    from node.metrics import LiveView
+
+    view = LiveView(10, enabled=True)
+    try:
+        view.update({"step": 1, "reward_mean": 0.1})
+        assert "held-out" not in view._progress.tasks[0].fields["info"]
+        view.update({"step": 2, "reward_mean": 0.2, "heldout_accuracy": 0.25})
+        view.update({"step": 3, "reward_mean": 0.3})  # not an evaluation step: the last value stays
+        assert "held-out 0.250" in view._progress.tasks[0].fields["info"]
+    finally:
+        view.close()
