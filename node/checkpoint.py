@@ -146,7 +146,8 @@ def load_latest(ckpt_dir: str | Path) -> Checkpoint | None:
 
 def load_step(ckpt_dir: str | Path, step: int) -> Checkpoint | None:
     """The complete, intact checkpoint of ``step`` under ``ckpt_dir``, or None (absent, pruned or damaged)."""
-    return _verify(Path(ckpt_dir) / f"step-{step:08d}")
+    path = Path(ckpt_dir) / f"step-{step:08d}"
+    return _verify(path) if path.is_dir() else None
 
 
 def available_steps(ckpt_dir: str | Path) -> list[int]:

@@ -286,15 +286,16 @@ class Node:
         return every is not None and (self.step + 1) % every == 0
 
     def evaluate(self, step: int) -> dict[str, Any]:
-        """Evaluate the current policy on the held-out split (``node.eval``), append it to ``eval.jsonl`` and
-        carry its headline numbers into the next metrics line. Blocking (run off the event loop)."""
+        """Evaluate the current policy on the held-out split (``node.eval``) and append it to ``eval.jsonl``; when
+        ``step`` is the step being finished, its metrics line carries the headline numbers. Blocking."""
         from node.eval import Evaluator, append_result, headline
 
         if self._evaluator is None:
             self._evaluator = Evaluator(self.tasks, self.policy, self.engine, self.cfg.eval, self.cfg.rollout)
         result = self._evaluator.evaluate(step)
         append_result(self.run_dir, result)
-        self._pending_heldout = headline(result)
+        if step == self.step + 1:  # the step being finished: its metrics line carries the numbers
+            self._pending_heldout = headline(result)
         self.last_eval_step = step
         logger.info(
             "step %d: held-out accuracy %.3f (greedy %s) over %d families in %.1fs",
