@@ -285,6 +285,16 @@ class Node:
         every = self.cfg.eval.every_steps
         return every is not None and (self.step + 1) % every == 0
 
+    def evaluate_start(self) -> None:
+        """The "before" evaluation of a fresh run (``eval.at_start``); nothing on a resumed run. Blocking."""
+        if self.step == 0 and self.cfg.eval.at_start:
+            self.evaluate(0)
+
+    def evaluate_end(self) -> None:
+        """The "after" evaluation (``eval.at_end``), unless this step was just evaluated. Blocking."""
+        if self.cfg.eval.at_end and self.step > 0 and self.last_eval_step != self.step:
+            self.evaluate(self.step)
+
     def evaluate(self, step: int) -> dict[str, Any]:
         """Evaluate the current policy on the held-out split (``node.eval``) and append it to ``eval.jsonl``; when
         ``step`` is the step being finished, its metrics line carries the headline numbers. Blocking."""
@@ -524,13 +534,13 @@ class Node:
         ) * self.cfg.rollout.prompts_per_step
         await asyncio.to_thread(self.tasks.warn_if_small, planned)
         try:
-            if self.step == 0 and self.cfg.eval.at_start and not stop.is_set():
-                await asyncio.to_thread(self.evaluate, 0)
+            if not stop.is_set():
+                await asyncio.to_thread(self.evaluate_start)
             while (max_steps is None or self.step < max_steps) and not stop.is_set():
                 await self.step_once(poll=False)
             # Not after a stop signal: the user is waiting for the exit (``swarm-node eval`` evaluates later).
-            if self.cfg.eval.at_end and not stop.is_set() and self.step > 0 and self.last_eval_step != self.step:
-                await asyncio.to_thread(self.evaluate, self.step)
+            if not stop.is_set():
+                await asyncio.to_thread(self.evaluate_end)
         finally:
             with contextlib.suppress(Exception):
                 if self._publish_task is not None and not self._publish_task.done():

@@ -239,8 +239,7 @@ async def run_seed(sim: SimConfig, variant: str, seed: int, out: str | Path) -> 
         evaluating = sim.policy == "real"
         if evaluating:
             for node in nodes:
-                if node.cfg.eval.at_start:
-                    node.evaluate(0)
+                node.evaluate_start()
         online = [True] * len(nodes)
         for r in range(sim.steps):
             clock.now = sim.start_time + r * sim.round_seconds
@@ -289,8 +288,7 @@ async def run_seed(sim: SimConfig, variant: str, seed: int, out: str | Path) -> 
             )
         if evaluating:
             for node in nodes:
-                if node.cfg.eval.at_end and node.step > 0 and node.last_eval_step != node.step:
-                    node.evaluate(node.step)
+                node.evaluate_end()
         for i, t in enumerate(transports):
             c = result.costs[i]
             c.bytes_fetched, c.records_fetched, c.bytes_published = (
