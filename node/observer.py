@@ -215,6 +215,7 @@ class SwarmObserver:
         tasks: BoundedTasks | None = None,
         clock: Callable[[], float] = time.time,
     ):
+        import swarm.evals
         import swarm.scores  # noqa: F401  (registers the ``scores`` kind, so MNPO records validate as on a node)
 
         self.validator = validator
