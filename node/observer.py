@@ -59,8 +59,10 @@ class ObserverLimits:
     """Points kept per time series (per peer, per family, swarm-wide)."""
     bucket_s: float = 5.0
     """Width of one time-series bucket in seconds."""
-    recent_completions: int = 40
-    """Completions kept for the page's recent list."""
+    recent_per_peer: int = 4
+    """Completions kept per peer for the page's recent list (each peer's latest, so none is crowded out)."""
+    recent_peers: int = 32
+    """Peers (most recently seen) whose recent completions the state lists."""
     active_s: float = 60.0
     """A peer counts as active for this long after its last record."""
 
@@ -180,6 +182,7 @@ class _Peer:
     series: deque = field(default_factory=deque)  # (t, verified_mean, hint_mean|None, n) per record
     kinds: dict[str, int] = field(default_factory=dict)
     evals: deque = field(default_factory=deque)
+    recent: deque = field(default_factory=deque)  # the peer's latest completions (first of each group)
 
 
 class _Buckets:
@@ -230,8 +233,8 @@ class SwarmObserver:
         self._family_series: dict[str, _Buckets] = {}
         self._traffic = _Buckets(self.limits.bucket_s, self.limits.series_points)
         self._peer_counts: deque = deque(maxlen=self.limits.series_points)
-        self._recent: deque = deque(maxlen=self.limits.recent_completions)
         self.duplicates = 0
+        self._recent_n = 0
         self.fed = 0
         self.bytes_in = 0
         self.groups_unscored = 0
@@ -316,8 +319,10 @@ class SwarmObserver:
                     peer.hint.add([h])
                     peer.hinted_verified.add([r])
             c, r = group.completions[0], rewards[0]
-            self._recent.append(
+            self._recent_n += 1
+            peer.recent.append(
                 {
+                    "n": self._recent_n,
                     "t": now,
                     "peer": peer.peer_id,
                     "family": ref.family,
@@ -327,6 +332,8 @@ class SwarmObserver:
                     "hint": c.reward_hint if c.reward_hint is None or math.isfinite(c.reward_hint) else None,
                 }
             )
+            while len(peer.recent) > self.limits.recent_per_peer:
+                peer.recent.popleft()
         if rec_verified.n:
             peer.series.append((now, rec_verified.mean(), rec_hint.mean(), rec_verified.n))
             while len(peer.series) > self.limits.series_points:
@@ -386,9 +393,13 @@ class SwarmObserver:
                 "peer_counts": list(self._peer_counts),
                 "refusals": {"validator": refusals, "tasks": task_refusals, "transport": self._store_refusals()},
                 "transport": {k: v for k, v in self.transport.items() if k != "rejections"},
-                "recent": list(self._recent)[::-1],
+                "recent": self._recent_completions(),
                 "tasks_built": self.tasks.built,
             }
+
+    def _recent_completions(self) -> list[dict[str, Any]]:
+        peers = list(self._peers.values())[-self.limits.recent_peers :]  # ordered by last seen
+        return sorted((r for p in peers for r in p.recent), key=lambda r: r["n"], reverse=True)
 
     def _store_refusals(self) -> dict[str, int]:
         rej = self.transport.get("rejections") or {}

@@ -65,7 +65,7 @@ function lineChart(svg, series, opts = {}) {
     const y = y0 + ((y1 - y0) * i) / 4;
     kids.push(svgEl("line", { x1: L, x2: W - R, y1: sy(y), y2: sy(y), stroke: "#e5e7eb" }));
     const label = svgEl("text", { x: L - 4, y: sy(y) + 4, "text-anchor": "end" });
-    label.textContent = y1 - y0 >= 10 ? y.toFixed(0) : y.toFixed(2);
+    label.textContent = y1 - y0 >= 40 ? y.toFixed(0) : y1 - y0 >= 4 ? y.toFixed(1) : y.toFixed(2);
     kids.push(label);
   }
   const xl = svgEl("text", { x: L, y: H - 6 });
@@ -87,7 +87,8 @@ function lineChart(svg, series, opts = {}) {
       kids.push(svgEl("circle", { cx: sx(p[0]), cy: sy(p[1]), r: 3, fill: s.color }));
     }
     if (!s.dashed) {
-      const t = svgEl("text", { x: W - R + 8, y: legendY, fill: s.color });
+      const t = svgEl("text", { x: W - R + 8, y: legendY });
+      t.style.fill = s.color; // CSSOM, not a style attribute: the page's CSP forbids inline styles
       t.textContent = s.label;
       kids.push(t);
       legendY += 14;

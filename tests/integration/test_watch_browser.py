@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import json
 import math
-import os
 import re
 import shutil
 import signal
@@ -36,7 +35,6 @@ FAST = [
     "--set", "sapo.local_groups=2",
     "--set", "sapo.external_groups=2",
     "--set", "runtime.poll_interval_s=0.5",
-    "--set", "runtime.publish_interval_s=1.0",
 ]  # fmt: skip
 PEER_ID = re.compile(r"peer id ([0-9a-f]{32})")
 SERVING = re.compile(r"serving on (http://127\.0\.0\.1:\d+/)")
@@ -191,7 +189,7 @@ def test_observer_page_in_chromium_shows_verified_peers(node_procs, tmp_path):
     while True:
         st = get_state(url)
         peers = {p["peer"]: p for p in st["peers"]}
-        done = all(peers.get(p, {}).get("completions", 0) >= 48 for p in (a_id, b_id)) and hostile_id in peers
+        done = all(peers.get(p, {}).get("completions", 0) >= 32 for p in (a_id, b_id)) and hostile_id in peers
         if done:
             break
         for p in (a, b, w):
@@ -217,7 +215,7 @@ def test_observer_page_in_chromium_shows_verified_peers(node_procs, tmp_path):
     assert idx.script_srcs == ["/app.js"]
     assert "<title>pwned" not in dom and "&lt;script&gt;document.title" in dom
     assert idx.rows[hostile_id]["verified"] == "0.000" and idx.rows[hostile_id]["hint"] == "1.000"
-    assert 'class="flag">GAP' in dom
+    assert re.search(r'<td class="flag"[^>]*>GAP</td>', dom), "the lying peer's gap is not flagged"
 
     shot = tmp_path / "observer.png"
     run_chromium(url, tmp_path, f"--screenshot={shot}", "--window-size=1280,2200")
@@ -228,8 +226,21 @@ def test_observer_page_in_chromium_shows_verified_peers(node_procs, tmp_path):
         page = float(idx.rows[pid]["verified"])
         n = int(idx.rows[pid]["completions"])
         own = published_rewards(run_dir)
-        assert n >= 48 and len(own) >= n, (n, len(own))
+        assert n >= 32 and len(own) >= n, (n, len(own))
         mean = sum(own) / len(own)
         se = math.sqrt(max(mean * (1 - mean), 0.01) / n)
         assert abs(page - mean) <= 4 * se + 0.0005, (page, mean, n, len(own))
-    os.environ.get("KEEP")  # the screenshot stays in tmp_path for a person to look at
+    # And item by item: each recent completion the page lists was scored exactly as its node scored it.
+    matched = 0
+    for item in get_state(url)["recent"]:
+        run_dir = {a_id: a_dir, b_id: b_dir}.get(item["peer"])
+        if run_dir is None:
+            continue
+        own = [
+            r["rewards"][0]
+            for r in read_jsonl(run_dir / "rollouts.jsonl")
+            if r["task"]["index"] == item["index"] and r["completions"][0].startswith(item["text"])
+        ]
+        assert own and item["verified"] in own, (item, own)
+        matched += 1
+    assert matched >= 5

@@ -199,3 +199,19 @@ def test_the_observer_process_side_never_imports_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_watch_on_a_busy_port_is_one_clear_error_line():
+    import socket
+
+    from typer.testing import CliRunner
+
+    from node.cli import app
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        res = CliRunner().invoke(app, ["watch", "--port", str(port)])
+    assert res.exit_code == 1
+    assert res.output.strip().startswith("error: cannot serve the page on 127.0.0.1:") and "Traceback" not in res.output

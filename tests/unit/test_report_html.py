@@ -8,8 +8,6 @@ from pathlib import Path
 
 from sim.report import write_report
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def _metrics(path: Path, rewards: list[float], evals: list[float] | None = None) -> None:
     path.mkdir(parents=True)
@@ -38,16 +36,3 @@ def test_report_html_is_self_contained_and_escapes_names(tmp_path):
     assert "seed0/node1" in html and "0.625" in html  # per-node rows with the held-out accuracy from eval.jsonl
     assert html.count("<polyline") == 2 + 3  # two configurations' curves, three nodes
 
-
-def test_swarm_sim_run_writes_report_html(tmp_path):
-    from typer.testing import CliRunner
-
-    from sim.cli import app
-
-    out = tmp_path / "out"
-    res = CliRunner().invoke(
-        app, ["run", str(ROOT / "configs/sim/scale.yaml"), "--out", str(out), "--quick", "--set", "steps=2"]
-    )
-    assert res.exit_code == 0, res.output
-    html = (out / "report.html").read_text()
-    assert (out / "results.md").exists() and "<table>" in html and "<polyline" in html and "node0" in html
