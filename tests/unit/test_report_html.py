@@ -35,4 +35,3 @@ def test_report_html_is_self_contained_and_escapes_names(tmp_path):
     assert html.count("<svg") == 3  # the curves of all configurations, then one per configuration
     assert "seed0/node1" in html and "0.625" in html  # per-node rows with the held-out accuracy from eval.jsonl
     assert html.count("<polyline") == 2 + 3  # two configurations' curves, three nodes
-
