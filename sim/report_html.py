@@ -35,7 +35,7 @@ def _f(v: Any, digits: int = 3) -> str:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "–"
     if isinstance(v, float):
-        return f"{v:.{digits}f}" if abs(v) < 1000 else f"{v:.1f}"
+        return f"{v:.{digits}f}" if abs(v) < 100 else f"{v:.1f}"
     return escape(str(v))
 
 
@@ -48,7 +48,7 @@ def svg_lines(
     xlabel: str = "step",
 ) -> str:
     """An inline SVG line chart: ``series`` = (label, xs, ys, optional (lo, hi) band per x)."""
-    left, right, top, bottom = 48, 150, 12, 34
+    left, right, top, bottom = 48, 150, 26, 34
     xs_all = [x for _, xs, _, _ in series for x in xs]
     ys_all = [y for _, _, ys, _ in series for y in ys] + [
         v for _, _, _, band in series if band for lo_hi in band for v in lo_hi
@@ -77,7 +77,7 @@ def svg_lines(
         f'<text x="{(left + width - right) / 2:.0f}" y="{height - 8}" text-anchor="middle">{escape(xlabel)}</text>'
     )
     if ylabel:
-        out.append(f'<text x="12" y="{top + 8}">{escape(ylabel)}</text>')
+        out.append(f'<text x="{left}" y="14" text-anchor="end">{escape(ylabel)}</text>')
     for i, (label, xs, ys, band) in enumerate(series):
         color = PALETTE[i % len(PALETTE)]
         if band and xs:
