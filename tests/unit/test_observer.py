@@ -99,6 +99,12 @@ def test_forged_replayed_and_foreign_records_are_refused_and_counted():
     assert v.get("bad_signature", 0) + v.get("malformed", 0) + v.get("non_canonical", 0) >= 2
     assert v["wrong_swarm"] == 1
     assert [p["peer"] for p in st["peers"]] == [ALICE.peer_id]
+    # A flood: the node's per-window quota (16 here) applies, the excess is counted and not shown.
+    for seq in range(100, 120):
+        obs.feed(record(BOB, [group(1, ["<answer>3</answer>"], 1.0)], seq))
+    st = obs.state()
+    assert st["refusals"]["validator"]["quota"] == 4
+    assert {p["peer"]: p["records"] for p in st["peers"]}[BOB.peer_id] == 16
 
 
 def test_regeneration_is_bounded_and_hostile_refs_are_refusals():
