@@ -48,6 +48,8 @@ async def _run(spec: dict[str, Any], stop: asyncio.Event) -> None:
     from node.config import NodeConfig
     from protocol.transport.factory import create_transport
     from protocol.validation import RecordValidator
+    from swarm.evals import EVAL  # noqa: F401  (the transport's store-time guard must know every kind a node
+    from swarm.scores import SCORES  # noqa: F401  knows, or it refuses those records on lookups)
 
     cfg = NodeConfig.model_validate(
         {"swarm_id": spec["swarm"], "protocol": spec["protocol"], "transport": spec["transport"]}

@@ -144,6 +144,7 @@ async def publish_hostile(maddr: str) -> str:
     from protocol.identity import Identity
     from protocol.transport.config import HivemindTransportConfig, ProtocolConfig
     from protocol.types import Completion, Group, RolloutBatch, TaskRef
+    from swarm.evals import EvalSummary
 
     ident = Identity.generate()
     channel = await open_channel(
@@ -153,6 +154,8 @@ async def publish_hostile(maddr: str) -> str:
         comps = tuple(Completion(HOSTILE_TEXT, 12, reward_hint=1.0) for _ in range(8))
         batch = RolloutBatch("<b>evil-model</b>", 0, "tok", (Group(TaskRef("chain_sum", CHAIN, 0, 3), comps),))
         await channel.publish("rollouts", batch)
+        line = {"step": 7, "accuracy": 0.625, "greedy_accuracy": 0.75, "families": {}}
+        await channel.publish("eval", EvalSummary.from_eval_line(line, model="m", policy_version=7))
         await asyncio.sleep(2)  # let the store reach the DHT before our node leaves
     finally:
         await channel.close()
@@ -189,7 +192,8 @@ def test_observer_page_in_chromium_shows_verified_peers(node_procs, tmp_path):
     while True:
         st = get_state(url)
         peers = {p["peer"]: p for p in st["peers"]}
-        done = all(peers.get(p, {}).get("completions", 0) >= 32 for p in (a_id, b_id)) and hostile_id in peers
+        done = all(peers.get(p, {}).get("completions", 0) >= 32 for p in (a_id, b_id))
+        done = done and peers.get(hostile_id, {}).get("eval") is not None
         if done:
             break
         for p in (a, b, w):
@@ -216,6 +220,8 @@ def test_observer_page_in_chromium_shows_verified_peers(node_procs, tmp_path):
     assert "<title>pwned" not in dom and "&lt;script&gt;document.title" in dom
     assert idx.rows[hostile_id]["verified"] == "0.000" and idx.rows[hostile_id]["hint"] == "1.000"
     assert re.search(r'<td class="flag"[^>]*>GAP</td>', dom), "the lying peer's gap is not flagged"
+    # Its signed eval record went through the nodes' DHT and shows as (self-reported) held-out accuracy.
+    assert re.search(r"<td[^>]*>[0-9a-f]{10}</td><td[^>]*>7</td><td[^>]*>0\.625</td><td[^>]*>0\.750</td>", dom)
 
     shot = tmp_path / "observer.png"
     run_chromium(url, tmp_path, f"--screenshot={shot}", "--window-size=1280,2200")
