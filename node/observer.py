@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol.types import Envelope, RolloutBatch, TaskRef
+from protocol.types import Envelope, Group, RolloutBatch, TaskRef
 from protocol.validation import RecordValidator
 
 logger = logging.getLogger(__name__)
@@ -243,16 +243,27 @@ class SwarmObserver:
     # -- input --------------------------------------------------------------------------------------------------
 
     def feed(self, data: bytes) -> Envelope | None:
-        """Validate one record's bytes and account for it; returns its envelope if accepted. Never raises."""
-        with self._lock:
-            try:
-                return self._feed(data)
-            except Exception:  # bad peer data must never take the observer down
-                logger.exception("observer failed on a record; dropped")
-                return None
+        """Validate one record's bytes and account for it; returns its envelope if accepted. Never raises.
 
-    def _feed(self, data: bytes) -> Envelope | None:
-        now = self.clock()
+        Call from one thread at a time (the reader's frames arrive in order). Validation and re-scoring run
+        without the lock, so :meth:`state` is never kept waiting by a slow verifier; only the accounting holds it.
+        """
+        try:
+            now = self.clock()
+            env = self._validate(data)
+            if env is None:
+                return None
+            scored = (
+                self._score(env.payload) if env.kind == "rollouts" and isinstance(env.payload, RolloutBatch) else []
+            )
+            with self._lock:
+                self._account(env, scored, now)
+            return env
+        except Exception:  # bad peer data must never take the observer down
+            logger.exception("observer failed on a record; dropped")
+            return None
+
+    def _validate(self, data: bytes) -> Envelope | None:
         self.fed += 1
         self.bytes_in += len(data) if isinstance(data, bytes | bytearray) else 0
         digest = hashlib.sha256(data).digest() if isinstance(data, bytes | bytearray) else b""
@@ -263,21 +274,32 @@ class SwarmObserver:
             self._seen[digest] = None
             while len(self._seen) > 200_000:
                 self._seen.popitem(last=False)
-        env = self.validator.check(data)
-        if env is None:
-            return None
+        return self.validator.check(data)
+
+    def _score(self, batch: RolloutBatch) -> list[tuple[Group, list[float]]]:
+        """Each group's verified rewards (groups beyond the cap and refused refs are counted and left out)."""
+        out = []
+        for gi, group in enumerate(batch.groups):
+            if gi >= self.limits.max_groups_per_record:
+                self.groups_unscored += len(batch.groups) - gi
+                break
+            rewards = self.tasks.score(group.task, [c.text for c in group.completions])
+            if rewards is not None:
+                out.append((group, rewards))
+        return out
+
+    def _account(self, env: Envelope, scored: list[tuple[Group, list[float]]], now: float) -> None:
         peer = self._peer(env.sender, now)
         peer.records += 1
         peer.bytes += env.size
         peer.kinds[env.kind] = peer.kinds.get(env.kind, 0) + 1
         self._traffic.add(now, records=1, bytes=env.size)
         if env.kind == "rollouts" and isinstance(env.payload, RolloutBatch):
-            self._rollouts(peer, env.payload, now)
+            self._rollouts(peer, env.payload, scored, now)
         elif env.kind == "eval":
             peer.evals.append({"t": now, **_eval_summary(env.payload)})
             while len(peer.evals) > 50:
                 peer.evals.popleft()
-        return env
 
     def _peer(self, sender: str, now: float) -> _Peer:
         peer = self._peers.get(sender)
@@ -289,18 +311,11 @@ class SwarmObserver:
         peer.last_seen = now
         return peer
 
-    def _rollouts(self, peer: _Peer, batch: RolloutBatch, now: float) -> None:
+    def _rollouts(self, peer: _Peer, batch: RolloutBatch, scored: list[tuple[Group, list[float]]], now: float) -> None:
         peer.model, peer.tokenizer, peer.policy_version = batch.model, batch.tokenizer, batch.policy_version
         rec_verified, rec_hint = _Stat(), _Stat()
-        for gi, group in enumerate(batch.groups):
-            if gi >= self.limits.max_groups_per_record:
-                self.groups_unscored += len(batch.groups) - gi
-                break
+        for group, rewards in scored:
             ref = group.task
-            texts = [c.text for c in group.completions]
-            rewards = self.tasks.score(ref, texts)
-            if rewards is None:
-                continue
             peer.groups += 1
             peer.families[ref.family] = peer.families.get(ref.family, 0) + 1
             rec_verified.add(rewards)
@@ -359,7 +374,7 @@ class SwarmObserver:
         with self._lock:
             now = self.clock()
             peers = [self._peer_state(p, now) for p in self._peers.values()]
-            refusals = {k: v for k, v in self.validator.rejected.items() if v}
+            refusals = {k: v for k, v in dict(self.validator.rejected).items() if v}  # dict(): one atomic copy
             task_refusals = dict(self.tasks.refused)
             if self.groups_unscored:
                 task_refusals["groups_unscored"] = self.groups_unscored

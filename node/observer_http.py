@@ -81,7 +81,8 @@ class ObserverServer:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT_S)
-            status, body, ctype, method = self._route(head)
+            # Off the loop: building the state waits for the observer's lock and encodes JSON.
+            status, body, ctype, method = await asyncio.to_thread(self._route, head)
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ConnectionError):
             writer.close()
             return

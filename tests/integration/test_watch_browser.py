@@ -134,7 +134,7 @@ class DomIndex(HTMLParser):
 
 
 def get_state(url: str) -> dict:
-    with urllib.request.urlopen(url + "api/state", timeout=10) as r:
+    with urllib.request.urlopen(url + "api/state", timeout=60) as r:
         return json.loads(r.read())
 
 
