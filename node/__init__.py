@@ -16,5 +16,9 @@
 * ``metrics``    -- JSONL metrics that survive crashes; live terminal view
 * ``runtime``    -- the node loop (generate, publish, SAPO mix, learn, checkpoint)
 * ``join``       -- ``swarm-node join`` behind the argument parser (network, signals, shutdown)
+* ``observer``   -- the swarm observer's state: validate records, re-score completions, aggregate (no torch)
+* ``observer_reader`` -- the observer's child process that reads records from the transport as raw bytes
+* ``observer_http``   -- the observer's read-only HTTP server (page in ``web/``, ``/api/state``)
+* ``watch``      -- ``swarm-node watch``: observer + reader process + page
 * ``cli``        -- ``swarm-node`` (imports heavy modules only inside commands)
 """

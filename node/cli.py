@@ -127,6 +127,42 @@ def eval_(
         )
 
 
+@app.command()
+def watch(
+    peers: Annotated[
+        list[str] | None, typer.Option("--peers", help="Multiaddr of a swarm peer to read from (repeatable).")
+    ] = None,
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port of the web page (0: any).")] = 8080,
+    host: Annotated[
+        str, typer.Option("--host", help="Address the web page listens on (default: this machine only).")
+    ] = "127.0.0.1",
+    config: Annotated[
+        Path | None, typer.Option("--config", help="Node config YAML: its swarm_id, protocol and transport.")
+    ] = None,
+    overrides: Annotated[
+        list[str] | None, typer.Option("--set", help="Override a config field: section.field=value (repeatable).")
+    ] = None,
+    log_level: Annotated[str, typer.Option("--log-level", help="Python logging level.")] = "WARNING",
+) -> None:
+    """Observe a swarm read-only (no model, no torch): verify every record, serve a live page and /api/state."""
+    import logging
+
+    from protocol.errors import SwarmError
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        from node.watch import run_watch
+
+        code = run_watch(
+            config_path=config, overrides=list(overrides or []), peers=list(peers or []), host=host, port=port
+        )
+    except SwarmError as e:
+        fail(str(e))
+    except OSError as e:
+        fail(f"cannot serve the page on {host}:{port}: {e.strerror or e}")
+    raise typer.Exit(code=code)
+
+
 def main() -> None:
     app(prog_name="swarm-node")
 

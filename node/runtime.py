@@ -25,6 +25,7 @@ from typing import Any
 from node.config import NodeConfig
 from node.metrics import JsonlWriter, LiveView, truncate_after_step
 from protocol.types import Completion, Group, RolloutBatch, TaskRef
+from swarm.evals import EVAL as _EVAL  # noqa: F401  (registers "eval": nodes store and relay it, never train on it)
 from swarm.pool import SELF, PooledGroup, RolloutPool
 from swarm.sapo import SapoBatch, SapoSampler, ingest_rollouts
 from swarm.scores import SCORES as _SCORES  # noqa: F401  (registers the MNPO "scores" record kind)

@@ -7,6 +7,7 @@
 * ``multiproc``  -- N real ``swarm-node join`` processes over hivemind on 127.0.0.1
 * ``runner``     -- every configuration x seed of an experiment
 * ``report``     -- results.csv / results.md / rewards.png from the per-node metrics
+* ``report_html`` -- the self-contained report.html (tables, inline SVG curves, per-node detail)
 * ``mnpo``       -- the MNPO population game (non-transitive oracle): win rate and duality gap per method
 * ``cli``        -- ``swarm-sim``
 """

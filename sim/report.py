@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from node.metrics import read_jsonl
+from sim.report_html import write_html_report
 
 logger = logging.getLogger(__name__)
 
@@ -261,6 +262,7 @@ def write_report(out: str | Path, *, title: str = "experiment", order: list[str]
         "learning measure (mean ± std over seeds).\n\n"
     )
     (out / "results.md").write_text(md + markdown_table(rows))
+    write_html_report(out, results, rows, title)
     if rows:
         plot_curves(results, out / "rewards.png", title)
     logger.info("wrote results for %d configurations into %s", len(rows), out)

@@ -3,6 +3,7 @@
 * ``pool``   -- bounded pool of own and peers' groups with age and source
 * ``sapo``   -- SAPO sampling: I local + J external groups, re-scored by the receiver, per-peer caps
 * ``scores`` -- the signed ``scores`` record kind (MNPO cross-scores: a player's logprobs on pooled responses)
+* ``evals``  -- the signed ``eval`` record kind (a node's held-out evaluation summary, for dashboards)
 * ``mnpo``   -- MNPO windows, response store, peers' scores, opponent and pair choice (TD / HT)
 * ``vade``   -- VADE prompt selection: per-prompt Beta posteriors, Thompson sampling, information score
 

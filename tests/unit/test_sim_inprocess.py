@@ -168,6 +168,7 @@ def test_cli_scale_quick(tmp_path):
     )
     assert res.exit_code == 0, res.output
     assert (out / "config.yaml").exists() and (out / "results.md").exists()
+    assert "<table>" in (out / "report.html").read_text()  # the self-contained HTML report beside results.md
     assert (out / "2-2" / "seed0" / "node9" / "metrics.jsonl").exists()
 
 
