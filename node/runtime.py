@@ -119,6 +119,7 @@ class Node:
             self.mnpo = MnpoPhase(self)
         self._evaluator: Any = None  # node.eval.Evaluator, built on the first evaluation
         self._pending_heldout: dict[str, float] = {}
+        self._eval_outbox: dict[str, Any] | None = None  # the latest evaluation, to publish as an "eval" record
         self.last_eval_step: int | None = None
         self.planner: Any = None  # node.planner.RolloutPlanner when APRIL, VADE or DART is on (issue 6)
         if cfg.april.enabled or cfg.vade.enabled or cfg.dart.enabled:
@@ -307,6 +308,7 @@ class Node:
         append_result(self.run_dir, result)
         if step == self.step + 1:  # the step being finished: its metrics line carries the numbers
             self._pending_heldout = headline(result)
+        self._eval_outbox = result
         self.last_eval_step = step
         logger.info(
             "step %d: held-out accuracy %.3f (greedy %s) over %d families in %.1fs",
@@ -317,6 +319,24 @@ class Node:
             result["eval_s"],
         )
         return result
+
+    async def publish_eval(self) -> None:
+        """Publish the latest held-out evaluation as a signed ``eval`` record (``swarm.evals``) for dashboards;
+        a network failure is counted, never raised."""
+        result, self._eval_outbox = self._eval_outbox, None
+        if result is None or self.channel is None:
+            return
+        from swarm.evals import EvalSummary
+
+        summary = EvalSummary.from_eval_line(
+            result, model=self.cfg.model.name, policy_version=self.learner.policy_version
+        )
+        try:
+            await self.channel.publish("eval", summary)
+            self.totals["published_evals"] += 1
+        except Exception as e:  # the network failing must not stop training
+            self.totals["publish_errors"] += 1
+            logger.warning("publishing the evaluation failed: %s", e)
 
     async def publish(self, own: list[PooledGroup]) -> None:
         """Sign and publish these groups' informative ones now (peers drop zero-advantage groups anyway)."""
@@ -460,6 +480,7 @@ class Node:
         t_step = time.perf_counter() - t0  # evaluation is not part of the step's cost
         if self.eval_due():
             await asyncio.to_thread(self.evaluate, self.step + 1)
+            self._spawn(self.publish_eval(), "publish-eval")
         return self._finish_step(own, batch, train_metrics, t_gen, t_train, t_step)
 
     def _finish_step(self, own, batch: SapoBatch, train_metrics, t_gen, t_train, t_step) -> dict[str, Any]:
@@ -537,11 +558,14 @@ class Node:
         try:
             if not stop.is_set():
                 await asyncio.to_thread(self.evaluate_start)
+                self._spawn(self.publish_eval(), "publish-eval")
             while (max_steps is None or self.step < max_steps) and not stop.is_set():
                 await self.step_once(poll=False)
             # Not after a stop signal: the user is waiting for the exit (``swarm-node eval`` evaluates later).
             if not stop.is_set():
                 await asyncio.to_thread(self.evaluate_end)
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self.publish_eval(), self.cfg.runtime.shutdown_timeout_s)
         finally:
             with contextlib.suppress(Exception):
                 if self._publish_task is not None and not self._publish_task.done():

@@ -25,6 +25,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from node.eval import read_results
 from node.metrics import read_jsonl
 
 pytestmark = [pytest.mark.network]
@@ -194,6 +195,8 @@ def test_observer_page_in_chromium_shows_verified_peers(node_procs, tmp_path):
         peers = {p["peer"]: p for p in st["peers"]}
         done = all(peers.get(p, {}).get("completions", 0) >= 32 for p in (a_id, b_id))
         done = done and peers.get(hostile_id, {}).get("eval") is not None
+        # the nodes publish their own held-out evaluations (the one before their first step, at least)
+        done = done and all(peers.get(p, {}).get("eval") is not None for p in (a_id, b_id))
         if done:
             break
         for p in (a, b, w):
@@ -203,6 +206,10 @@ def test_observer_page_in_chromium_shows_verified_peers(node_procs, tmp_path):
     a.signal(signal.SIGTERM)
     b.signal(signal.SIGTERM)
     assert a.wait(timeout=120) == 0 and b.wait(timeout=120) == 0
+    for pid, run_dir in ((a_id, a_dir), (b_id, b_dir)):  # what a node published is what it measured
+        shown = peers[pid]["eval"]
+        own = {e["step"]: e["accuracy"] for e in read_results(run_dir)}
+        assert shown["accuracy"] == own[shown["step"]], (shown, own)
 
     # The observer validated and re-scored in a process that never loaded torch.
     assert not maps_torch(w.pid), "swarm-node watch mapped libtorch"
