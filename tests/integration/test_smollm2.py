@@ -42,7 +42,11 @@ def test_smollm2_loads_generates_and_learns(tmp_path) -> None:
     assert any(c.text.strip() for c in comps)
 
     learner = Learner(
-        policy.model, LearnerConfig(lr=1e-5), device=policy.device, pad_token_id=policy.tokenizer.pad_token_id
+        policy.model,
+        LearnerConfig(lr=1e-5),
+        device=policy.device,
+        pad_token_id=policy.tokenizer.pad_token_id,
+        max_tokens=24,
     )
     before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
     advantages = [1.0, -1.0, 0.5, -0.5]
