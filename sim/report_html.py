@@ -16,8 +16,6 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from node.metrics import read_jsonl
-
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#7f7f7f")
 
 CSS = """
@@ -112,8 +110,7 @@ def _node_rows(out: Path, res: Any) -> list[list[Any]]:
     for run in res.runs:
         for idx, metrics in sorted(run.nodes.items()):
             k = max(1, min(10, len(metrics) // 2))
-            evals = read_jsonl(out / res.name / f"seed{run.seed}" / f"node{idx}" / "eval.jsonl")
-            held = [e for e in evals if isinstance(e.get("accuracy"), int | float)]
+            held = [e for e in run.evals.get(idx, []) if isinstance(e.get("accuracy"), int | float)]
             rows.append(
                 [
                     f"seed{run.seed}/node{idx}",
@@ -139,7 +136,8 @@ def write_html_report(out: str | Path, results: Sequence[Any], rows: Sequence[di
         f"<h1>{escape(title)}</h1>",
         f"<p class='muted'>Simulator report written {_dt.datetime.now(_dt.UTC):%Y-%m-%d %H:%M UTC} from the per-node "
         "metrics in this directory. Cumulative reward = reward_mean summed over nodes and steps (the SAPO paper's "
-        "total reward), mean ± std over seeds.</p>",
+        "total reward), mean ± std over seeds. Held-out accuracy = accuracy on questions no node trains on, first "
+        "and last evaluation, mean over nodes; its gain is the learning measure.</p>",
         "<section><h2>Results</h2>",
         _table(
             [
@@ -151,6 +149,10 @@ def write_html_report(out: str | Path, results: Sequence[Any], rows: Sequence[di
                 "± std",
                 "ratio",
                 "final reward",
+                "held-out start",
+                "held-out end",
+                "held-out gain",
+                "± std",
                 "external",
                 "rejected",
             ],
@@ -164,6 +166,10 @@ def write_html_report(out: str | Path, results: Sequence[Any], rows: Sequence[di
                     r["cumulative_reward_std"],
                     r["ratio_vs_baseline"],
                     r["final_reward"],
+                    r["heldout_start"],
+                    r["heldout_end"],
+                    r["heldout_gain"],
+                    r["heldout_gain_std"],
                     r["external_groups"],
                     r["rejected"],
                 ]
@@ -182,6 +188,16 @@ def write_html_report(out: str | Path, results: Sequence[Any], rows: Sequence[di
         svg_lines(curves, ylabel="reward"),
         "</section>",
     ]
+    held_curves = [(res.name, *res.heldout_curve(), None) for res in results]
+    held_curves = [c for c in held_curves if c[1]]  # configurations whose nodes evaluated
+    if held_curves:
+        parts += [
+            "<section><h2>Held-out accuracy</h2><p class='muted'>accuracy on questions no node trains on, mean "
+            "over nodes and seeds, at each evaluation: the learning measure (training reward can be "
+            "memorization)</p>",
+            svg_lines(held_curves, ylabel="held-out accuracy"),
+            "</section>",
+        ]
     for res in results:
         node_series = []
         for run in res.runs:

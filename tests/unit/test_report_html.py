@@ -32,6 +32,7 @@ def test_report_html_is_self_contained_and_escapes_names(tmp_path):
     # Nothing is fetched from anywhere: no src/href attributes at all, only the SVG namespace URI.
     assert not re.search(r"\b(src|href)=", html)
     assert set(re.findall(r"https?://[^\s\"']+", html)) <= {"http://www.w3.org/2000/svg"}
-    assert html.count("<svg") == 3  # the curves of all configurations, then one per configuration
+    # the curves of all configurations, held-out accuracy (only "base" evaluated), then one per configuration
+    assert html.count("<svg") == 4 and "Held-out accuracy</h2>" in html
     assert "seed0/node1" in html and "0.625" in html  # per-node rows with the held-out accuracy from eval.jsonl
-    assert html.count("<polyline") == 2 + 3  # two configurations' curves, three nodes
+    assert html.count("<polyline") == 2 + 1 + 3  # two configurations' curves, one held-out curve, three nodes
