@@ -175,12 +175,15 @@ class MnpoPhase:
         return torch.cat(outs) if outs else torch.zeros(0, device=self.device)
 
     def _ref_logprobs(self, responses: list[Response]) -> torch.Tensor:
-        missing = [r for r in {r.hash: r for r in responses}.values() if r.hash not in self._ref_cache]
+        # One dict for the whole call: ``_advance`` (on the event loop, as records arrive) may swap in a pruned
+        # copy while this runs in the learner's thread, and a lookup in the new one would miss.
+        cache = self._ref_cache
+        missing = [r for r in {r.hash: r for r in responses}.values() if r.hash not in cache]
         if missing:
             vals = self._mean_logprobs(self.ref_model, missing, grad=False)
             for r, v in zip(missing, vals.tolist(), strict=True):
-                self._ref_cache[r.hash] = v
-        return torch.tensor([self._ref_cache[r.hash] for r in responses], dtype=torch.float32, device=self.device)
+                cache[r.hash] = v
+        return torch.tensor([cache[r.hash] for r in responses], dtype=torch.float32, device=self.device)
 
     # ------------------------------------------------------------------ hooks
 
