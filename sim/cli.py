@@ -36,11 +36,13 @@ def run(
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
+    from node.preflight import make_output_dir
     from protocol.errors import SwarmError
     from sim.config import load_sim_config
 
     try:
         cfg = load_sim_config(str(config), overrides or [], quick=quick)
+        make_output_dir(out, "--out directory")
     except SwarmError as e:
         fail(str(e))
     from protocol.config import write_resolved
