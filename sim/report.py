@@ -139,6 +139,12 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _mean_spread(r: dict[str, Any]) -> str:
+    # One seed has no spread: "± 0.00" would read as a measured, perfectly stable result.
+    spread = f" ± {r['cumulative_reward_std']:.2f}" if r["seeds"] > 1 else ""
+    return f"{r['cumulative_reward']:.2f}{spread}"
+
+
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     """The results rows as a GitHub Markdown table."""
     head = (
@@ -149,7 +155,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         lines.append(
             f"| {r['config']} | {r['seeds']} | {r['nodes']} | {r['steps']} | "
-            f"{r['cumulative_reward']:.2f} ± {r['cumulative_reward_std']:.2f} | {_fmt(r['ratio_vs_baseline'])} | "
+            f"{_mean_spread(r)} | {_fmt(r['ratio_vs_baseline'])} | "
             f"{r['final_reward']:.3f} | {_fmt(r['external_groups'])} | {_fmt(r['rejected'])} |"
         )
     return "\n".join(lines) + "\n"
