@@ -110,7 +110,11 @@ class TaskSource:
     """
 
     def __init__(self, cfg: TaskConfig, *, cache_items: int = 4096):
-        import reasoning_gym  # noqa: F401  (registers the datasets)
+        import contextlib
+        import io
+
+        with contextlib.redirect_stdout(io.StringIO()):  # its bf dataset prints a row of dots on import
+            import reasoning_gym  # noqa: F401  (registers the datasets)
         from reasoning_gym.factory import DATASETS
 
         if not cfg.families:
