@@ -42,7 +42,15 @@ def join(
     peers: Annotated[
         list[str] | None, typer.Option("--peers", help="Multiaddr of a peer to bootstrap from (repeatable).")
     ] = None,
-    max_steps: Annotated[int | None, typer.Option("--max-steps", min=1, help="Stop after this many steps.")] = None,
+    max_steps: Annotated[
+        int | None,
+        typer.Option(
+            "--max-steps",
+            min=1,
+            help="Stop when the run has this many steps in total (resumed steps count; re-running the same "
+            "command after a crash finishes the job).",
+        ),
+    ] = None,
     config: Annotated[Path | None, typer.Option("--config", help="Node config YAML (see configs/node/).")] = None,
     overrides: Annotated[
         list[str] | None, typer.Option("--set", help="Override a config field: section.field=value (repeatable).")
@@ -56,14 +64,18 @@ def join(
         str | None, typer.Option("--transport", help="hivemind (default), libp2p, or memory (alone, no network).")
     ] = None,
     resume: Annotated[bool, typer.Option(help="Continue from RUN_DIR's latest checkpoint, if any.")] = True,
-    log_level: Annotated[str, typer.Option("--log-level", help="Python logging level.")] = "WARNING",
+    log_level: Annotated[
+        str, typer.Option("--log-level", help="Level of the node's own log lines on stderr (DEBUG: all libraries).")
+    ] = "INFO",
 ) -> None:
     """Join a swarm (or start one: no --peers) and train; print the addresses other nodes can join."""
-    import logging
-
+    from node.logs import setup_cli_logging
     from protocol.errors import SwarmError
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        setup_cli_logging(log_level)
+    except ValueError as e:
+        fail(str(e))
     sets = list(overrides or [])
     if transport is not None:
         sets.append(f"transport.type={transport}")
