@@ -98,6 +98,42 @@ def join(
     raise typer.Exit(code=code)
 
 
+@app.command()
+def export(
+    run_dir: Annotated[Path, typer.Option("--run-dir", help="Run directory of a node (config.yaml + checkpoints/).")],
+    out: Annotated[Path, typer.Option("--out", help="New directory for the Hugging Face model.")],
+    step: Annotated[int | None, typer.Option("--step", min=0, help="Checkpoint step (default: the latest).")] = None,
+) -> None:
+    """Write a checkpoint as a Hugging Face model directory (safetensors, tokenizer, model card)."""
+    from node.logs import setup_cli_logging
+    from protocol.errors import SwarmError
+
+    setup_cli_logging("INFO")
+    try:
+        from node.export import export_run
+
+        path = export_run(run_dir, out, step)
+    except SwarmError as e:
+        fail(str(e))
+    typer.echo(f"exported to {path}; upload with: huggingface-cli upload USER/NAME {path} .")
+
+
+@app.command()
+def doctor(
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port join will listen on (0: any).")] = 0,
+    host: Annotated[str, typer.Option("--host", help="Address join will listen on.")] = "127.0.0.1",
+    peers: Annotated[
+        list[str] | None, typer.Option("--peers", help="Multiaddr of a peer to check (repeatable).")
+    ] = None,
+) -> None:
+    """Check that this machine can join a swarm: port, p2pd daemon, addresses (NAT), peers; one remedy a line."""
+    from node.doctor import doctor as run_doctor
+    from node.logs import setup_cli_logging
+
+    setup_cli_logging("WARNING")
+    raise typer.Exit(code=run_doctor(host, port, list(peers or []), typer.echo))
+
+
 def main() -> None:
     app(prog_name="swarm-node")
 

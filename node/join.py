@@ -42,8 +42,10 @@ def resolve_config(
 
 
 def _say(line: str) -> None:
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
+    # the real stdout: a library's generator may have redirected sys.stdout in another thread for a moment
+    out = sys.__stdout__ or sys.stdout
+    out.write(line + "\n")
+    out.flush()
 
 
 def _shown_peer_id(addresses: list[str], fallback: str) -> str:

@@ -18,6 +18,8 @@ keeps hostile refs from making it generate arbitrary datasets.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
 import random
@@ -110,9 +112,6 @@ class TaskSource:
     """
 
     def __init__(self, cfg: TaskConfig, *, cache_items: int = 4096):
-        import contextlib
-        import io
-
         with contextlib.redirect_stdout(io.StringIO()):  # its bf dataset prints a row of dots on import
             import reasoning_gym  # noqa: F401  (registers the datasets)
         from reasoning_gym.factory import DATASETS
@@ -197,7 +196,8 @@ class TaskSource:
         dataset = self._dataset(ref.family, dict(ref.config), ref.seed)
         if not isinstance(ref.index, int) or not 0 <= ref.index < dataset.size:
             raise TaskError(f"task index {ref.index!r} outside [0, {dataset.size}) for {ref.family!r}")
-        entry = dataset[ref.index]
+        with contextlib.redirect_stdout(io.StringIO()):  # some generators print progress dots to stdout
+            entry = dataset[ref.index]
         answer = entry.get("answer")
         return TaskItem(
             ref=ref,
