@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from sim.config import load_sim_config
     from sim.inprocess import run_seed
+    from sim.progress import StepProgress
 
     sim = load_sim_config(str(args.config), quick=args.quick)
     runs = args.runs or Path(tempfile.mkdtemp(prefix="vade-"))
@@ -73,7 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, list[dict[str, float]]] = {n: [] for n in names}
     for seed in sim.seeds:
         for name in names:
-            res = asyncio.run(run_seed(sim, name, seed, runs))
+            bar = StepProgress(f"{name} seed {seed}", sim.steps)
+            res = asyncio.run(run_seed(sim, name, seed, runs, on_step=bar.update))
+            bar.done()
             results[name].append(summarize(res.run_dir))
 
     med = statistics.median

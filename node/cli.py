@@ -42,7 +42,15 @@ def join(
     peers: Annotated[
         list[str] | None, typer.Option("--peers", help="Multiaddr of a peer to bootstrap from (repeatable).")
     ] = None,
-    max_steps: Annotated[int | None, typer.Option("--max-steps", min=1, help="Stop after this many steps.")] = None,
+    max_steps: Annotated[
+        int | None,
+        typer.Option(
+            "--max-steps",
+            min=1,
+            help="Stop when the run has this many steps in total (resumed steps count; re-running the same "
+            "command after a crash finishes the job).",
+        ),
+    ] = None,
     config: Annotated[Path | None, typer.Option("--config", help="Node config YAML (see configs/node/).")] = None,
     overrides: Annotated[
         list[str] | None, typer.Option("--set", help="Override a config field: section.field=value (repeatable).")
@@ -56,14 +64,18 @@ def join(
         str | None, typer.Option("--transport", help="hivemind (default), libp2p, or memory (alone, no network).")
     ] = None,
     resume: Annotated[bool, typer.Option(help="Continue from RUN_DIR's latest checkpoint, if any.")] = True,
-    log_level: Annotated[str, typer.Option("--log-level", help="Python logging level.")] = "WARNING",
+    log_level: Annotated[
+        str, typer.Option("--log-level", help="Level of the node's own log lines on stderr (DEBUG: all libraries).")
+    ] = "INFO",
 ) -> None:
     """Join a swarm (or start one: no --peers) and train; print the addresses other nodes can join."""
-    import logging
-
+    from node.logs import setup_cli_logging
     from protocol.errors import SwarmError
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        setup_cli_logging(log_level)
+    except ValueError as e:
+        fail(str(e))
     sets = list(overrides or [])
     if transport is not None:
         sets.append(f"transport.type={transport}")
@@ -102,11 +114,11 @@ def eval_(
 ) -> None:
     """Evaluate a run's checkpoint (or its initial model) on held-out questions it never trained on."""
     import json
-    import logging
 
+    from node.logs import setup_cli_logging
     from protocol.errors import SwarmError
 
-    logging.basicConfig(level="WARNING", format="%(levelname)s %(name)s: %(message)s")
+    setup_cli_logging("INFO")  # a first use builds or converts the model: its progress lines show on stderr
     if step is not None and initial:
         fail("--step and --initial exclude each other")
     try:
@@ -145,11 +157,10 @@ def watch(
     log_level: Annotated[str, typer.Option("--log-level", help="Python logging level.")] = "WARNING",
 ) -> None:
     """Observe a swarm read-only (no model, no torch): verify every record, serve a live page and /api/state."""
-    import logging
-
+    from node.logs import setup_cli_logging
     from protocol.errors import SwarmError
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_cli_logging(log_level)
     try:
         from node.watch import run_watch
 
@@ -161,6 +172,42 @@ def watch(
     except OSError as e:
         fail(f"cannot serve the page on {host}:{port}: {e.strerror or e}")
     raise typer.Exit(code=code)
+
+
+@app.command()
+def export(
+    run_dir: Annotated[Path, typer.Option("--run-dir", help="Run directory of a node (config.yaml + checkpoints/).")],
+    out: Annotated[Path, typer.Option("--out", help="New directory for the Hugging Face model.")],
+    step: Annotated[int | None, typer.Option("--step", min=0, help="Checkpoint step (default: the latest).")] = None,
+) -> None:
+    """Write a checkpoint as a Hugging Face model directory (safetensors, tokenizer, model card)."""
+    from node.logs import setup_cli_logging
+    from protocol.errors import SwarmError
+
+    setup_cli_logging("INFO")
+    try:
+        from node.export import export_run
+
+        path = export_run(run_dir, out, step)
+    except SwarmError as e:
+        fail(str(e))
+    typer.echo(f"exported to {path}; upload with: huggingface-cli upload USER/NAME {path} .")
+
+
+@app.command()
+def doctor(
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port join will listen on (0: any).")] = 0,
+    host: Annotated[str, typer.Option("--host", help="Address join will listen on.")] = "127.0.0.1",
+    peers: Annotated[
+        list[str] | None, typer.Option("--peers", help="Multiaddr of a peer to check (repeatable).")
+    ] = None,
+) -> None:
+    """Check that this machine can join a swarm: port, p2pd daemon, addresses (NAT), peers; one remedy a line."""
+    from node.doctor import doctor as run_doctor
+    from node.logs import setup_cli_logging
+
+    setup_cli_logging("WARNING")
+    raise typer.Exit(code=run_doctor(host, port, list(peers or []), typer.echo))
 
 
 def main() -> None:

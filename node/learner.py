@@ -25,6 +25,9 @@ from node.losses import LossSpec, get_loss, sequence_is_weights, truncated_is_we
 
 logger = logging.getLogger(__name__)
 
+#: Log-ratio above the cap (0.1%) before a token counts as truncated in ``is_truncated_frac``.
+TRUNCATION_TOLERANCE = 1e-3
+
 BEHAVIOUR_LOGPROB_FLOOR = -20.0
 """Peers' behaviour logprobs are clamped to ``[BEHAVIOUR_LOGPROB_FLOOR, 0]``: a logprob is never positive, and
 below about -20 (probability 2e-9) a hint carries no information, only leverage over the weight."""
@@ -296,7 +299,10 @@ class Learner:
         weights = torch.where(batch.has_token_behaviour.unsqueeze(-1), tok, ones)
         weights = torch.where(batch.has_mean_behaviour.unsqueeze(-1), seq, weights)  # (b, T)
         with torch.no_grad():
-            log_cap = math.log(cap)
+            # A token counts as truncated only when the cap changes its weight noticeably: on-policy tokens have
+            # pi_old / pi_behaviour = 1 up to float noise (the sampler's cached forward vs the learner's padded
+            # one), and half of them land a hair above a cap of 1, which is no truncation at all.
+            log_cap = math.log(cap) + TRUNCATION_TOLERANCE
             tok_over = (old_logp - batch.behaviour_logp) > log_cap  # (b, T)
             old_mean = (old_logp * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)  # (b,)
             seq_over = ((old_mean - batch.behaviour_mean) > log_cap).unsqueeze(-1).expand_as(tok_over)

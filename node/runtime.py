@@ -110,7 +110,8 @@ class Node:
         self._outbox: list[Group] = []
         self._checkpointed_step = -1
         self._last_publish = float("-inf")
-        self._peers: list[str] = []
+        self._peers: list[str] = []  # the transport's view (connections); client-mode peers may be missing
+        self._peer_last_step: dict[str, int] = {}  # sender -> our step when its latest valid record arrived
         self.last_metrics: dict[str, Any] = {}
         self.mnpo: Any = None  # node.mnpo.MnpoPhase when mnpo.schedule is not "off"
         if cfg.mnpo.schedule != "off":
@@ -406,6 +407,7 @@ class Node:
             return 0
         accepted = 0
         for env in envelopes:
+            self._peer_last_step[env.sender] = self.step
             if self.mnpo is not None:
                 self.mnpo.ingest(env)
             if env.kind != "rollouts":
@@ -416,6 +418,17 @@ class Node:
         with contextlib.suppress(Exception):
             self._peers = list(await self.channel.peers())
         return accepted
+
+    def recent_peers(self) -> int:
+        """Distinct peers whose valid records arrived within the pool's age window (``sapo.max_age_steps``).
+
+        This is the swarm a node actually learns from; the transport's connection count can read 0 while
+        records flow (client-mode peers are never in a routing table) and is reported as ``connections``.
+        """
+        horizon = self.step - self.cfg.sapo.max_age_steps
+        for sender in [p for p, s in self._peer_last_step.items() if s < horizon]:
+            del self._peer_last_step[sender]
+        return len(self._peer_last_step)
 
     def _advantages(self, rewards: tuple[float, ...]) -> list[float]:
         from node.losses import advantages_for
@@ -501,7 +514,8 @@ class Node:
             "reward_mean": math.fsum(rewards) / len(rewards) if rewards else 0.0,
             "solve_rate": sum(1 for g in own if max(g.rewards) > 0.5) / len(own) if own else 0.0,
             **batch.metrics(),
-            "peers": len(self._peers),
+            "peers": self.recent_peers(),
+            "connections": len(self._peers),
             "published": chan.get("published", 0),
             "received": chan.get("received", 0),
             "rejected": sum(reasons.values()),

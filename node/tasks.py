@@ -24,7 +24,9 @@ keeps hostile refs from making it generate arbitrary datasets.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import logging
 import random
@@ -129,7 +131,8 @@ class TaskSource:
     """
 
     def __init__(self, cfg: TaskConfig, *, cache_items: int = 4096):
-        import reasoning_gym  # noqa: F401  (registers the datasets)
+        with contextlib.redirect_stdout(io.StringIO()):  # its bf dataset prints a row of dots on import
+            import reasoning_gym  # noqa: F401  (registers the datasets)
         from reasoning_gym.factory import DATASETS
 
         if not cfg.families:
@@ -286,7 +289,8 @@ class TaskSource:
         dataset = self._dataset(ref.family, dict(ref.config), ref.seed)
         if not isinstance(ref.index, int) or not 0 <= ref.index < dataset.size:
             raise TaskError(f"task index {ref.index!r} outside [0, {dataset.size}) for {ref.family!r}")
-        entry = dataset[ref.index]
+        with contextlib.redirect_stdout(io.StringIO()):  # some generators print progress dots to stdout
+            entry = dataset[ref.index]
         answer = entry.get("answer")
         return TaskItem(
             ref=ref,

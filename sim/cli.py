@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Annotated
 
@@ -30,17 +29,19 @@ def run(
         list[str] | None, typer.Option("--set", help="Override a field, e.g. --set steps=5 (repeatable).")
     ] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Apply the config's quick: overrides (a short run).")] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO level.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every library at DEBUG level.")] = False,
 ) -> None:
     """Run every configuration of CONFIG for every seed, then write results.csv, results.md and rewards.png."""
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
-    )
+    from node.logs import setup_cli_logging
+
+    setup_cli_logging("DEBUG" if verbose else "INFO")
+    from node.preflight import make_output_dir
     from protocol.errors import SwarmError
     from sim.config import load_sim_config
 
     try:
         cfg = load_sim_config(str(config), overrides or [], quick=quick)
+        make_output_dir(out, "--out directory")
     except SwarmError as e:
         fail(str(e))
     from protocol.config import write_resolved

@@ -24,7 +24,7 @@ import hashlib
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -154,8 +154,12 @@ async def _open_channel(identity: Any, transport: Transport, swarm_id: str, pcfg
     )
 
 
-async def run_seed(sim: SimConfig, variant: str, seed: int, out: str | Path) -> SeedResult:
-    """Run configuration ``variant`` of ``sim`` with ``seed``; metrics go to ``out/<variant>/seed<seed>/node<i>/``."""
+async def run_seed(
+    sim: SimConfig, variant: str, seed: int, out: str | Path, on_step: Callable[[int], None] | None = None
+) -> SeedResult:
+    """Run configuration ``variant`` of ``sim`` with ``seed``; metrics go to ``out/<variant>/seed<seed>/node<i>/``.
+
+    ``on_step(k)`` is called after each round with the number of rounds done (progress display)."""
     from node.runtime import Node
     from protocol.transport.memory import MemoryNetwork, MemoryTransport
     from sim.adversary import Adversary, wrap_transport
@@ -286,6 +290,8 @@ async def run_seed(sim: SimConfig, variant: str, seed: int, out: str | Path) -> 
                     "records_fetched": sum(t.records_fetched for t in transports),
                 }
             )
+            if on_step is not None:
+                on_step(r + 1)
         if evaluating:
             for node in nodes:
                 node.evaluate_end()
@@ -303,7 +309,7 @@ async def run_seed(sim: SimConfig, variant: str, seed: int, out: str | Path) -> 
         for adv in adversaries:
             await adv.close()
     result.wall_s = time.perf_counter() - t_start
-    logger.info("%s seed %d: %d nodes x %d rounds in %.1fs", variant, seed, len(nodes), sim.steps, result.wall_s)
+    logger.debug("%s seed %d: %d nodes x %d rounds in %.1fs", variant, seed, len(nodes), sim.steps, result.wall_s)
     return result
 
 

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -112,8 +113,23 @@ def _start(index: int, cmd: list[str], run_dir: Path, env: dict[str, str]) -> No
     return node
 
 
-def run_seed_multiprocess(sim: SimConfig, variant: str, seed: int, out: str | Path) -> Path:
-    """Run ``sim.nodes`` processes of configuration ``variant`` with ``seed`` to ``sim.steps`` steps each."""
+def _steps_done(node_dirs: list[Path]) -> int:
+    """The slowest node's step count (lines of its metrics.jsonl), for a progress display."""
+    counts = []
+    for d in node_dirs:
+        try:
+            counts.append((d / "metrics.jsonl").read_bytes().count(b"\n"))
+        except OSError:
+            counts.append(0)
+    return min(counts) if counts else 0
+
+
+def run_seed_multiprocess(
+    sim: SimConfig, variant: str, seed: int, out: str | Path, on_step: Callable[[int], None] | None = None
+) -> Path:
+    """Run ``sim.nodes`` processes of configuration ``variant`` with ``seed`` to ``sim.steps`` steps each.
+
+    ``on_step(k)`` is called about once a second with the slowest node's step count (progress display)."""
     run_dir = Path(out) / variant / f"seed{seed}"
     run_dir.mkdir(parents=True, exist_ok=True)
     mp = sim.multiprocess
@@ -149,9 +165,16 @@ def run_seed_multiprocess(sim: SimConfig, variant: str, seed: int, out: str | Pa
                 time.sleep(mp.stagger_s)
         deadline = time.monotonic() + mp.run_timeout_s
         for p in procs:
-            left = max(0.0, deadline - time.monotonic())
             try:
-                p.proc.wait(left)
+                while True:
+                    left = max(0.0, deadline - time.monotonic())
+                    try:
+                        p.proc.wait(min(left, 1.0) if on_step is not None else left)
+                        break
+                    except subprocess.TimeoutExpired:
+                        if left <= 1.0 or on_step is None:
+                            raise
+                        on_step(_steps_done([q.run_dir for q in procs]))
             except subprocess.TimeoutExpired:
                 raise MultiprocessError(
                     f"node {p.index} (pid {p.pid}) did not finish {sim.steps} steps in {mp.run_timeout_s:.0f}s"

@@ -66,6 +66,8 @@ MAX_RECORDS_PER_FETCH = 256
 #: How hivemind serializes "no subkey" (a plain value) and the empty bytes value of an index entry.
 _NO_SUBKEY = msgpack.packb(None)
 _EMPTY_VALUE = msgpack.packb(b"", use_bin_type=True)
+#: Seconds p2pd gets to exit after SIGTERM on close before it is killed.
+P2PD_EXIT_TIMEOUT_S = 5.0
 _INDEX_SUBKEY_RE = re.compile(rf"^(\d{{1,15}})/([0-9a-f]{{32}})/([0-9a-f]{{{DIGEST_HEX}}})$")
 
 
@@ -194,11 +196,25 @@ class DHTRecordGuard(RecordValidatorBase):
         return None
 
 
+class _QuietDaemonShutdown(logging.Filter):
+    """Drops p2pd's report that its control socket closed: a daemon that got the terminal's Ctrl-C says so at
+    ERROR level although nothing is wrong (the node is shutting down with it)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "use of closed network connection" not in record.getMessage()
+
+
+logging.getLogger("hivemind.p2p.p2p_daemon").addFilter(_QuietDaemonShutdown())
+
+
 class _LoopThread:
     """A private asyncio loop in a daemon thread: hivemind's tasks live there, callers await through futures."""
 
     def __init__(self, name: str):
         self.loop = asyncio.new_event_loop()
+        self.loop.set_exception_handler(self._on_exception)
+        #: Set on close: hivemind's fire-and-forget tasks then fail on the dying daemon's sockets; not news.
+        self.closing = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -212,6 +228,12 @@ class _LoopThread:
         if pending:
             self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         self.loop.close()
+
+    def _on_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if self.closing:
+            logger.debug("hivemind task failed during shutdown: %s", context.get("exception") or context["message"])
+        else:
+            loop.default_exception_handler(context)
 
     async def call(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
         """Run ``coro`` on the private loop; raise ``TimeoutError`` (after cancelling it there) past ``timeout``."""
@@ -327,7 +349,7 @@ class HivemindTransport(Transport):
             if reason is not None:
                 raise TransportError(f"hivemind transport refuses to publish this record ({reason})")
         try:
-            ok = await self._runner.call(
+            ok = await self._call(
                 self._node.store_many(keys, [data, b""], expiration, subkeys=[None, sub]),
                 timeout=self.cfg.request_timeout_s * 2,
             )
@@ -370,10 +392,20 @@ class HivemindTransport(Transport):
         if self._closed:
             return
         self._closed = True
+        self._runner.closing = True
+
+        async def shutdown() -> None:
+            # Not DHTNode.shutdown(): it first asks p2pd, over its control socket, to drop each RPC handler. A
+            # p2pd that already got the terminal's SIGINT (Ctrl-C reaches the whole process group) has closed
+            # that socket's listener, and each request then waits for a reply that never comes. The daemon is
+            # ours and dies next, which drops its handlers anyway: stop the node's background jobs, end p2pd.
+            self._node.is_alive = False
+            await self._node.p2p.shutdown()
+
         try:
-            await self._runner.call(self._node.shutdown(), timeout=self.cfg.request_timeout_s * 2)
-        except Exception:
-            logger.warning("hivemind DHT did not shut down cleanly; killing its p2pd", exc_info=True)
+            await self._runner.call(shutdown(), timeout=P2PD_EXIT_TIMEOUT_S)
+        except Exception as e:
+            logger.warning("hivemind p2pd did not exit in %.0fs (%s); killing it", P2PD_EXIT_TIMEOUT_S, e)
         finally:
             self._kill_p2pd()
             self._runner.stop()
@@ -390,7 +422,7 @@ class HivemindTransport(Transport):
         """Store arbitrary bytes under an arbitrary key, bypassing :meth:`publish`'s layout (fault injection and
         tests only: a hostile peer built with ``store_validation=False`` uses it to try forged entries)."""
         self._check_open()
-        return await self._runner.call(
+        return await self._call(
             self._node.store(key, value, expiration_time, subkey=subkey), timeout=self.cfg.request_timeout_s * 2
         )
 
@@ -410,15 +442,43 @@ class HivemindTransport(Transport):
 
     # -- internals ------------------------------------------------------------------------------------------------
 
+    async def _call(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
+        """A DHT request on the private loop that ends as soon as p2pd exits (it would otherwise wait out its
+        whole timeout, and a node stopping after Ctrl-C would sit on its last publish)."""
+        child = getattr(getattr(self._node, "p2p", None), "_child", None)
+
+        async def unless_daemon_exits() -> T:
+            work = asyncio.ensure_future(coro)
+            if child is None:
+                return await work
+            died = asyncio.ensure_future(child.wait())
+            try:
+                await asyncio.wait({work, died}, return_when=asyncio.FIRST_COMPLETED)
+            except BaseException:  # timed out or cancelled by the caller: the request goes too
+                work.cancel()
+                raise
+            finally:
+                died.cancel()
+            if not work.done():
+                work.cancel()
+                raise TransportError(f"hivemind's p2pd daemon exited (code {child.returncode})")
+            return work.result()
+
+        return await self._runner.call(unless_daemon_exits(), timeout)
+
     def _check_open(self) -> None:
         if self._closed:
             raise TransportError("hivemind transport is closed")
+        child = getattr(getattr(self._node, "p2p", None), "_child", None)
+        if child is not None and child.returncode is not None:
+            # e.g. Ctrl-C reached the daemon too: a request would wait for its full timeout, so fail at once
+            raise TransportError(f"hivemind's p2pd daemon exited (code {child.returncode})")
 
     async def _refresh(self, windows: list[int]) -> None:
         timeout = self.cfg.request_timeout_s
         keys = [index_key(self.swarm, w) for w in windows]
         # latest: a cached index would hide records announced since; force a lookup across the key's replicas.
-        found = await self._runner.call(self._node.get_many(keys, sufficient_expiration_time=float("inf")), timeout)
+        found = await self._call(self._node.get_many(keys, sufficient_expiration_time=float("inf")), timeout)
         wanted: dict[str, tuple[int, str]] = {}
         for w, key in zip(windows, keys, strict=True):
             entry = found.get(key)
@@ -436,7 +496,7 @@ class HivemindTransport(Transport):
                     break
         if not wanted:
             return
-        got = await self._runner.call(self._node.get_many(list(wanted)), timeout)
+        got = await self._call(self._node.get_many(list(wanted)), timeout)
         for key, (w, sub) in wanted.items():
             entry = got.get(key)
             data = entry.value if entry is not None else None

@@ -12,8 +12,8 @@ def node_procs(tmp_path):
     """``start(name, *args)`` launches ``swarm-node <args>``; every process is stopped at teardown."""
     procs: list[NodeProc] = []
 
-    def start(name: str, *args: str, env: dict[str, str] | None = None) -> NodeProc:
-        p = NodeProc(list(args), tmp_path / f"{name}.log", env=env)
+    def start(name: str, *args: str, env: dict[str, str] | None = None, own_group: bool = False) -> NodeProc:
+        p = NodeProc(list(args), tmp_path / f"{name}.log", env=env, own_group=own_group)
         procs.append(p)
         return p
 

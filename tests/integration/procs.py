@@ -21,7 +21,9 @@ MADDR = re.compile(r"listening on (/ip4/127\.0\.0\.1/tcp/\d+/p2p/\S+)")
 class NodeProc:
     """One ``swarm-node join`` process whose stdout is collected by a reader thread."""
 
-    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, args: list[str], log_path: Path, env: dict[str, str] | None = None, *, own_group: bool = False
+    ) -> None:
         self.log_path = log_path
         self.lines: list[str] = []
         exe = shutil.which("swarm-node", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
@@ -34,7 +36,10 @@ class NodeProc:
             text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
             cwd=Path(__file__).resolve().parents[2],
+            # own_group: like a terminal, Ctrl-C can then reach the node and its p2pd together (killpg)
+            start_new_session=own_group,
         )
+        self.own_group = own_group
         self.pid = self.proc.pid
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -78,6 +83,16 @@ class NodeProc:
     def signal(self, sig: int) -> None:
         if self.proc.poll() is None:
             os.kill(self.pid, sig)
+
+    def signal_group(self, sig: int) -> None:
+        """Send ``sig`` to the node's whole process group, as a terminal's Ctrl-C does (needs ``own_group``)."""
+        assert self.own_group, "start the process with own_group=True"
+        if self.proc.poll() is None:
+            os.killpg(self.pid, sig)
+
+    def output(self) -> str:
+        """Everything the process printed so far: stdout lines, then its stderr log."""
+        return "\n".join(self.lines) + "\n" + self.tail(10**7)
 
     def stop(self, timeout: float = 20) -> None:
         """Terminate (then kill) this process and any children it left, by pid."""

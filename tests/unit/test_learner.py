@@ -170,3 +170,23 @@ def test_untrusted_hints_are_sanitised():
         lrn.step(bad)  # a local rollout with misaligned logprobs is a bug, not a peer's noise
     with pytest.raises(ValueError):
         lrn.step([TrainSample([1, 2], [], 1.0)])
+
+
+def test_on_policy_float_noise_is_not_counted_as_truncation():
+    # Behaviour logprobs equal to the learner's up to float noise (as on a purely on-policy step): a cap of 1
+    # changes no weight, so no token may count as truncated; a real gap (2 nats) must count.
+    model = tiny_model()
+    lrn = learner(model, is_cap=1.0)
+    batch = samples(4)
+    b = lrn._collate(batch)
+    with torch.no_grad():
+        logp = completion_logprobs(model, b.input_ids, b.attention_mask, b.prompt_lens, b.completion_lens)
+    g = torch.Generator().manual_seed(0)
+    for i, s in enumerate(batch):
+        n = len(s.completion_ids)
+        s.behaviour_logprobs = (logp[i, :n] + 1e-5 * torch.randn(n, generator=g)).tolist()
+    assert lrn.step(copy.deepcopy(batch))["is_truncated_frac"] == 0.0
+    batch[0].behaviour_logprobs = [v - 2.0 for v in batch[0].behaviour_logprobs]
+    m = learner(tiny_model(), is_cap=1.0).step(batch)
+    total = sum(len(s.completion_ids) for s in batch)
+    assert m["is_truncated_frac"] == pytest.approx(len(batch[0].completion_ids) / total)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from sim.config import SimConfig
 from sim.inprocess import run_seed
-from sim.report import write_report
+from sim.report import markdown_table, write_report
 
 #: Metric fields that measure wall time (they differ between runs; everything else must not).
 TIMING = {"time", "gen_s", "train_s", "step_s", "gen_tokens_per_s", "seconds", "tokens_per_s"}
@@ -80,6 +80,9 @@ def test_sharing_happens_and_moves_the_learner(tmp_path):
     assert all(r["rejected"] == 0 for rows in m.values() for r in rows)
     assert sum(r.get("external_sequences", 0) for rows in m.values() for r in rows) > 0
     assert all(c.steps == 6 and c.bytes_fetched > 0 for c in res.costs)
+    # "peers": the distinct peers whose records arrived recently (the other 3 nodes), never more
+    assert all(r["peers"] <= 3 for rows in m.values() for r in rows)
+    assert all(rows[-1]["peers"] == 3 for rows in m.values())
 
 
 def test_no_sharing_without_external_groups(tmp_path):
@@ -154,6 +157,10 @@ def test_report_files(tmp_path):
     for name in ("results.csv", "results.md", "rewards.png"):
         assert (tmp_path / name).stat().st_size > 0
     assert "| 2-2 |" in (tmp_path / "results.md").read_text()
+    table = markdown_table(rows)  # one seed: no spread to show
+    assert "| 2-2 |" in table and "± " not in table.split("\n", 2)[2]
+    two = markdown_table([{**r, "seeds": 2, "cumulative_reward_std": 0.5} for r in rows])
+    assert "± 0.50" in two
 
 
 def test_cli_scale_quick(tmp_path):

@@ -1,0 +1,99 @@
+"""User mistakes on the real CLIs: one clear line on stderr, exit code 1, before anything slow starts, no files.
+
+Each case runs the installed ``swarm-node`` / ``swarm-sim`` in a subprocess, as a user would. "Before anything
+slow starts" is asserted by what is absent: no ``listening on`` line (the DHT never started) and no files made.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def cli(tool: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    exe = shutil.which(tool, path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    module = {"swarm-node": "node.cli", "swarm-sim": "sim.cli"}[tool]
+    cmd = [exe, *args] if exe else [sys.executable, "-m", module, *args]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
+
+
+def assert_one_line_error(res: subprocess.CompletedProcess, *needles: str) -> None:
+    assert res.returncode == 1, (res.returncode, res.stdout, res.stderr)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    assert "Traceback" not in res.stderr + res.stdout
+    assert "listening on" not in res.stdout, "the check must come before the DHT starts"
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+def test_join_run_dir_that_is_a_file(tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    assert_one_line_error(cli("swarm-node", "join", "--run-dir", str(f)), str(f), "is a file")
+    assert f.read_text() == "x"
+
+
+def test_join_run_dir_under_a_file(tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    assert_one_line_error(cli("swarm-node", "join", "--run-dir", str(f / "sub" / "run")), str(f), "is a file")
+
+
+def test_join_unwritable_run_dir(tmp_path):
+    # Root ignores permission bits, so as root the directory is made immutable instead (chattr +i: even root
+    # cannot create files in it); any other user gets a plain read-only directory.
+    ro = tmp_path / "readonly"
+    ro.mkdir()
+    root = os.geteuid() == 0
+    if root:
+        subprocess.run(["chattr", "+i", str(ro)], check=True)
+    else:
+        ro.chmod(0o555)
+    try:
+        res = cli("swarm-node", "join", "--run-dir", str(ro / "run"))
+        assert_one_line_error(res, str(ro))
+        assert "writ" in res.stderr or "Permission" in res.stderr or "not permitted" in res.stderr
+        assert_one_line_error(cli("swarm-node", "join", "--run-dir", str(ro)), str(ro))
+        assert_one_line_error(cli("swarm-sim", "run", "configs/sim/demo.yaml", "--out", str(ro / "o")), str(ro))
+        assert list(ro.iterdir()) == []
+    finally:
+        if root:
+            subprocess.run(["chattr", "-i", str(ro)], check=True)
+        ro.chmod(0o755)
+
+
+def test_join_missing_model_path_fails_before_the_dht_and_leaves_nothing(tmp_path):
+    run_dir = tmp_path / "r"
+    res = cli("swarm-node", "join", "--run-dir", str(run_dir), "--set", "model.name=/nonexistent/path")
+    assert_one_line_error(res, "/nonexistent/path", "does not exist")
+    assert not run_dir.exists(), "a failed start must not leave a run dir behind"
+
+
+@pytest.mark.parametrize(
+    "peer, needle",
+    [("garbage", "not a multiaddr"), ("/ip4/1.2.3/tcp/1", "not a multiaddr"), ("/ip4/127.0.0.1/tcp/4000", "/p2p/")],
+)
+def test_join_bad_peer_address(tmp_path, peer, needle):
+    run_dir = tmp_path / "r"
+    res = cli("swarm-node", "join", "--run-dir", str(run_dir), "--peers", peer)
+    assert_one_line_error(res, needle, repr(peer))
+    assert not run_dir.exists()
+
+
+def test_sim_out_that_is_a_file(tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    res = cli("swarm-sim", "run", "configs/sim/demo.yaml", "--out", str(f))
+    assert_one_line_error(res, str(f), "is a file")
+    res = cli("swarm-sim", "run", "configs/sim/demo.yaml", "--out", str(f / "sub"))
+    assert_one_line_error(res, str(f), "is a file")
+    assert f.read_text() == "x"
