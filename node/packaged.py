@@ -17,9 +17,6 @@ import hashlib
 import importlib.util
 import json
 import logging
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,8 +78,7 @@ def _file_key(path: Path) -> str:
 
 def ensure_converted(name: str, cache_dir: Path | None = None) -> Path:
     """The transformers model directory of packaged model ``name``, converting its GGUF file on first use."""
-    from filelock import FileLock
-
+    from node.cache import build_once
     from node.tiny import default_cache_root
 
     model = PACKAGED[name]
@@ -90,25 +86,12 @@ def ensure_converted(name: str, cache_dir: Path | None = None) -> Path:
     if importlib.util.find_spec("gguf") is None:
         raise PackagedModelError(f"model {name!r} needs the gguf package to read its weights; run: {model.install}")
     root = Path(cache_dir or default_cache_root()).expanduser()
-    target = root / f"{name}-{_file_key(src)}"
-    if (target / _DONE_FILE).exists():
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(target) + ".lock"):
-        if (target / _DONE_FILE).exists():
-            return target
-        logger.info("converting %s (%s) into %s; this happens once (about a minute)", name, src.name, target)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=root))
-        try:
-            _convert(src, tmp)
-            (tmp / _DONE_FILE).write_text(json.dumps({"name": name, "source": src.name}))  # written last
-            if target.exists():
-                shutil.rmtree(target)
-            os.replace(tmp, target)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-    return target
+
+    def convert(tmp: Path) -> None:
+        _convert(src, tmp)
+        (tmp / _DONE_FILE).write_text(json.dumps({"name": name, "source": src.name}))  # written last
+
+    return build_once(root / f"{name}-{_file_key(src)}", _DONE_FILE, convert, f"{name} from {src.name} (about 30 s)")
 
 
 def _convert(src: Path, out: Path) -> None:

@@ -35,8 +35,6 @@ import logging
 import math
 import os
 import random
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -142,27 +140,11 @@ def model_dir(cache_dir: Path | None = None, recipe: TinyRecipe | None = None) -
 def ensure_built(cache_dir: Path | None = None, recipe: TinyRecipe | None = None) -> Path:
     """The directory of ``recipe``'s model (default: :data:`DEFAULT_RECIPE`), building it first if it is not
     cached; safe when several processes start at once."""
-    from filelock import FileLock
+    from node.cache import build_once
 
     recipe = recipe or DEFAULT_RECIPE
-    target = model_dir(cache_dir, recipe)
-    if (target / _RECIPE_FILE).exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(target) + ".lock"):
-        if (target / _RECIPE_FILE).exists():  # another process built it while we waited
-            return target
-        logger.info("building %s (recipe %s) into %s; this happens once", BUILTIN_NAME, recipe.key(), target)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-        try:
-            build(recipe, tmp)
-            if target.exists():  # a stale partial directory from a crash before this code's atomic rename
-                shutil.rmtree(target)
-            os.replace(tmp, target)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    what = f"{BUILTIN_NAME} (recipe {recipe.key()})"
+    return build_once(model_dir(cache_dir, recipe), _RECIPE_FILE, lambda tmp: build(recipe, tmp), what)
 
 
 def build(recipe: TinyRecipe, out: Path) -> dict[str, Any]:
