@@ -10,18 +10,9 @@ from pathlib import Path
 import pytest
 
 from node.metrics import read_jsonl
-from tests.integration.procs import alive
+from tests.integration.procs import FAST_JOIN, alive
 
 pytestmark = [pytest.mark.network]
-
-# Small steps so that processes overlap quickly on 2 cores.
-FAST = [
-    "--set", "rollout.prompts_per_step=4",
-    "--set", "rollout.group_size=4",
-    "--set", "sapo.local_groups=2",
-    "--set", "sapo.external_groups=2",
-    "--set", "runtime.poll_interval_s=0.5",
-]  # fmt: skip
 
 
 def _metrics(run_dir: Path) -> list[dict]:
@@ -52,9 +43,9 @@ def _wait_until(cond, proc, timeout: float, what: str) -> None:
 def test_two_nodes_train_on_each_others_rollouts(node_procs, tmp_path):
     a_dir, b_dir = tmp_path / "a", tmp_path / "b"
     # A runs until stopped, so the two overlap however slow the machine is; B runs a fixed number of steps.
-    a = node_procs("a", "join", "--run-dir", str(a_dir), *FAST)
+    a = node_procs("a", "join", "--run-dir", str(a_dir), *FAST_JOIN)
     maddr = a.multiaddr()
-    b = node_procs("b", "join", "--peers", maddr, "--run-dir", str(b_dir), "--max-steps", "40", *FAST)
+    b = node_procs("b", "join", "--peers", maddr, "--run-dir", str(b_dir), "--max-steps", "40", *FAST_JOIN)
     assert b.wait(timeout=480) == 0, b.tail()
     _wait_until(lambda: sum(r["external_groups"] for r in _metrics(a_dir)) > 0, a, 120, "A to train on B's groups")
     a.signal(signal.SIGTERM)
@@ -72,7 +63,7 @@ def test_two_nodes_train_on_each_others_rollouts(node_procs, tmp_path):
 @pytest.mark.timeout(300)
 def test_sigterm_checkpoints_and_leaves_no_processes(node_procs, tmp_path):
     run_dir = tmp_path / "n"
-    p = node_procs("n", "join", "--run-dir", str(run_dir), *FAST, "--set", "checkpoint.every=1000")
+    p = node_procs("n", "join", "--run-dir", str(run_dir), *FAST_JOIN, "--set", "checkpoint.every=1000")
     p.multiaddr()
     _wait_steps(run_dir, 3, p)
     children = p.descendants()
@@ -91,9 +82,9 @@ def test_sigterm_checkpoints_and_leaves_no_processes(node_procs, tmp_path):
 def test_ctrl_c_to_the_process_group_ends_cleanly_with_a_peer(node_procs, tmp_path):
     # A terminal's Ctrl-C reaches the node and its p2pd at once; the daemon dies under the node's feet.
     a_dir, b_dir = tmp_path / "a", tmp_path / "b"
-    a = node_procs("a", "join", "--run-dir", str(a_dir), *FAST, own_group=True)
+    a = node_procs("a", "join", "--run-dir", str(a_dir), *FAST_JOIN, own_group=True)
     maddr = a.multiaddr()
-    b = node_procs("b", "join", "--peers", maddr, "--run-dir", str(b_dir), *FAST, own_group=True)
+    b = node_procs("b", "join", "--peers", maddr, "--run-dir", str(b_dir), *FAST_JOIN, own_group=True)
     b.multiaddr()
     _wait_until(lambda: len(_metrics(b_dir)) >= 2 and len(_metrics(a_dir)) >= 2, b, 300, "both nodes to train")
     for victim in (b, a):  # the joiner first, then the bootstrap node that just lost its peer
@@ -115,7 +106,7 @@ def test_ctrl_c_to_the_process_group_ends_cleanly_with_a_peer(node_procs, tmp_pa
 @pytest.mark.timeout(400)
 def test_sigkill_mid_run_resumes_from_last_checkpoint(node_procs, tmp_path):
     run_dir = tmp_path / "n"
-    args = ["join", "--run-dir", str(run_dir), *FAST, "--set", "checkpoint.every=2"]
+    args = ["join", "--run-dir", str(run_dir), *FAST_JOIN, "--set", "checkpoint.every=2"]
     p = node_procs("first", *args, "--max-steps", "40")
     p.multiaddr()
     _wait_steps(run_dir, 5, p)
@@ -152,7 +143,7 @@ def test_broken_config_is_one_clear_line(node_procs, tmp_path):
 @pytest.mark.timeout(900)
 def test_four_node_swarm_survives_a_node_killed_and_restarted(node_procs, tmp_path):
     dirs = [tmp_path / f"n{i}" for i in range(4)]
-    args = [*FAST, "--set", "checkpoint.every=2", "--set", "model.threads=1"]
+    args = [*FAST_JOIN, "--set", "checkpoint.every=2", "--set", "model.threads=1"]
     first = node_procs("n0", "join", "--run-dir", str(dirs[0]), *args)
     maddr = first.multiaddr()
     procs = [first] + [

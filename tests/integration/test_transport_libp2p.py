@@ -173,16 +173,9 @@ def test_b1_libp2p_quick(tmp_path):
 @pytest.mark.timeout(600)
 def test_two_swarm_nodes_train_together_over_libp2p(tmp_path):
     """``swarm-node join --transport libp2p``: the join CLI's two-node SAPO test over this transport."""
-    from tests.integration.procs import NodeProc
+    from tests.integration.procs import FAST_JOIN, NodeProc
 
-    fast = [
-        "--transport", "libp2p",
-        "--set", "rollout.prompts_per_step=4",
-        "--set", "rollout.group_size=4",
-        "--set", "sapo.local_groups=2",
-        "--set", "sapo.external_groups=2",
-        "--set", "runtime.poll_interval_s=0.5",
-    ]  # fmt: skip
+    fast = ["--transport", "libp2p", *FAST_JOIN]
     a_dir, b_dir = tmp_path / "a", tmp_path / "b"
     a = NodeProc(["join", "--run-dir", str(a_dir), "--max-steps", "24", *fast], tmp_path / "a.log", env=_env())
     b = None

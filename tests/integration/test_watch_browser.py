@@ -27,16 +27,10 @@ import pytest
 
 from node.eval import read_results
 from node.metrics import read_jsonl
+from tests.integration.procs import FAST_JOIN
 
 pytestmark = [pytest.mark.network]
 
-FAST = [
-    "--set", "rollout.prompts_per_step=4",
-    "--set", "rollout.group_size=4",
-    "--set", "sapo.local_groups=2",
-    "--set", "sapo.external_groups=2",
-    "--set", "runtime.poll_interval_s=0.5",
-]  # fmt: skip
 PEER_ID = re.compile(r"peer id ([0-9a-f]{32})")
 SERVING = re.compile(r"serving on (http://127\.0\.0\.1:\d+/)")
 HOSTILE_TEXT = "<script>document.title='pwned'</script><answer>-7</answer>"
@@ -181,9 +175,9 @@ def maps_torch(pid: int) -> bool:
 def test_observer_page_in_chromium_shows_verified_peers(node_procs, tmp_path):
     chromium()  # fail first, with the clear message, if the browser is missing
     a_dir, b_dir = tmp_path / "a", tmp_path / "b"
-    a = node_procs("a", "join", "--run-dir", str(a_dir), *FAST)
+    a = node_procs("a", "join", "--run-dir", str(a_dir), *FAST_JOIN)
     maddr = a.multiaddr()
-    b = node_procs("b", "join", "--peers", maddr, "--run-dir", str(b_dir), *FAST)
+    b = node_procs("b", "join", "--peers", maddr, "--run-dir", str(b_dir), *FAST_JOIN)
     w = node_procs("w", "watch", "--peers", maddr, "--port", "0")
     url = w.wait_for(SERVING, 120).group(1)
     a_id, b_id = a.wait_for(PEER_ID, 60).group(1), b.wait_for(PEER_ID, 60).group(1)
