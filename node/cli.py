@@ -95,7 +95,9 @@ def join(
         )
     except SwarmError as e:
         fail(str(e))
-    raise typer.Exit(code=code)
+    from node.join import exit_process
+
+    exit_process(code)
 
 
 @app.command("eval")

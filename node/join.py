@@ -184,10 +184,20 @@ def run_join(
         _say(f"{run_dir} is already at step {done} >= --max-steps {max_steps} (a total); nothing to do")
         return 0
     write_resolved(cfg, run_dir)
-    code = asyncio.run(_join(cfg, run_dir, identity_path or run_dir / "identity.key", max_steps, resume))
-    # Everything is flushed and closed; the interpreter's final garbage collection over the model, tokenizer
-    # and task caches can take many seconds on a busy machine after Ctrl-C, so leave those objects to the OS.
-    import gc
+    return asyncio.run(_join(cfg, run_dir, identity_path or run_dir / "identity.key", max_steps, resume))
 
-    gc.freeze()
-    return code
+
+def exit_process(code: int) -> None:
+    """End the process now that the node is closed (checkpoint, metrics and transport done).
+
+    The interpreter's own exit can stall for many seconds or hang: a final garbage collection over the model,
+    tokenizer and task caches, and joins of worker threads that hivemind or torch left blocked on a dead
+    daemon's socket. Nothing is left to clean up, so flush the output and let the OS reclaim the rest.
+    """
+    import os
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
