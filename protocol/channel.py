@@ -16,6 +16,7 @@ import logging
 from typing import Any
 
 from protocol.identity import Identity
+from protocol.layout import IndexWriter
 from protocol.records import SCHEMA_VERSION, SequenceCounter, encode_record, record_digest
 from protocol.transport.base import Transport
 from protocol.types import Envelope
@@ -44,6 +45,12 @@ class Channel:
         self.timeout_s = timeout_s
         self.seen_capacity = seen_capacity
         self._seq = SequenceCounter(clock=validator.clock)
+        self._index = IndexWriter(identity, validator.swarm_id)
+        # Senders whose records we accepted, most recent last (bounded): the peers a sampling transport follows
+        # unless the node names its own (``follow``).
+        self._recent_senders: dict[str, int] = {}
+        self._follow: list[str] | None = None
+        self.follow_limit = 64
         # digest of every record already handled -> our window when first handled (dict keeps insertion order)
         self._seen: dict[bytes, int] = {}
         self._closed = False
@@ -84,6 +91,11 @@ class Channel:
     @property
     def peer_id(self) -> str:
         return self.identity.peer_id
+
+    @property
+    def index_writer(self) -> IndexWriter:
+        """This identity's index entries (shared with fault wrappers that inject records in its name)."""
+        return self._index
 
     def _fetch_windows(self, now_window: int) -> list[int]:
         ahead = min(1, self.validator.max_future_windows)  # peers whose clocks run slightly ahead
@@ -138,8 +150,13 @@ class Channel:
             self._metrics["publish_errors"] += 1
             logger.debug("publish on a closed channel dropped")
             return env
+        index = self._index.add(data, window)
+        if index is None:
+            logger.warning("more than %d records in one window: this one is stored but not listed", 64)
         try:
-            await asyncio.wait_for(self.transport.publish(data, window=window, sender=self.peer_id), self.timeout_s)
+            await asyncio.wait_for(
+                self.transport.publish(data, window=window, sender=self.peer_id, index=index), self.timeout_s
+            )
         except Exception as e:  # TransportError, TimeoutError, or whatever a backend raises: the node goes on
             self._metrics["publish_errors"] += 1
             self._net_failure("publish", e)
@@ -156,7 +173,9 @@ class Channel:
         self._metrics["polls"] += 1
         now_window = self.validator.current_window()
         try:
-            blobs = await asyncio.wait_for(self.transport.fetch_recent(self._fetch_windows(now_window)), self.timeout_s)
+            blobs = await asyncio.wait_for(
+                self.transport.fetch_recent(self._fetch_windows(now_window), prefer=self.preferred()), self.timeout_s
+            )
         except Exception as e:
             self._metrics["fetch_errors"] += 1
             self._net_failure("fetch", e)
@@ -181,11 +200,27 @@ class Channel:
             if env.sender == self.peer_id:
                 self._metrics["own"] += 1  # e.g. published by a previous run of this identity
                 continue
+            self._recent_senders.pop(env.sender, None)
+            self._recent_senders[env.sender] = env.window
+            while len(self._recent_senders) > self.follow_limit:
+                del self._recent_senders[next(iter(self._recent_senders))]
             out.append(env)
         self._prune_seen(now_window)
         out.sort(key=lambda e: (e.window, e.sender, e.seq))
         self._metrics["received"] += len(out)
         return out
+
+    def preferred(self) -> list[str]:
+        """Senders whose new records the transport fetches first, most wanted first: the node's own choice
+        (:meth:`follow`) if it made one, else those we accepted records from most recently."""
+        if self._follow is not None:
+            return list(self._follow)
+        return list(reversed(self._recent_senders))
+
+    def follow(self, senders: list[str] | None) -> None:
+        """Name the senders to follow, most wanted first (e.g. peers whose groups proved useful); None restores
+        the default (most recently accepted senders)."""
+        self._follow = None if senders is None else list(dict.fromkeys(senders))
 
     def _prune_seen(self, now_window: int) -> None:
         # Records older than the acceptance horizon are never fetched again by an honest transport; if one is,
@@ -198,13 +233,27 @@ class Channel:
             del self._seen[digest]
 
     def metrics(self) -> dict[str, Any]:
-        """Counters: published/received records, errors, duplicates, own, bytes in/out, rejections by reason."""
+        """Counters: published/received records, errors, duplicates, own, bytes in/out, rejections by reason.
+
+        ``rejected`` holds the receive-path reasons plus the transport's store-time refusals, prefixed ``store_``
+        (what the DHT guard refused to store for peers or in their responses), so both reach ``metrics.jsonl``.
+        ``transport`` holds the transport's cost counters (index and record reads).
+        """
         v = self.validator.metrics()
+        rejected = dict(v["rejected"])
+        try:
+            store = self.transport.rejections()
+            stats = self.transport.stats()
+        except Exception:  # a metrics read must never break a step
+            logger.debug("transport counters unavailable", exc_info=True)
+            store, stats = {}, {}
+        rejected.update({f"store_{k}": int(n) for k, n in store.items()})
         return {
             **self._metrics,
             "accepted": v["accepted"],
-            "rejected": v["rejected"],
-            "rejected_total": v["rejected_total"],
+            "rejected": rejected,
+            "rejected_total": sum(rejected.values()),
+            "transport": dict(stats),
         }
 
     async def peers(self) -> list[str]:
