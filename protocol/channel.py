@@ -37,6 +37,7 @@ class Channel:
         fetch_past_windows: int = 1,
         timeout_s: float = 30.0,
         seen_capacity: int = 200_000,
+        follow_senders: int = 6,
     ) -> None:
         self.identity = identity
         self.transport = transport
@@ -44,6 +45,7 @@ class Channel:
         self.fetch_past_windows = fetch_past_windows
         self.timeout_s = timeout_s
         self.seen_capacity = seen_capacity
+        self.follow_senders = follow_senders
         self._seq = SequenceCounter(clock=validator.clock)
         self._index = IndexWriter(identity, validator.swarm_id)
         # Senders whose records we accepted, most recent last (bounded): the peers a sampling transport follows
@@ -91,6 +93,11 @@ class Channel:
     @property
     def peer_id(self) -> str:
         return self.identity.peer_id
+
+    @property
+    def transport_follow_limit(self) -> int:
+        """How many followed senders the transport reads directly per poll (``ProtocolConfig.follow_senders``)."""
+        return self.follow_senders
 
     @property
     def index_writer(self) -> IndexWriter:

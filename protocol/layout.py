@@ -145,9 +145,11 @@ def decode_index_entry(data: bytes, *, verify_signature: bool = True) -> IndexEn
     body_bytes, sig = outer["body"], outer["sig"]
     if type(body_bytes) is not bytes or type(sig) is not bytes or len(sig) != SIGNATURE_LEN:
         raise RecordDecodeError("malformed", "'body' must be bin and 'sig' bin of 64 bytes")
-    require_canonical(outer, data, "index entry")
+    if verify_signature:  # readers of guard-checked entries skip the re-encoding (the guard did it)
+        require_canonical(outer, data, "index entry")
     body = strict_unpackb(body_bytes, max_bytes=MAX_INDEX_ENTRY_BYTES)
-    require_canonical(body, body_bytes, "index body")
+    if verify_signature:
+        require_canonical(body, body_bytes, "index body")
     expect_map(body, "index", INDEX_KEYS)
     raw = expect_bytes(body["digests"], "index.digests", max_len=DIGEST_BYTES * MAX_INDEX_DIGESTS)
     if not raw or len(raw) % DIGEST_BYTES:
@@ -432,9 +434,9 @@ class ShardReader:
     def _update_estimate(self, plan: PollPlan, windows: Sequence[int], seen: dict[int, int]) -> None:
         if not windows:
             return
-        complete = min(windows)
         n_read = min(self.p.poll_shards, self.p.shards(plan.level))
-        level_est = seen.get(complete, 0) * self.p.shards(plan.level) / n_read
+        # Any window's count is a lower bound of its senders (the newest is still filling up): take the largest.
+        level_est = max(seen.values(), default=0) * self.p.shards(plan.level) / n_read
         hits = sum(self._anchors)
         anchor_est = hits * self.p.shards(self.p.top) / len(self._anchors) if hits >= ANCHOR_MIN_HITS else 0.0
         sample = max(level_est, anchor_est, 1.0)

@@ -148,6 +148,10 @@ class SeedResult:
     rounds: list[dict[str, float]] = field(default_factory=list)
     """Per round, swarm totals so far: ``cpu_s``, ``bytes_fetched``, ``records_fetched``; and that round's ``steps``."""
     final: list[dict[str, Any]] = field(default_factory=list)
+    external_sources: list[dict[str, int]] = field(default_factory=list)
+    """Per honest node: external groups it trained on from the first adversary's ``start`` round on, by sender."""
+    honest: list[str] = field(default_factory=list)
+    """Peer ids of the honest nodes (index order)."""
     reach: dict[int, float] = field(default_factory=dict)
     """With ``track_reach``: k -> share of (record published in round ``reach_round``, other online node) pairs where
     the node fetched the record within k rounds (k = 1 is the round it was published in)."""
@@ -241,6 +245,8 @@ async def run_seed(
             transport.track = track_reach
             transports.append(transport)
         result.costs = [NodeCost() for _ in nodes]
+        result.external_sources = [{} for _ in nodes]
+        result.honest = [n.name for n in nodes]
         base = cfgs[0]
         families = [(f.name, dict(f.config)) for f in base.tasks.families]
 
@@ -252,6 +258,9 @@ async def run_seed(
 
         k = 0
         for adv in sim.adversaries:
+            if adv.type == "sybil":
+                adversaries.append(_sybils(sim, adv, network, pcfg, clock, adversary_refs, seed, base))
+                continue
             for _ in range(adv.count):
                 ident = derived_identity(seed, f"adversary-{adv.type}", k)
                 inner = MemoryTransport(network, ident.peer_id, protocol=pcfg, seed=seed * 1000 + k)
@@ -275,6 +284,7 @@ async def run_seed(
                 k += 1
 
         online = [True] * len(nodes)
+        attack_start = min((adv.start for adv in sim.adversaries), default=0)
         for r in range(sim.steps):
             clock.now = sim.start_time + r * sim.round_seconds
             for t in transports:
@@ -301,6 +311,10 @@ async def run_seed(
                 node = nodes[i]
                 c0, w0 = time.process_time(), time.perf_counter()
                 batch = node.sampler.sample(node.pool, node.step, own[i])
+                if r >= attack_start:
+                    by_source = result.external_sources[i]
+                    for g in batch.external:
+                        by_source[g.source] = by_source.get(g.source, 0) + 1
                 samples = node.build_samples(batch)
                 t1 = time.perf_counter()
                 train_metrics = node.train(samples)
@@ -335,6 +349,29 @@ async def run_seed(
     result.wall_s = time.perf_counter() - t_start
     logger.info("%s seed %d: %d nodes x %d rounds in %.1fs", variant, seed, len(nodes), sim.steps, result.wall_s)
     return result
+
+
+def _sybils(sim: SimConfig, adv: Any, network: Any, pcfg: Any, clock: SimClock, refs: Any, seed: int, base: Any):
+    """The ``sybil`` adversary: one publisher transport, ``adv.count`` fresh identities per round."""
+    from protocol.transport.memory import MemoryTransport
+    from sim.adversary import SybilSwarm
+
+    if sim.policy != "scripted":
+        raise ValueError("the sybil adversary needs the scripted policy (it answers scripted tasks correctly)")
+    from sim.scripted import gold_answer, question_of
+
+    return SybilSwarm(
+        MemoryTransport(network, f"sybils-{seed}", protocol=pcfg),
+        count=adv.count,
+        swarm_id=base.swarm_id,
+        refs=refs,
+        solve=lambda ref: gold_answer(question_of(ref)),
+        group_size=base.rollout.group_size,
+        clock=clock,
+        window_seconds=pcfg.window_seconds,
+        seed=seed,
+        start=adv.start,
+    )
 
 
 def _reach(transports: list[CountingTransport], r0: int, k_max: int) -> dict[int, float]:
