@@ -153,8 +153,11 @@ class MemoryNetwork:
         """Up to ``k`` online peers ``reader`` can reach, sorted: all of them in a small network, else a random
         sample (a DHT node knows its routing table, not the swarm; costs O(k), not O(N))."""
         n = len(self._online_list)
-        small = n <= k + 1
-        picks = set(self._online_list) if small else {self._online_list[rng.randrange(n)] for _ in range(k)}
+        if n <= k + 1:
+            picks = set(self._online_list)
+        else:  # a random window of the membership list: one random draw, O(k)
+            start = rng.randrange(n)
+            picks = set(self._online_list[start : start + k] + self._online_list[: max(0, start + k - n)])
         return sorted(p for p in picks if p != reader and self.can_reach(reader, p))
 
     def partition(self, *groups: Iterable[str]) -> None:
