@@ -88,8 +88,8 @@ class NetworkConfig(StrictModel):
     partitions: list[Partition] = Field(default_factory=list)
     """Time-limited partitions of the swarm."""
     fetch_cap: int | None = Field(default=None, ge=1, le=1_000_000)
-    """Most records one poll of a node returns, a seeded random subset of what is stored (models a bounded,
-    sharded fetch: the proposed fix for per-node cost growing with N); ``None`` = every record (the protocol now)."""
+    """Most records one poll of a node returns, a seeded random subset of what the transport returned (an extra
+    cap on top of the transport's own bounded read, ``protocol.poll_records``); ``None`` = no extra cap."""
 
 
 class Heterogeneity(StrictModel):
@@ -137,7 +137,8 @@ class AdversaryConfig(StrictModel):
     count: int = Field(default=1, ge=0, le=10_000)
     """How many such nodes."""
     start: int = Field(default=0, ge=0)
-    """Round from which this adversary acts (a flood that arrives in an established swarm)."""
+    """``sybil`` only: round from which it acts (a flood that arrives in an established swarm); the simulator
+    counts honest nodes' external groups by sender from the earliest ``start`` on."""
     records_per_round: int = Field(default=2, ge=1, le=10_000)
     """Records each publishes per round (``flood`` should exceed the validators' quota)."""
 

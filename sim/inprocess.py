@@ -241,6 +241,11 @@ async def run_seed(
             for writer in (node._metrics, node._rollouts):  # reproducible runs need no fsync per few lines
                 if writer is not None:
                     writer._fsync_every = 1 << 30
+            if sim.nodes > 2000 and node._rollouts is not None:
+                # Thousands of nodes x two open files exceed the usual open-file limit; the per-step metrics
+                # (what the scale benchmark reads) stay, the rollout samples go.
+                node._rollouts.close()
+                node._rollouts = None
             nodes.append(node)
             transport.track = track_reach
             transports.append(transport)

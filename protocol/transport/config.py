@@ -93,7 +93,8 @@ class MemoryTransportConfig(StrictModel):
 
 
 class HivemindTransportConfig(StrictModel):
-    """hivemind DHT: one content-addressed key per record plus a per-window index key (see ``protocol/SPEC.md``)."""
+    """hivemind DHT: one content-addressed key per record, found through signed index entries under a peer key and a
+    sharded per-window index (see ``protocol/SPEC.md`` 7)."""
 
     type: Literal["hivemind"] = "hivemind"
     host: str = "127.0.0.1"
