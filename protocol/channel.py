@@ -4,8 +4,8 @@
 the identity's signed index entry for the window (``protocol.layout``); :meth:`Channel.poll` fetches the recent
 windows (a sharded transport returns a bounded sample, the followed senders' records first), skips bytes it has
 already processed (own records, records already delivered or rejected), validates the rest and returns only new
-envelopes from other peers, in a deterministic order. Network failures and timeouts are logged and counted, never raised: a node that loses
-the network keeps training.
+envelopes from other peers, in a deterministic order. Network failures and timeouts are logged and counted, never
+raised: a node that loses the network keeps training.
 
 Knows nothing about what payloads mean, how a transport moves bytes, or when the node polls.
 """
