@@ -31,6 +31,12 @@ if str(ROOT) not in sys.path:
 from benchmarks.common import machine_info  # noqa: E402
 
 
+def live_polls(window_seconds: float, fetch_past_windows: int, round_seconds: float) -> int:
+    """Polls (one per round) during which a record is still in the polled windows: it is published at a uniform
+    time inside its window and polled until ``fetch_past_windows`` windows after it end (rounded)."""
+    return max(1, round((fetch_past_windows + 0.5) * window_seconds / round_seconds))
+
+
 def measure(n: int, rounds: int, warmup: int, workdir: Path) -> dict:
     """Run ``n`` scripted nodes for ``rounds`` rounds; steady-state per-node-step costs after ``warmup`` rounds."""
     from protocol.layout import ShardParams, expected_reach
@@ -46,8 +52,10 @@ def measure(n: int, rounds: int, warmup: int, workdir: Path) -> dict:
     before = res.rounds[warmup - 1] if warmup > 0 else {"cpu_s": 0.0, "bytes_fetched": 0, "records_fetched": 0}
     after = res.rounds[-1]
     steps = sum(r["steps"] for r in res.rounds[warmup:])
-    params = ShardParams.from_config(protocol_config(cfg.node_config(cfg.configurations[0].name, 0, cfg.seeds[0])))
-    predicted = {k: expected_reach(n, params, k) for k in res.reach}
+    pcfg = protocol_config(cfg.node_config(cfg.configurations[0].name, 0, cfg.seeds[0]))
+    params = ShardParams.from_config(pcfg)
+    live = live_polls(pcfg.window_seconds, pcfg.fetch_past_windows, cfg.round_seconds)
+    predicted = {k: expected_reach(n, params, k, live_polls=live) for k in res.reach}
     return {
         "n": n,
         "rounds": rounds,

@@ -474,7 +474,9 @@ def _round_robin(lists: list[list[RecordAddr]], n: int, skip: set[RecordAddr] | 
     return out
 
 
-def expected_reach(n_senders: int, params: ShardParams, polls: int, records_per_poll: float = 1.0) -> float:
+def expected_reach(
+    n_senders: int, params: ShardParams, polls: int, records_per_poll: float = 1.0, live_polls: int | None = None
+) -> float:
     """SPEC.md 7.5: the expected share of the other nodes that fetch a given record within ``polls`` polls, in a
     swarm of ``n_senders`` nodes that each publish ``records_per_poll`` records per poll and follow
     ``follow_senders`` others (so a record's sender is followed by that many readers, who fetch it at once).
@@ -482,8 +484,11 @@ def expected_reach(n_senders: int, params: ShardParams, polls: int, records_per_
     A reader that does not follow the sender reads its shard with probability ``m / S`` per poll (``m`` shards of
     ``S`` at the reader's level) and, among the new records of the unknown senders it sees, fetches what its
     remaining budget allows: ``p = min(m / S, B_u / (U * r))`` with ``U`` the unknown senders, ``r`` their records
-    per poll and ``B_u = max(B - F * r, B_new)`` the budget left after the followed senders' records.
+    per poll and ``B_u = max(B - F * r, B_new)`` the budget left after the followed senders' records. Only the
+    ``live_polls`` polls while the record's window is still polled count (None: all ``polls``).
     """
+    if live_polls is not None:
+        polls = min(polls, live_polls)
     others = max(1, n_senders - 1)
     r = records_per_poll
     followed = min(params.follow_senders, others)
