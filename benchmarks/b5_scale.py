@@ -78,7 +78,7 @@ def render(rows: list[dict], quick: bool, warmup: int) -> str:
         f"Date: {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}  ",
         f"Machine: {machine_info(with_torch=False)}  ",
         f"Mode: {'quick' if quick else 'full'}; config `configs/sim/scale.yaml` (protocol defaults: 2 shards per "
-        "window per poll, 24 senders read whole, 16 records per poll of which 4 for unknown senders, 8 followed); "
+        "window per poll, 12 senders read whole, 10 records per poll of which 4 for unknown senders, 6 followed); "
         f"costs averaged over the rounds after {warmup} warm-up rounds. Target: per-node cost at the largest N "
         "<= 1.5x the cost at the smallest.  ",
         "Bytes = index entries + new records read from the network per node per step; records = new records "
@@ -118,7 +118,7 @@ def render(rows: list[dict], quick: bool, warmup: int) -> str:
     lines += [
         "",
         "Every node fetches a bounded sample, so a record reaches a bounded number of nodes per round (about its",
-        "followers plus the budget's share of random readers), not a fixed share of the swarm: up to 24 senders a",
+        "followers plus the budget's share of random readers), not a fixed share of the swarm: up to 12 senders a",
         "swarm is read whole every poll; beyond that the share falls as 1/N while each node still gets a full batch.",
     ]
     return "\n".join(lines) + "\n"
