@@ -415,6 +415,9 @@ class Node:
             counts = ingest_rollouts(self.pool, env, self.score_external, self.step)
             self.ingest_counts.update(counts)
             accepted += counts.get("accepted", 0)
+        # Follow the peers whose groups proved useful (not merely the latest senders: a sybil flood is recent).
+        trusted = self.pool.trusted(self.channel.transport_follow_limit, self.step)
+        self.channel.follow(trusted or None)
         with contextlib.suppress(Exception):
             self._peers = list(await self.channel.peers())
         return accepted

@@ -6,6 +6,7 @@
 * ``identity``   -- Ed25519 key files (0600) and peer ids
 * ``records``    -- canonical MessagePack encoding, signing and decoding of records
 * ``validation`` -- the receive-path checks (size, schema, signature, swarm, window, replay, quota), counted
+* ``layout``     -- the sharded key layout: signed bounded index entries, shards and levels, bounded random reads
 * ``channel``    -- sign+publish own records, fetch+validate+dedup peers' records over a transport
 * ``transport``  -- the Transport interface and its implementations (memory, hivemind)
 

@@ -1,10 +1,11 @@
 """The node-facing API of the protocol: publish own records, poll peers' validated records, over any transport.
 
-:meth:`Channel.publish` stamps (seq, window, created), encodes, signs and hands the bytes to the transport;
-:meth:`Channel.poll` fetches the recent windows, skips bytes it has already processed (own records, records
-already delivered or rejected), validates the rest and returns only new envelopes from other peers, in a
-deterministic order. Network failures and timeouts are logged and counted, never raised: a node that loses
-the network keeps training.
+:meth:`Channel.publish` stamps (seq, window, created), encodes, signs and hands the bytes to the transport with
+the identity's signed index entry for the window (``protocol.layout``); :meth:`Channel.poll` fetches the recent
+windows (a sharded transport returns a bounded sample, the followed senders' records first), skips bytes it has
+already processed (own records, records already delivered or rejected), validates the rest and returns only new
+envelopes from other peers, in a deterministic order. Network failures and timeouts are logged and counted, never
+raised: a node that loses the network keeps training.
 
 Knows nothing about what payloads mean, how a transport moves bytes, or when the node polls.
 """
@@ -16,6 +17,7 @@ import logging
 from typing import Any
 
 from protocol.identity import Identity
+from protocol.layout import IndexWriter
 from protocol.records import SCHEMA_VERSION, SequenceCounter, encode_record, record_digest
 from protocol.transport.base import Transport
 from protocol.types import Envelope
@@ -36,6 +38,7 @@ class Channel:
         fetch_past_windows: int = 1,
         timeout_s: float = 30.0,
         seen_capacity: int = 200_000,
+        follow_senders: int = 6,
     ) -> None:
         self.identity = identity
         self.transport = transport
@@ -43,7 +46,14 @@ class Channel:
         self.fetch_past_windows = fetch_past_windows
         self.timeout_s = timeout_s
         self.seen_capacity = seen_capacity
+        self.follow_senders = follow_senders
         self._seq = SequenceCounter(clock=validator.clock)
+        self._index = IndexWriter(identity, validator.swarm_id)
+        # Senders whose records we accepted, most recent last (bounded): the peers a sampling transport follows
+        # unless the node names its own (``follow``).
+        self._recent_senders: dict[str, int] = {}
+        self._follow: list[str] | None = None
+        self.follow_limit = 64
         # digest of every record already handled -> our window when first handled (dict keeps insertion order)
         self._seen: dict[bytes, int] = {}
         self._closed = False
@@ -84,6 +94,16 @@ class Channel:
     @property
     def peer_id(self) -> str:
         return self.identity.peer_id
+
+    @property
+    def transport_follow_limit(self) -> int:
+        """How many followed senders the transport reads directly per poll (``ProtocolConfig.follow_senders``)."""
+        return self.follow_senders
+
+    @property
+    def index_writer(self) -> IndexWriter:
+        """This identity's index entries (shared with fault wrappers that inject records in its name)."""
+        return self._index
 
     def _fetch_windows(self, now_window: int) -> list[int]:
         ahead = min(1, self.validator.max_future_windows)  # peers whose clocks run slightly ahead
@@ -138,8 +158,13 @@ class Channel:
             self._metrics["publish_errors"] += 1
             logger.debug("publish on a closed channel dropped")
             return env
+        index = self._index.add(data, window)
+        if index is None:
+            logger.warning("more than %d records in one window: this one is stored but not listed", 64)
         try:
-            await asyncio.wait_for(self.transport.publish(data, window=window, sender=self.peer_id), self.timeout_s)
+            await asyncio.wait_for(
+                self.transport.publish(data, window=window, sender=self.peer_id, index=index), self.timeout_s
+            )
         except Exception as e:  # TransportError, TimeoutError, or whatever a backend raises: the node goes on
             self._metrics["publish_errors"] += 1
             self._net_failure("publish", e)
@@ -156,7 +181,9 @@ class Channel:
         self._metrics["polls"] += 1
         now_window = self.validator.current_window()
         try:
-            blobs = await asyncio.wait_for(self.transport.fetch_recent(self._fetch_windows(now_window)), self.timeout_s)
+            blobs = await asyncio.wait_for(
+                self.transport.fetch_recent(self._fetch_windows(now_window), prefer=self.preferred()), self.timeout_s
+            )
         except Exception as e:
             self._metrics["fetch_errors"] += 1
             self._net_failure("fetch", e)
@@ -181,11 +208,27 @@ class Channel:
             if env.sender == self.peer_id:
                 self._metrics["own"] += 1  # e.g. published by a previous run of this identity
                 continue
+            self._recent_senders.pop(env.sender, None)
+            self._recent_senders[env.sender] = env.window
+            while len(self._recent_senders) > self.follow_limit:
+                del self._recent_senders[next(iter(self._recent_senders))]
             out.append(env)
         self._prune_seen(now_window)
         out.sort(key=lambda e: (e.window, e.sender, e.seq))
         self._metrics["received"] += len(out)
         return out
+
+    def preferred(self) -> list[str]:
+        """Senders whose new records the transport fetches first, most wanted first: the node's own choice
+        (:meth:`follow`) if it made one, else those we accepted records from most recently."""
+        if self._follow is not None:
+            return list(self._follow)
+        return list(reversed(self._recent_senders))
+
+    def follow(self, senders: list[str] | None) -> None:
+        """Name the senders to follow, most wanted first (e.g. peers whose groups proved useful); None restores
+        the default (most recently accepted senders)."""
+        self._follow = None if senders is None else list(dict.fromkeys(senders))
 
     def _prune_seen(self, now_window: int) -> None:
         # Records older than the acceptance horizon are never fetched again by an honest transport; if one is,
@@ -198,13 +241,27 @@ class Channel:
             del self._seen[digest]
 
     def metrics(self) -> dict[str, Any]:
-        """Counters: published/received records, errors, duplicates, own, bytes in/out, rejections by reason."""
+        """Counters: published/received records, errors, duplicates, own, bytes in/out, rejections by reason.
+
+        ``rejected`` holds the receive-path reasons plus the transport's store-time refusals, prefixed ``store_``
+        (what the DHT guard refused to store for peers or in their responses), so both reach ``metrics.jsonl``.
+        ``transport`` holds the transport's cost counters (index and record reads).
+        """
         v = self.validator.metrics()
+        rejected = dict(v["rejected"])
+        try:
+            store = self.transport.rejections()
+            stats = self.transport.stats()
+        except Exception:  # a metrics read must never break a step
+            logger.debug("transport counters unavailable", exc_info=True)
+            store, stats = {}, {}
+        rejected.update({f"store_{k}": int(n) for k, n in store.items()})
         return {
             **self._metrics,
             "accepted": v["accepted"],
-            "rejected": v["rejected"],
-            "rejected_total": v["rejected_total"],
+            "rejected": rejected,
+            "rejected_total": sum(rejected.values()),
+            "transport": dict(stats),
         }
 
     async def peers(self) -> list[str]:

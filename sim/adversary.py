@@ -118,3 +118,82 @@ class Adversary:
 
     async def close(self) -> None:
         await self.channel.close()
+
+
+class SybilSwarm:
+    """``count`` throwaway identities per round, each publishing one valid, *informative* record (half right, half
+    wrong answers, so re-scoring keeps its groups): the attack a per-peer cap cannot stop. Identities are minted
+    fresh every round (derived from ``(seed, round, i)``), as a cheap attacker would. Publishes straight into the
+    network through one transport, each record listed in its own identity's signed index entry."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        count: int,
+        swarm_id: str,
+        refs: Callable[[random.Random], list[TaskRef]],
+        solve: Callable[[TaskRef], str],
+        group_size: int,
+        clock: Callable[[], float],
+        window_seconds: float,
+        seed: int,
+        start: int = 0,
+    ) -> None:
+        self.kind = "sybil"
+        self.transport = transport
+        self.count, self.swarm_id, self.refs, self.solve = count, swarm_id, refs, solve
+        self.group_size = max(2, group_size)
+        self.clock, self.window_seconds, self.seed, self.start = clock, window_seconds, seed, start
+        self.rng = random.Random(f"sybil:{seed}")
+        self.rounds = 0
+        self.published = 0
+        self.senders: set[str] = set()
+
+    def _batch(self, ref: TaskRef) -> RolloutBatch:
+        from node.tasks import format_answer
+
+        right = format_answer(self.solve(ref))
+        wrong = format_answer("0")
+        half = self.group_size // 2
+        comps = tuple(
+            Completion(text=right if i < half else wrong, n_tokens=8, finish_reason="stop", reward_hint=1.0)
+            for i in range(self.group_size)
+        )
+        return RolloutBatch(
+            model="sybil", policy_version=0, tokenizer="sybil", groups=(Group(task=ref, completions=comps),)
+        )
+
+    async def act(self) -> None:
+        """One round: ``count`` fresh identities publish one record each (from round ``start`` on)."""
+        import hashlib
+
+        from protocol.layout import IndexWriter
+
+        r = self.rounds
+        self.rounds += 1
+        if r < self.start:
+            return
+        now = self.clock()
+        window = window_of(now, self.window_seconds)
+        for i in range(self.count):
+            ident = Identity.from_private_bytes(hashlib.sha256(f"sybil:{self.seed}:{r}:{i}".encode()).digest())
+            data = encode_record(
+                ident,
+                kind="rollouts",
+                swarm=self.swarm_id,
+                seq=int(now * 1000),
+                window=window,
+                created=now,
+                payload=self._batch(self.refs(self.rng)[0]),
+            )
+            index = IndexWriter(ident, self.swarm_id).add(data, window)
+            try:
+                await self.transport.publish(data, window=window, sender=ident.peer_id, index=index)
+                self.published += 1
+                self.senders.add(ident.peer_id)
+            except Exception as e:
+                logger.debug("sybil publish failed: %s", e)
+
+    async def close(self) -> None:
+        await self.transport.close()

@@ -23,7 +23,7 @@ from protocol.errors import ConfigError
 from sim.mnpo import MnpoGameConfig
 
 #: Kinds of adversarial node (see ``sim.adversary``).
-AdversaryType = Literal["garbage", "forged_reward", "replay", "flood", "wrong_swarm", "tamper"]
+AdversaryType = Literal["garbage", "forged_reward", "replay", "flood", "wrong_swarm", "tamper", "sybil"]
 
 
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -88,8 +88,8 @@ class NetworkConfig(StrictModel):
     partitions: list[Partition] = Field(default_factory=list)
     """Time-limited partitions of the swarm."""
     fetch_cap: int | None = Field(default=None, ge=1, le=1_000_000)
-    """Most records one poll of a node returns, a seeded random subset of what is stored (models a bounded,
-    sharded fetch: the proposed fix for per-node cost growing with N); ``None`` = every record (the protocol now)."""
+    """Most records one poll of a node returns, a seeded random subset of what the transport returned (an extra
+    cap on top of the transport's own bounded read, ``protocol.poll_records``); ``None`` = no extra cap."""
 
 
 class Heterogeneity(StrictModel):
@@ -131,9 +131,14 @@ class AdversaryConfig(StrictModel):
     type: AdversaryType
     """``garbage`` (random bytes), ``forged_reward`` (signed records with wrong answers and reward hint 1),
     ``replay`` (honest records re-sent), ``flood`` (signed junk beyond the per-peer quota), ``wrong_swarm``
-    (signed records for another swarm id), ``tamper`` (honest records with flipped bytes)."""
-    count: int = Field(default=1, ge=0, le=1000)
+    (signed records for another swarm id), ``tamper`` (honest records with flipped bytes), ``sybil`` (``count``
+    throwaway identities per round, each publishing one valid record of informative groups: right and wrong
+    answers, so re-scoring keeps them; scripted policy only)."""
+    count: int = Field(default=1, ge=0, le=10_000)
     """How many such nodes."""
+    start: int = Field(default=0, ge=0)
+    """``sybil`` only: round from which it acts (a flood that arrives in an established swarm); the simulator
+    counts honest nodes' external groups by sender from the earliest ``start`` on."""
     records_per_round: int = Field(default=2, ge=1, le=10_000)
     """Records each publishes per round (``flood`` should exceed the validators' quota)."""
 

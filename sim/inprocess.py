@@ -24,7 +24,7 @@ import hashlib
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,22 +63,43 @@ class CountingTransport(Transport):
         self.inner = inner
         self.fetch_cap = fetch_cap
         self.rng = random.Random(seed)
+        self._last = (0, 0)
         self.bytes_fetched = 0
         self.records_fetched = 0
         self.bytes_published = 0
         self.fetches = 0
+        # Reach tracking (``run_seed(..., track_reach=True)``): round each record was published / first fetched.
+        self.track = False
+        self.round = 0
+        self.published_round: dict[bytes, int] = {}
+        self.seen_round: dict[bytes, int] = {}
 
-    async def publish(self, data: bytes, *, window: int, sender: str) -> None:
-        self.bytes_published += len(data)
-        await self.inner.publish(data, window=window, sender=sender)
+    async def publish(self, data: bytes, *, window: int, sender: str, index: bytes | None = None) -> None:
+        self.bytes_published += len(data) + len(index or b"")
+        await self.inner.publish(data, window=window, sender=sender, index=index)
+        if self.track:
+            self.published_round.setdefault(hashlib.sha256(data).digest(), self.round)
 
-    async def fetch_recent(self, windows: Sequence[int]) -> list[bytes]:
-        got = await self.inner.fetch_recent(windows)
+    async def fetch_recent(self, windows: Sequence[int], *, prefer: Collection[str] = ()) -> list[bytes]:
+        got = await self.inner.fetch_recent(windows, prefer=prefer)
         if self.fetch_cap is not None and len(got) > self.fetch_cap:
             got = self.rng.sample(got, self.fetch_cap)
         self.fetches += 1
-        self.records_fetched += len(got)
-        self.bytes_fetched += sum(len(d) for d in got)
+        # Cost = what the transport read from the network this poll (new records and index entries), not the
+        # records it hands back again from its cache; a transport without counters counts everything returned.
+        stats = self.inner.stats()
+        if "record_bytes" in stats:
+            new_bytes = stats["record_bytes"] + stats["index_bytes"]
+            new_records = stats["records_fetched"]
+            self.bytes_fetched += int(new_bytes - self._last[0])
+            self.records_fetched += int(new_records - self._last[1])
+            self._last = (new_bytes, new_records)
+        else:
+            self.records_fetched += len(got)
+            self.bytes_fetched += sum(len(d) for d in got)
+        if self.track:
+            for d in got:
+                self.seen_round.setdefault(hashlib.sha256(d).digest(), self.round)
         return got
 
     async def peers(self) -> list[str]:
@@ -92,6 +113,12 @@ class CountingTransport(Transport):
 
     def set_record_validator(self, validate: Any) -> None:
         self.inner.set_record_validator(validate)
+
+    def rejections(self) -> dict[str, int]:
+        return self.inner.rejections()
+
+    def stats(self) -> dict[str, float]:
+        return self.inner.stats()
 
     @property
     def record_validator(self) -> Any:
@@ -121,6 +148,13 @@ class SeedResult:
     rounds: list[dict[str, float]] = field(default_factory=list)
     """Per round, swarm totals so far: ``cpu_s``, ``bytes_fetched``, ``records_fetched``; and that round's ``steps``."""
     final: list[dict[str, Any]] = field(default_factory=list)
+    external_sources: list[dict[str, int]] = field(default_factory=list)
+    """Per honest node: external groups it trained on from the first adversary's ``start`` round on, by sender."""
+    honest: list[str] = field(default_factory=list)
+    """Peer ids of the honest nodes (index order)."""
+    reach: dict[int, float] = field(default_factory=dict)
+    """With ``track_reach``: k -> share of (record published in round ``reach_round``, other online node) pairs where
+    the node fetched the record within k rounds (k = 1 is the round it was published in)."""
 
 
 def protocol_config(cfg: NodeConfig) -> Any:
@@ -155,11 +189,20 @@ async def _open_channel(identity: Any, transport: Transport, swarm_id: str, pcfg
 
 
 async def run_seed(
-    sim: SimConfig, variant: str, seed: int, out: str | Path, on_step: Callable[[int], None] | None = None
+    sim: SimConfig,
+    variant: str,
+    seed: int,
+    out: str | Path,
+    on_step: Callable[[int], None] | None = None,
+    *,
+    track_reach: bool = False,
+    reach_round: int = 2,
 ) -> SeedResult:
     """Run configuration ``variant`` of ``sim`` with ``seed``; metrics go to ``out/<variant>/seed<seed>/node<i>/``.
 
-    ``on_step(k)`` is called after each round with the number of rounds done (progress display)."""
+    ``on_step(k)`` is called after each round with the number of rounds done (progress display).
+    ``track_reach`` records which round each node first fetched each record (the scale benchmark's reach table,
+    for the records published in round ``reach_round``)."""
     from node.runtime import Node
     from protocol.transport.memory import MemoryNetwork, MemoryTransport
     from sim.adversary import Adversary, wrap_transport
@@ -194,7 +237,9 @@ async def run_seed(
         for i, cfg in enumerate(cfgs):
             ident = derived_identity(seed, "node", i)
             transport = CountingTransport(
-                MemoryTransport(network, ident.peer_id), fetch_cap=net.fetch_cap, seed=seed * 100_003 + i
+                MemoryTransport(network, ident.peer_id, protocol=pcfg, swarm=cfg.swarm_id, seed=seed * 100_003 + i),
+                fetch_cap=net.fetch_cap,
+                seed=seed * 100_003 + i,
             )
             channel = await _open_channel(ident, transport, cfg.swarm_id, pcfg, clock)
             parts = build_node_parts(sim, cfg)
@@ -204,9 +249,17 @@ async def run_seed(
             for writer in (node._metrics, node._rollouts):  # reproducible runs need no fsync per few lines
                 if writer is not None:
                     writer._fsync_every = 1 << 30
+            if sim.nodes > 2000 and node._rollouts is not None:
+                # Thousands of nodes x two open files exceed the usual open-file limit; the per-step metrics
+                # (what the scale benchmark reads) stay, the rollout samples go.
+                node._rollouts.close()
+                node._rollouts = None
             nodes.append(node)
+            transport.track = track_reach
             transports.append(transport)
         result.costs = [NodeCost() for _ in nodes]
+        result.external_sources = [{} for _ in nodes]
+        result.honest = [n.name for n in nodes]
         base = cfgs[0]
         families = [(f.name, dict(f.config)) for f in base.tasks.families]
 
@@ -218,9 +271,12 @@ async def run_seed(
 
         k = 0
         for adv in sim.adversaries:
+            if adv.type == "sybil":
+                adversaries.append(_sybils(sim, adv, network, pcfg, clock, adversary_refs, seed, base))
+                continue
             for _ in range(adv.count):
                 ident = derived_identity(seed, f"adversary-{adv.type}", k)
-                inner = MemoryTransport(network, ident.peer_id)
+                inner = MemoryTransport(network, ident.peer_id, protocol=pcfg, seed=seed * 1000 + k)
                 swarm_id = base.swarm_id if adv.type != "wrong_swarm" else f"not-{base.swarm_id}"[:64]
                 transport = wrap_transport(
                     adv.type,
@@ -233,6 +289,8 @@ async def run_seed(
                     seed=seed * 1000 + k,
                 )
                 channel = await _open_channel(ident, transport, swarm_id, pcfg, clock)
+                if hasattr(transport, "list_as"):  # what the attack injects is listed in the attacker's own entry
+                    transport.list_as(channel.index_writer)
                 adversaries.append(
                     Adversary(adv.type, channel, adversary_refs, base.rollout.group_size, seed * 1000 + k)
                 )
@@ -245,8 +303,11 @@ async def run_seed(
             for node in nodes:
                 node.evaluate_start()
         online = [True] * len(nodes)
+        attack_start = min((adv.start for adv in sim.adversaries), default=0)
         for r in range(sim.steps):
             clock.now = sim.start_time + r * sim.round_seconds
+            for t in transports:
+                t.round = r
             _apply_churn(sim, r, nodes, online, network)
             _apply_partitions(sim, r, nodes, network)
             active = [i for i in range(len(nodes)) if online[i] and r % sim.speed(i) == 0]
@@ -269,6 +330,10 @@ async def run_seed(
                 node = nodes[i]
                 c0, w0 = time.process_time(), time.perf_counter()
                 batch = node.sampler.sample(node.pool, node.step, own[i])
+                if r >= attack_start:
+                    by_source = result.external_sources[i]
+                    for g in batch.external:
+                        by_source[g.source] = by_source.get(g.source, 0) + 1
                 samples = node.build_samples(batch)
                 t1 = time.perf_counter()
                 train_metrics = node.train(samples)
@@ -303,6 +368,8 @@ async def run_seed(
                 t.bytes_published,
             )
         result.final = [dict(n.last_metrics) for n in nodes]
+        if track_reach:
+            result.reach = _reach(transports, reach_round, sim.steps - reach_round)
     finally:
         for node in nodes:
             await node.close()
@@ -311,6 +378,42 @@ async def run_seed(
     result.wall_s = time.perf_counter() - t_start
     logger.debug("%s seed %d: %d nodes x %d rounds in %.1fs", variant, seed, len(nodes), sim.steps, result.wall_s)
     return result
+
+
+def _sybils(sim: SimConfig, adv: Any, network: Any, pcfg: Any, clock: SimClock, refs: Any, seed: int, base: Any):
+    """The ``sybil`` adversary: one publisher transport, ``adv.count`` fresh identities per round."""
+    from protocol.transport.memory import MemoryTransport
+    from sim.adversary import SybilSwarm
+
+    if sim.policy != "scripted":
+        raise ValueError("the sybil adversary needs the scripted policy (it answers scripted tasks correctly)")
+    from sim.scripted import gold_answer, question_of
+
+    return SybilSwarm(
+        MemoryTransport(network, f"sybils-{seed}", protocol=pcfg),
+        count=adv.count,
+        swarm_id=base.swarm_id,
+        refs=refs,
+        solve=lambda ref: gold_answer(question_of(ref)),
+        group_size=base.rollout.group_size,
+        clock=clock,
+        window_seconds=pcfg.window_seconds,
+        seed=seed,
+        start=adv.start,
+    )
+
+
+def _reach(transports: list[CountingTransport], r0: int, k_max: int) -> dict[int, float]:
+    published = {d: i for i, t in enumerate(transports) for d, r in t.published_round.items() if r == r0}
+    if not published or len(transports) < 2:
+        return {}
+    pairs = len(published) * (len(transports) - 1)
+    delays: list[int] = []  # rounds after r0 at which some other node first fetched one of r0's records
+    for j, t in enumerate(transports):
+        for d, r in t.seen_round.items():
+            if published.get(d, j) != j:
+                delays.append(r - r0)
+    return {k: sum(1 for x in delays if x < k) / pairs for k in range(1, k_max + 1)}
 
 
 def _apply_churn(sim: SimConfig, r: int, nodes: list[Any], online: list[bool], network: Any) -> None:

@@ -3,7 +3,7 @@
 A node that evaluates itself on held-out items (its ``eval.jsonl``) may publish the summary as an ``eval``
 record. It is the node's own measurement: an observer shows it as reported, labelled, and cannot re-verify it
 (the held-out completions are not in the record). The schema bounds every value (rates in [0, 1], at most
-:data:`MAX_FAMILIES` families). Registered at import; ``protocol/SPEC.md`` section 11 is normative.
+:data:`MAX_FAMILIES` families). Registered at import; ``protocol/SPEC.md`` section 14 is normative.
 
 Knows nothing about how the evaluation was run; only the standard library and ``protocol``.
 """

@@ -73,6 +73,10 @@ class RolloutPool:
         self.max_age_steps = max_age_steps
         self._groups: OrderedDict[str, PooledGroup] = OrderedDict()
         self.evicted = 0
+        # source -> [distinct steps it contributed an informative group at, last such step]; LRU-bounded so a
+        # sybil flood of throwaway identities cannot grow it without bound.
+        self._sources: OrderedDict[str, list[int]] = OrderedDict()
+        self.max_sources = 8192
 
     def __len__(self) -> int:
         return len(self._groups)
@@ -88,6 +92,14 @@ class RolloutPool:
         if item.key in self._groups:
             return False
         self._groups[item.key] = item
+        if not item.local and item.informative:
+            stats = self._sources.pop(item.source, None) or [0, -1]
+            if stats[1] != item.step:
+                stats[0] += 1
+                stats[1] = item.step
+            self._sources[item.source] = stats
+            while len(self._sources) > self.max_sources:
+                self._sources.popitem(last=False)
         while len(self._groups) > self.capacity:
             self._groups.popitem(last=False)
             self.evicted += 1
@@ -105,6 +117,18 @@ class RolloutPool:
                 continue
             out.append(g)
         return out
+
+    def active_steps(self, source: str) -> int:
+        """Distinct steps of ours at which ``source`` contributed an informative (re-scored) group."""
+        stats = self._sources.get(source)
+        return stats[0] if stats is not None else 0
+
+    def trusted(self, n: int, step: int) -> list[str]:
+        """Up to ``n`` sources ranked by how many steps they contributed useful groups at, among those that did
+        within ``max_age_steps`` (the peers worth following)."""
+        recent = [(v[0], v[1], s) for s, v in self._sources.items() if step - v[1] <= self.max_age_steps]
+        recent.sort(reverse=True)
+        return [s for _, _, s in recent[:n]]
 
     def prune(self, step: int) -> int:
         """Drop groups too old to be sampled again; returns how many were dropped."""

@@ -105,6 +105,7 @@ class SapoBatch:
     external: list[PooledGroup] = field(default_factory=list)
     dropped_local_zero_adv: int = 0
     external_candidates: int = 0
+    external_newcomer: int = 0
 
     @property
     def groups(self) -> list[PooledGroup]:
@@ -117,6 +118,7 @@ class SapoBatch:
             "external_sources": len({g.source for g in self.external}),
             "dropped_zero_adv": self.dropped_local_zero_adv,
             "external_candidates": self.external_candidates,
+            "external_newcomer": self.external_newcomer,
         }
 
 
@@ -127,7 +129,11 @@ class SapoSampler:
     * external: peers' informative groups not yet trained on, fresh per the pool's age limit, drawn
       uniformly without replacement, at most ``max_per_peer`` from one sender (default ceil(J/2));
     * ``fill_local``: when peers supply fewer than J groups, use more of this step's own informative
-      groups instead, so a node alone keeps its batch size (it is then a plain single-node trainer).
+      groups instead, so a node alone keeps its batch size (it is then a plain single-node trainer);
+    * sybil budget: groups from *newcomers* -- senders that have not yet contributed informative groups at
+      ``establish_steps`` distinct steps of ours -- take at most ``floor(J * newcomer_share)`` slots, shared by
+      all newcomers; the other slots go to established senders only. Minting identities is free, so a flood of
+      throwaway identities competes for the newcomer slots alone (threat model: ``protocol/SPEC.md`` 11).
     """
 
     def __init__(
@@ -138,6 +144,8 @@ class SapoSampler:
         max_per_peer: int | None = None,
         fill_local: bool = True,
         seed: int = 0,
+        newcomer_share: float = 0.25,
+        establish_steps: int = 3,
     ) -> None:
         if local_groups < 0 or external_groups < 0 or local_groups + external_groups == 0:
             raise ValueError("need local_groups + external_groups >= 1, both non-negative")
@@ -146,6 +154,10 @@ class SapoSampler:
         self.max_per_peer = max_per_peer if max_per_peer is not None else max(1, math.ceil(external_groups / 2))
         self.fill_local = fill_local
         self.rng = random.Random(seed)
+        if not 0.0 <= newcomer_share <= 1.0 or establish_steps < 0:
+            raise ValueError("newcomer_share must be in [0, 1] and establish_steps >= 0")
+        self.newcomer_share = newcomer_share
+        self.establish_steps = establish_steps
 
     def sample(self, pool: RolloutPool, step: int, own: Sequence[PooledGroup]) -> SapoBatch:
         """Choose the step's training groups; marks chosen external groups as used."""
@@ -157,14 +169,24 @@ class SapoSampler:
         candidates = [g for g in pool.fresh(step, local=False, unused_only=True) if g.informative]
         batch.external_candidates = len(candidates)
         self.rng.shuffle(candidates)
+        newcomers = [g for g in candidates if pool.active_steps(g.source) < self.establish_steps]
+        established = [g for g in candidates if pool.active_steps(g.source) >= self.establish_steps]
         per_peer: Counter[str] = Counter()
-        for g in candidates:
-            if len(batch.external) >= self.external_groups:
-                break
-            if per_peer[g.source] >= self.max_per_peer:
-                continue
-            per_peer[g.source] += 1
-            batch.external.append(g)
+
+        def take(groups: list[PooledGroup], limit: int) -> int:
+            taken = 0
+            for g in groups:
+                if taken >= limit or len(batch.external) >= self.external_groups:
+                    break
+                if per_peer[g.source] >= self.max_per_peer:
+                    continue
+                per_peer[g.source] += 1
+                batch.external.append(g)
+                taken += 1
+            return taken
+
+        batch.external_newcomer = take(newcomers, math.floor(self.external_groups * self.newcomer_share))
+        take(established, self.external_groups)
         for g in batch.external:
             g.uses += 1
 

@@ -1,15 +1,21 @@
 """The :class:`Transport` interface: move opaque record bytes between peers, keyed by time window and sender.
 
 A transport stores what ``publish`` is given under ``(window, sender)`` and returns, from ``fetch_recent``,
-the raw bytes stored for the requested windows by any peer -- our own records and ones we already fetched
+raw bytes stored for the requested windows by any peer -- our own records and ones we already fetched
 included; dedup, validation and ordering happen above (``protocol.channel``). Delivery is best effort:
 records may arrive late, twice, or never.
 
+Sharded transports (memory, hivemind: ``protocol.layout``) find records through the sender's signed index
+entry, which the publisher passes as ``publish(..., index=entry)`` (a record published without one is stored
+but not listed), and each ``fetch_recent`` reads a bounded random sample of the swarm: at most
+``poll_records`` new records, those of the senders in ``prefer`` first. Push transports (libp2p) ignore both.
+
 Contract (checked by ``tests/contract/transport_contract.py`` for every implementation):
 
-* ``publish(data, window=w, sender=s)`` returns once the record is handed to the network; soon after, every
-  connected peer's ``fetch_recent([w])`` includes ``data``. A transport keeps at least the latest record per
-  ``(window, sender)``; it may keep more (memory and hivemind keep every record).
+* ``publish(data, window=w, sender=s, index=entry)`` returns once the record is handed to the network; soon
+  after, every connected peer's ``fetch_recent([w])`` includes ``data`` (in a swarm of at most
+  ``poll_senders`` senders; beyond that, a sample). A transport keeps at least the latest record per
+  ``(window, sender)``; it may keep more (memory and hivemind keep every listed record).
 * ``fetch_recent`` returns only records stored under the requested windows, as ``bytes``, in any order.
 * Records may expire a few windows after their window ends.
 * ``peers()`` lists transport-level ids of reachable peers (not necessarily record sender ids).
@@ -30,7 +36,7 @@ from __future__ import annotations
 
 import abc
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from types import TracebackType
 
 logger = logging.getLogger(__name__)
@@ -45,12 +51,14 @@ class Transport(abc.ABC):
     _record_validator: RecordCheck | None = None
 
     @abc.abstractmethod
-    async def publish(self, data: bytes, *, window: int, sender: str) -> None:
-        """Store ``data`` under ``(window, sender)`` so peers fetching ``window`` will get it."""
+    async def publish(self, data: bytes, *, window: int, sender: str, index: bytes | None = None) -> None:
+        """Store ``data`` under ``(window, sender)`` so peers fetching ``window`` will get it; ``index`` is the
+        sender's signed index entry listing it (``protocol.layout.IndexWriter``)."""
 
     @abc.abstractmethod
-    async def fetch_recent(self, windows: Sequence[int]) -> list[bytes]:
-        """Raw record bytes stored under any of ``windows`` by any peer (own and already-seen ones included)."""
+    async def fetch_recent(self, windows: Sequence[int], *, prefer: Collection[str] = ()) -> list[bytes]:
+        """Raw record bytes stored under any of ``windows`` by any peer (own and already-seen ones included);
+        ``prefer`` names senders (most wanted first) whose new records a sampling transport fetches first."""
 
     @abc.abstractmethod
     async def peers(self) -> list[str]:
@@ -76,6 +84,14 @@ class Transport(abc.ABC):
     def record_validator(self) -> RecordCheck | None:
         """The installed store-time check, or None."""
         return self._record_validator
+
+    def rejections(self) -> dict[str, int]:
+        """Entries this transport refused at store time (or in a peer's response), by reason."""
+        return {}
+
+    def stats(self) -> dict[str, float]:
+        """Cost counters (index and record reads, bytes); keys vary by transport."""
+        return {}
 
     async def __aenter__(self) -> Transport:
         return self

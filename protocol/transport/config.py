@@ -37,6 +37,26 @@ class ProtocolConfig(StrictModel):
     """Windows before the current one that each poll fetches again (records published late in a window)."""
     timeout_s: float = Field(default=30.0, gt=0, le=600)
     """Timeout of one transport call (publish or fetch) made by the channel, in seconds."""
+    shard_fanout: int = Field(default=4, ge=2, le=16)
+    """Sharded index (SPEC.md 7): level l of a window's index has ``shard_fanout ** l`` shards. Swarm-wide."""
+    shard_levels: int = Field(default=7, ge=1, le=10)
+    """Levels of the sharded index (0 .. shard_levels-1); 7 levels of fan-out 4 give 4,096 shards at the top,
+    ~2.5 senders per shard at 10,000 senders. Swarm-wide."""
+    poll_shards: int = Field(default=1, ge=1, le=64)
+    """Random shards of each window one poll reads (at the level the reader's swarm-size estimate picks)."""
+    poll_senders: int = Field(default=12, ge=1, le=4096)
+    """The reading level is the lowest one where ``poll_shards`` shards of a window hold at most this many senders:
+    swarms up to this size are read whole every poll; larger ones are sampled (bounds the index bytes a poll reads
+    to about what a 10-node swarm costs)."""
+    poll_records: int = Field(default=10, ge=1, le=4096)
+    """Most new records one poll fetches (the per-node cost bound, whatever the swarm size; about what a 10-node
+    swarm delivers per step, so a node of a huge swarm costs what it costs in a small one)."""
+    poll_newcomer_records: int = Field(default=4, ge=0, le=4096)
+    """Of ``poll_records``, slots kept for senders this node does not follow yet (how fast newcomers are found;
+    all that a flood of sybil identities can take)."""
+    follow_senders: int = Field(default=6, ge=0, le=256)
+    """Senders whose index entries each poll reads directly (the channel picks the ones it accepted records
+    from most recently); their new records are fetched before anyone else's."""
 
     @model_validator(mode="after")
     def _fetch_within_acceptance(self) -> ProtocolConfig:
@@ -44,6 +64,12 @@ class ProtocolConfig(StrictModel):
             raise ValueError(
                 f"fetch_past_windows ({self.fetch_past_windows}) exceeds max_past_windows ({self.max_past_windows}): "
                 "records fetched that far back would be rejected as stale; lower fetch_past_windows"
+            )
+        if self.follow_senders + self.poll_newcomer_records > self.poll_records:
+            raise ValueError(
+                f"follow_senders ({self.follow_senders}) + poll_newcomer_records ({self.poll_newcomer_records}) "
+                f"exceed poll_records ({self.poll_records}): raise poll_records so every followed sender gets a "
+                "record per poll"
             )
         return self
 
@@ -67,7 +93,8 @@ class MemoryTransportConfig(StrictModel):
 
 
 class HivemindTransportConfig(StrictModel):
-    """hivemind DHT: one content-addressed key per record plus a per-window index key (see ``protocol/SPEC.md``)."""
+    """hivemind DHT: one content-addressed key per record, found through signed index entries under a peer key and a
+    sharded per-window index (see ``protocol/SPEC.md`` 7)."""
 
     type: Literal["hivemind"] = "hivemind"
     host: str = "127.0.0.1"

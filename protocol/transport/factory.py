@@ -26,7 +26,8 @@ async def _memory(cfg: Any, *, swarm: str, peer_id: str, validate, protocol: Pro
     from protocol.transport.memory import MemoryNetwork, MemoryTransport
 
     # A process-local network: with no ``network`` given the node is alone (offline single-node training).
-    return MemoryTransport(network or MemoryNetwork.from_config(cfg), peer_id, validate=validate)
+    net = network or MemoryNetwork.from_config(cfg)
+    return MemoryTransport(net, peer_id, validate=validate, protocol=protocol, swarm=swarm)
 
 
 async def _hivemind(cfg: Any, *, swarm: str, peer_id: str, validate, protocol: ProtocolConfig, network=None):

@@ -16,10 +16,11 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, Literal
 
 from protocol.identity import Identity, peer_id_from_public
+from protocol.layout import IndexWriter
 from protocol.records import decode_record, record_digest, sign_body, strict_unpackb
 from protocol.transport.base import RecordCheck, Transport
 
@@ -29,14 +30,44 @@ logger = logging.getLogger(__name__)
 class TransportWrapper(Transport):
     """Delegates everything to ``inner``; subclasses override what they distort."""
 
+    #: Lists the extra or rewritten records a hostile wrapper publishes in its own signed index entry (a sharded
+    #: transport keeps only listed records; an attacker can list anything under its own identity, never under
+    #: somebody else's). Set it with :meth:`list_as`.
+    lister: IndexWriter | None = None
+
     def __init__(self, inner: Transport) -> None:
         self.inner = inner
 
-    async def publish(self, data: bytes, *, window: int, sender: str) -> None:
-        await self.inner.publish(data, window=window, sender=sender)
+    def list_as(self, writer: IndexWriter) -> TransportWrapper:
+        """List what this wrapper injects in ``writer``'s index entries (and its inner wrappers' too); pass the
+        attacker's channel's own writer (``Channel.index_writer``) so one entry lists everything it published."""
+        self.lister = writer
+        if isinstance(self.inner, TransportWrapper):
+            self.inner.list_as(writer)
+        return self
 
-    async def fetch_recent(self, windows: Sequence[int]) -> list[bytes]:
-        return await self.inner.fetch_recent(windows)
+    async def _inject(self, data: bytes, *, window: int, sender: str, replaces: bytes | None = None) -> None:
+        """Publish bytes this wrapper made up or rewrote (``replaces``: the record it rewrote, which the channel
+        listed but will never be stored): listed under the attacker's identity if it has one."""
+        if self.lister is not None:
+            if replaces is not None:
+                self.lister.discard(replaces, window)
+            index = self.lister.add(data, window)
+            await self.inner.publish(data, window=window, sender=self.lister.identity.peer_id, index=index)
+        else:
+            await self.inner.publish(data, window=window, sender=sender)
+
+    async def publish(self, data: bytes, *, window: int, sender: str, index: bytes | None = None) -> None:
+        await self.inner.publish(data, window=window, sender=sender, index=index)
+
+    async def fetch_recent(self, windows: Sequence[int], *, prefer: Collection[str] = ()) -> list[bytes]:
+        return await self.inner.fetch_recent(windows, prefer=prefer)
+
+    def rejections(self) -> dict[str, int]:
+        return self.inner.rejections()
+
+    def stats(self) -> dict[str, float]:
+        return self.inner.stats()
 
     async def peers(self) -> list[str]:
         return await self.inner.peers()
@@ -64,15 +95,15 @@ class Drop(TransportWrapper):
         self.rng = random.Random(seed)
         self.dropped = 0
 
-    async def publish(self, data: bytes, *, window: int, sender: str) -> None:
+    async def publish(self, data: bytes, *, window: int, sender: str, index: bytes | None = None) -> None:
         if self.rng.random() < self.p_publish:
             self.dropped += 1
             return
-        await self.inner.publish(data, window=window, sender=sender)
+        await self.inner.publish(data, window=window, sender=sender, index=index)
 
-    async def fetch_recent(self, windows: Sequence[int]) -> list[bytes]:
+    async def fetch_recent(self, windows: Sequence[int], *, prefer: Collection[str] = ()) -> list[bytes]:
         out = []
-        for data in await self.inner.fetch_recent(windows):
+        for data in await self.inner.fetch_recent(windows, prefer=prefer):
             if self.rng.random() < self.p_fetch:
                 self.dropped += 1
             else:
@@ -98,15 +129,15 @@ class Delay(TransportWrapper):
         self.max_tracked = max_tracked
         self._first_seen: dict[bytes, float] = {}
 
-    async def publish(self, data: bytes, *, window: int, sender: str) -> None:
+    async def publish(self, data: bytes, *, window: int, sender: str, index: bytes | None = None) -> None:
         if self.publish_s > 0:
             await asyncio.sleep(self.publish_s)
-        await self.inner.publish(data, window=window, sender=sender)
+        await self.inner.publish(data, window=window, sender=sender, index=index)
 
-    async def fetch_recent(self, windows: Sequence[int]) -> list[bytes]:
+    async def fetch_recent(self, windows: Sequence[int], *, prefer: Collection[str] = ()) -> list[bytes]:
         now = self.clock()
         out = []
-        for data in await self.inner.fetch_recent(windows):
+        for data in await self.inner.fetch_recent(windows, prefer=prefer):
             first = self._first_seen.setdefault(record_digest(data), now)
             if now >= first + self.fetch_s:
                 out.append(data)
@@ -123,14 +154,14 @@ class Duplicate(TransportWrapper):
         self.p_publish, self.p_fetch = publish, fetch
         self.rng = random.Random(seed)
 
-    async def publish(self, data: bytes, *, window: int, sender: str) -> None:
-        await self.inner.publish(data, window=window, sender=sender)
+    async def publish(self, data: bytes, *, window: int, sender: str, index: bytes | None = None) -> None:
+        await self.inner.publish(data, window=window, sender=sender, index=index)
         if self.rng.random() < self.p_publish:
-            await self.inner.publish(data, window=window, sender=sender)
+            await self.inner.publish(data, window=window, sender=sender, index=index)
 
-    async def fetch_recent(self, windows: Sequence[int]) -> list[bytes]:
+    async def fetch_recent(self, windows: Sequence[int], *, prefer: Collection[str] = ()) -> list[bytes]:
         out = []
-        for data in await self.inner.fetch_recent(windows):
+        for data in await self.inner.fetch_recent(windows, prefer=prefer):
             out.append(data)
             if self.rng.random() < self.p_fetch:
                 out.append(data)
@@ -169,13 +200,16 @@ class Tamper(TransportWrapper):
             return flip_bits(data, self.rng, self.flips)
         return data
 
-    async def publish(self, data: bytes, *, window: int, sender: str) -> None:
+    async def publish(self, data: bytes, *, window: int, sender: str, index: bytes | None = None) -> None:
         if self.direction in ("publish", "both"):
-            data = self._maybe(data)
-        await self.inner.publish(data, window=window, sender=sender)
+            changed = self._maybe(data)
+            if changed != data:
+                await self._inject(changed, window=window, sender=sender, replaces=data)
+                return
+        await self.inner.publish(data, window=window, sender=sender, index=index)
 
-    async def fetch_recent(self, windows: Sequence[int]) -> list[bytes]:
-        got = await self.inner.fetch_recent(windows)
+    async def fetch_recent(self, windows: Sequence[int], *, prefer: Collection[str] = ()) -> list[bytes]:
+        got = await self.inner.fetch_recent(windows, prefer=prefer)
         if self.direction in ("fetch", "both"):
             got = [self._maybe(d) for d in got]
         return got
@@ -192,18 +226,18 @@ class Replay(TransportWrapper):
         self._history: deque[tuple[bytes, str]] = deque(maxlen=history)
         self.replayed = 0
 
-    async def publish(self, data: bytes, *, window: int, sender: str) -> None:
+    async def publish(self, data: bytes, *, window: int, sender: str, index: bytes | None = None) -> None:
         old = list(self._history)
-        await self.inner.publish(data, window=window, sender=sender)
+        await self.inner.publish(data, window=window, sender=sender, index=index)
         if old and self.rng.random() < self.p:
             for _ in range(self.copies):
                 stale, who = self.rng.choice(old)
-                await self.inner.publish(stale, window=window, sender=who)
+                await self._inject(stale, window=window, sender=who)
                 self.replayed += 1
         self._history.append((data, sender))
 
-    async def fetch_recent(self, windows: Sequence[int]) -> list[bytes]:
-        got = await self.inner.fetch_recent(windows)
+    async def fetch_recent(self, windows: Sequence[int], *, prefer: Collection[str] = ()) -> list[bytes]:
+        got = await self.inner.fetch_recent(windows, prefer=prefer)
         known = {d for d, _ in self._history}
         for data in got:
             if data not in known:
@@ -234,10 +268,10 @@ class Flood(TransportWrapper):
         self.make = make or (lambda i: self.rng.randbytes(size))
         self.flooded = 0
 
-    async def publish(self, data: bytes, *, window: int, sender: str) -> None:
-        await self.inner.publish(data, window=window, sender=sender)
+    async def publish(self, data: bytes, *, window: int, sender: str, index: bytes | None = None) -> None:
+        await self.inner.publish(data, window=window, sender=sender, index=index)
         for _ in range(self.copies):
-            await self.inner.publish(self.make(self.flooded), window=window, sender=sender)
+            await self._inject(self.make(self.flooded), window=window, sender=sender)
             self.flooded += 1
 
 
@@ -289,11 +323,17 @@ class Forge(TransportWrapper):
                 body["public_key"] = bytes(self.victim)
         return sign_body(self.forger, body), body["sender"]
 
-    async def publish(self, data: bytes, *, window: int, sender: str) -> None:
+    async def publish(self, data: bytes, *, window: int, sender: str, index: bytes | None = None) -> None:
         if self.rng.random() < self.p:
             try:
-                data, sender = self.forge(data)
+                forged, who = self.forge(data)
                 self.forged += 1
             except Exception:
                 logger.debug("forge: could not rewrite a record; sending it unchanged", exc_info=True)
-        await self.inner.publish(data, window=window, sender=sender)
+            else:
+                if self.lister is not None and who == self.lister.identity.peer_id:
+                    await self._inject(forged, window=window, sender=who, replaces=data)
+                else:  # nobody can sign the victim's index entry: the record goes out unlisted
+                    await self.inner.publish(forged, window=window, sender=who)
+                return
+        await self.inner.publish(data, window=window, sender=sender, index=index)

@@ -1,21 +1,26 @@
-"""The hivemind transport: signed record bytes in a hivemind (Kademlia) DHT, one key per record plus a window index.
+"""The hivemind transport: signed record bytes in a hivemind (Kademlia) DHT, in the sharded ``protocol.layout``.
 
-Key layout (see ``protocol/SPEC.md``, "hivemind transport"):
+Key layout (``protocol/SPEC.md`` section 7):
 
-* record  ``{swarm}/rollouts/{window}/{sender}/{digest}`` -> the record bytes (a plain value, no subkey), where
+* record ``{swarm}/rollouts/{window}/{sender}/{digest}`` -> the record bytes (a plain value, no subkey), where
   ``digest`` is the first 16 bytes of SHA-256 of the record, in hex: keys are content addressed, so nobody can
   overwrite a record with different bytes, and any peer can check a value against its key;
-* index   ``{swarm}/rollouts/{window}`` -> one subkey ``{window}/{sender}/{digest}`` per record, value ``b""``.
+* peer ``{swarm}/peer/{window}/{sender}`` -> the sender's signed index entry for the window (plain value);
+* shard ``{swarm}/shard/{window}/{level}/{shard}`` -> subkey ``sender`` -> the same signed index entry, for each
+  level the writer writes. An entry that lists more digests is stored with a later expiration (base + 0.01 s per
+  digest), so hivemind keeps the newest one.
 
-A reader asks for the index of each recent window, then fetches only the record keys it has not seen yet with
-one ``get_many``. Large values never share a key, so no DHT message grows with the swarm (p2pd caps a message at
-4 MiB: 32 x 200 KB under one key fails silently). Entries expire ``expiration_windows`` windows after publishing.
+A poll reads a few shards, the followed senders' peer keys and one top-level shard (one ``get_many``), then at
+most ``poll_records`` new record keys (another ``get_many``): per-node cost per poll does not grow with the swarm,
+and no key holds more than about ``poll_senders`` entries. Large values never share a key (p2pd caps a message
+at 4 MiB: 32 x 200 KB under one key fails silently). Entries expire ``expiration_windows`` windows after their
+window ends.
 
 Every honest node runs :class:`DHTRecordGuard` (a hivemind ``RecordValidatorBase``) on everything it is asked
 to store and on every value a peer returns: a record must decode as a signed record of this swarm whose
 ``(window, sender, digest)`` reproduces the key it is stored under, and must pass the caller's ``validate``
-hook; an index entry must name a record of the window its key belongs to and carry no data. Refusals are counted
-by reason (:meth:`HivemindTransport.rejections`).
+hook; an index entry must be signed by its sender, name this swarm, and sit under a key (and subkey) its own
+``(window, sender)`` produces. Refusals are counted by reason (:meth:`HivemindTransport.rejections`).
 
 The DHT runs as an in-process ``DHTNode`` on a private event loop in a daemon thread (with its own ``p2pd``
 child process). That sidesteps hivemind's ``DHT`` process wrapper, whose pipe breaks on values above ~16 KB
@@ -33,11 +38,10 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-import re
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Collection, Coroutine, Sequence
 from typing import Any, TypeVar
 
 import msgpack
@@ -47,7 +51,18 @@ from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 from hivemind.utils import get_dht_time
 
 from protocol.errors import TransportError
-from protocol.records import RecordDecodeError, RecordSignatureError, decode_record
+from protocol.layout import (
+    MAX_INDEX_ENTRY_BYTES,
+    ShardParams,
+    ShardReader,
+    decode_index_entry,
+    peer_key,
+    record_key,
+    shard_key,
+    shard_of,
+)
+from protocol.layout import record_digest_hex as record_digest
+from protocol.records import RecordDecodeError, RecordSignatureError, decode_record, strict_unpackb
 from protocol.transport.base import Transport
 from protocol.transport.config import HivemindTransportConfig, ProtocolConfig
 
@@ -55,44 +70,35 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: Hex characters of the content digest in a record key (16 bytes of SHA-256).
-DIGEST_HEX = 32
-#: Index entries whose record could not be fetched this many times are given up (forged or lost entries).
-MAX_FETCH_ATTEMPTS = 5
 #: Records remembered as already validated by a node's guard (about 2 KB of memory per 64 entries).
 PASSED_CACHE_SIZE = 4096
-#: Most new records one fetch asks for (bounds one poll's work under an index flood; the rest come next poll).
-MAX_RECORDS_PER_FETCH = 256
-#: How hivemind serializes "no subkey" (a plain value) and the empty bytes value of an index entry.
+#: How hivemind serializes "no subkey" (a plain value).
 _NO_SUBKEY = msgpack.packb(None)
-_EMPTY_VALUE = msgpack.packb(b"", use_bin_type=True)
 #: Seconds p2pd gets to exit after SIGTERM on close before it is killed.
 P2PD_EXIT_TIMEOUT_S = 5.0
-_INDEX_SUBKEY_RE = re.compile(rf"^(\d{{1,15}})/([0-9a-f]{{32}})/([0-9a-f]{{{DIGEST_HEX}}})$")
+#: An index entry listing one more digest expires this much later (hivemind keeps the later-expiring value).
+ENTRY_EXPIRATION_STEP_S = 0.01
 
 
-def record_digest(data: bytes) -> str:
-    """The content digest used in record keys: SHA-256, first 16 bytes, lowercase hex."""
-    return hashlib.sha256(data).hexdigest()[:DIGEST_HEX]
-
-
-def index_key(swarm: str, window: int) -> str:
-    """DHT key of the per-window index (subkeys name the records published in that window)."""
-    return f"{swarm}/rollouts/{window}"
-
-
-def index_subkey(window: int, sender: str, digest: str) -> str:
-    """Subkey of one index entry; it repeats the window so a validator can check it against the hashed key."""
-    return f"{window}/{sender}/{digest}"
-
-
-def record_key(swarm: str, window: int, sender: str, digest: str) -> str:
-    """DHT key of one record (content addressed)."""
-    return f"{swarm}/rollouts/{window}/{sender}/{digest}"
-
-
-def _key_id(key: str) -> bytes:
+def key_id(key: str) -> bytes:
+    """The DHT id of a key string, as hivemind derives it: SHA-1 of the MessagePack encoding of the string (20
+    bytes, big endian). SPEC.md 9 gives test vectors."""
     return DHTID.generate(source=key).to_bytes()
+
+
+_key_id = key_id
+
+
+def _is_index_entry(value: bytes) -> bool:
+    """Whether a stored value is shaped like an index entry (its body has ``digests``) rather than a record."""
+    if len(value) > MAX_INDEX_ENTRY_BYTES:
+        return False
+    try:
+        outer = strict_unpackb(value, max_bytes=MAX_INDEX_ENTRY_BYTES)
+        body = strict_unpackb(outer["body"], max_bytes=MAX_INDEX_ENTRY_BYTES)
+        return isinstance(body, dict) and "digests" in body
+    except Exception:
+        return False
 
 
 class DHTRecordGuard(RecordValidatorBase):
@@ -103,9 +109,16 @@ class DHTRecordGuard(RecordValidatorBase):
     """
 
     def __init__(
-        self, swarm: str, *, max_bytes: int, max_ttl_s: float, validate: Callable[[bytes], bool] | None = None
+        self,
+        swarm: str,
+        *,
+        max_bytes: int,
+        max_ttl_s: float,
+        validate: Callable[[bytes], bool] | None = None,
+        params: ShardParams | None = None,
     ):
         self.swarm = swarm
+        self.params = params or ShardParams()
         self.max_bytes = max_bytes
         self.max_ttl_s = max_ttl_s
         self.hook = validate
@@ -139,20 +152,26 @@ class DHTRecordGuard(RecordValidatorBase):
         """The reason to refuse ``record``, or None to accept it."""
         if record.expiration_time > get_dht_time() + self.max_ttl_s:
             return "expiration_too_far"
-        if record.subkey == _NO_SUBKEY:
-            return self._check_record(record)
-        return self._check_index_entry(record)
-
-    def _check_record(self, record: DHTRecord) -> str | None:
         if len(record.value) > self.max_bytes + 16:
             return "oversize"
-        memo = (record.key, hashlib.sha256(record.value).digest())
+        memo = (record.key, record.subkey, hashlib.sha256(record.value).digest())
         now = time.monotonic()
         with self._lock:
             passed_at = self._passed.get(memo)
         if passed_at is not None and now - passed_at < self._pass_ttl_s:
             return None
-        reason = self._check_record_uncached(record)
+        try:
+            data = msgpack.unpackb(record.value, raw=True, max_bin_len=self.max_bytes)
+        except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
+            return "malformed"
+        if not isinstance(data, bytes):
+            return "malformed"
+        if record.subkey != _NO_SUBKEY:
+            reason = self._check_shard_entry(record, data)
+        elif _is_index_entry(data):
+            reason = self._check_peer_entry(record, data)
+        else:
+            reason = self._check_record(record, data)
         if reason is None:
             with self._lock:
                 self._passed[memo] = now
@@ -161,39 +180,55 @@ class DHTRecordGuard(RecordValidatorBase):
                     self._passed.popitem(last=False)
         return reason
 
-    def _check_record_uncached(self, record: DHTRecord) -> str | None:
-        try:
-            data = msgpack.unpackb(record.value, raw=True, max_bin_len=self.max_bytes)
-        except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
-            return "malformed"
-        if not isinstance(data, bytes):
-            return "malformed"
+    def _check_record(self, record: DHTRecord, data: bytes) -> str | None:
         try:
             env = decode_record(data, self.max_bytes)
         except (RecordDecodeError, RecordSignatureError) as e:
             return e.reason
         if env.swarm != self.swarm:
             return "wrong_swarm"
-        if _key_id(record_key(self.swarm, env.window, env.sender, record_digest(data))) != record.key:
+        if key_id(record_key(self.swarm, env.window, env.sender, record_digest(data))) != record.key:
             return "key_mismatch"
         hook = self.hook
         if hook is not None and not hook(data):
             return "invalid_record"
         return None
 
-    def _check_index_entry(self, record: DHTRecord) -> str | None:
-        if record.value != _EMPTY_VALUE:
-            return "index_with_data"
+    def _entry(self, data: bytes) -> tuple[Any, str | None]:
+        try:
+            entry = decode_index_entry(data)
+        except (RecordDecodeError, RecordSignatureError) as e:
+            return None, f"index_{e.reason}"
+        if entry.swarm != self.swarm:
+            return None, "wrong_swarm"
+        return entry, None
+
+    def _check_peer_entry(self, record: DHTRecord, data: bytes) -> str | None:
+        entry, reason = self._entry(data)
+        if reason is not None:
+            return reason
+        if key_id(peer_key(self.swarm, entry.window, entry.sender)) != record.key:
+            return "key_mismatch"
+        return None
+
+    def _check_shard_entry(self, record: DHTRecord, data: bytes) -> str | None:
         try:
             subkey = msgpack.unpackb(record.subkey, raw=False)
         except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
             return "malformed_index"
-        match = _INDEX_SUBKEY_RE.match(subkey) if isinstance(subkey, str) else None
-        if match is None:
+        if not isinstance(subkey, str):
             return "malformed_index"
-        if _key_id(index_key(self.swarm, int(match.group(1)))) != record.key:
+        entry, reason = self._entry(data)
+        if reason is not None:
+            return reason
+        if entry.sender != subkey:
             return "key_mismatch"
-        return None
+        p = self.params
+        ids = {
+            key_id(shard_key(self.swarm, entry.window, level, shard_of(entry.window, entry.sender, level, p.fanout)))
+            for level in range(p.levels)
+        }
+        return None if record.key in ids else "key_mismatch"
 
 
 class _QuietDaemonShutdown(logging.Filter):
@@ -276,8 +311,8 @@ class HivemindTransport(Transport):
         self._node = node
         self._addresses = addresses
         self._record_validator = guard.hook if guard is not None else None
-        self._records: dict[int, dict[str, bytes]] = {}  # window -> index subkey -> record bytes
-        self._misses: Counter[tuple[int, str]] = Counter()  # index entries whose record could not be fetched
+        self.params = ShardParams.from_config(protocol)
+        self.reader = ShardReader(swarm, self.params, keep_windows=cfg.expiration_windows + 2)
         self._closed = False
         self._fetch_lock = asyncio.Lock()
 
@@ -304,6 +339,7 @@ class HivemindTransport(Transport):
                 max_bytes=protocol.max_record_bytes,
                 max_ttl_s=(cfg.expiration_windows + protocol.max_future_windows + 2) * protocol.window_seconds,
                 validate=validate,
+                params=ShardParams.from_config(protocol),
             )
         runner = _LoopThread(name=f"hivemind-dht-{swarm}")
         kwargs: dict[str, Any] = dict(
@@ -331,47 +367,66 @@ class HivemindTransport(Transport):
 
     # -- Transport interface -------------------------------------------------------------------------------------
 
-    async def publish(self, data: bytes, *, window: int, sender: str) -> None:
-        """Store the record under its content-addressed key and announce it in the window's index."""
+    async def publish(self, data: bytes, *, window: int, sender: str, index: bytes | None = None) -> None:
+        """Store the record under its content-addressed key and its sender's index entry under the peer key and the
+        shard of each level this node writes; without ``index`` the record is stored but nobody can find it."""
         self._check_open()
         if len(data) > self.protocol.max_record_bytes:
             cap = self.protocol.max_record_bytes
             raise TransportError(f"record of {len(data)} bytes exceeds max_record_bytes={cap}")
         digest = record_digest(data)
-        sub = index_subkey(window, sender, digest)
-        keys = [record_key(self.swarm, window, sender, digest), index_key(self.swarm, window)]
         # Expire a fixed number of windows after the record's own window ends (not after the store).
         expiration = float((window + 1 + self.cfg.expiration_windows) * self.protocol.window_seconds)
+        keys: list[str] = [record_key(self.swarm, window, sender, digest)]
+        values: list[bytes] = [data]
+        subkeys: list[str | None] = [None]
+        expirations = [expiration]
+        if index is not None:
+            try:
+                entry = decode_index_entry(index, verify_signature=False)
+            except (RecordDecodeError, RecordSignatureError) as e:
+                raise TransportError(f"hivemind transport refuses a malformed index entry ({e.reason})") from None
+            if entry.window != window or entry.sender != sender or digest not in entry.digests:
+                raise TransportError("hivemind transport refuses an index entry that does not list this record")
+            entry_exp = expiration + ENTRY_EXPIRATION_STEP_S * entry.count
+            keys.append(peer_key(self.swarm, window, sender))
+            values.append(index)
+            subkeys.append(None)
+            expirations.append(entry_exp)
+            for level in self.reader.write_levels():
+                keys.append(shard_key(self.swarm, window, level, shard_of(window, sender, level, self.params.fanout)))
+                values.append(index)
+                subkeys.append(sender)
+                expirations.append(entry_exp)
         if self.guard is not None:
             # Refuse up front, with the reason, what every honest replica (our own node included) would refuse.
-            record = DHTRecord(_key_id(keys[0]), _NO_SUBKEY, msgpack.packb(data, use_bin_type=True), expiration)
+            record = DHTRecord(key_id(keys[0]), _NO_SUBKEY, msgpack.packb(data, use_bin_type=True), expiration)
             reason = self.guard.check(record)
             if reason is not None:
                 raise TransportError(f"hivemind transport refuses to publish this record ({reason})")
         try:
             ok = await self._call(
-                self._node.store_many(keys, [data, b""], expiration, subkeys=[None, sub]),
+                self._node.store_many(keys, values, expirations, subkeys=subkeys),
                 timeout=self.cfg.request_timeout_s * 2,
             )
         except TimeoutError:
             raise TransportError(f"hivemind store timed out after {self.cfg.request_timeout_s * 2:.0f}s") from None
         if not all(ok.values()):
             # Our node stored it; some replica refused (e.g. its clock puts the window out of range) or timed out.
-            logger.debug("hivemind store of %s not accepted by every replica: %s", sub, ok)
-        self._records.setdefault(window, {})[sub] = data
+            logger.debug("hivemind store of %s/%s not accepted by every replica: %s", window, digest, ok)
+        if index is not None:
+            self.reader.remember_own(data, window)
 
-    async def fetch_recent(self, windows: Sequence[int]) -> list[bytes]:
-        """All records of ``windows`` known to the DHT (or cached from earlier fetches); never hangs, never raises
-        on network faults: on a timeout it returns what it has."""
+    async def fetch_recent(self, windows: Sequence[int], *, prefer: Collection[str] = ()) -> list[bytes]:
+        """A bounded sample of the records of ``windows`` (those of ``prefer`` first) plus what earlier polls fetched;
+        never hangs, never raises on network faults: on a timeout it returns what it has."""
         self._check_open()
-        windows = sorted(set(windows))
         async with self._fetch_lock:
             try:
-                await self._refresh(windows)
+                return await self.reader.poll(windows, prefer, self._get_shards, self._get_peers, self._get_records)
             except TimeoutError:
                 logger.debug("hivemind fetch timed out; returning cached records")
-            self._prune(windows)
-        return [data for w in windows for data in self._records.get(w, {}).values()]
+                return [d for w in sorted(set(windows)) for d in self.reader.cache.get(w, {}).values()]
 
     async def peers(self) -> list[str]:
         """libp2p peer ids (base58) of the DHT nodes in this node's routing table."""
@@ -428,17 +483,26 @@ class HivemindTransport(Transport):
 
     def rejections(self) -> dict[str, int]:
         """DHT entries this node refused (to store, or from a peer's lookup response), by reason."""
+        out = dict(self.reader.dropped)
         if self.guard is None:
-            return {}
+            return out
         with self.guard._lock:
-            return dict(self.guard.rejections)
+            for reason, n in self.guard.rejections.items():
+                out[reason] = out.get(reason, 0) + n
+        return out
 
     def stats(self) -> dict[str, float]:
-        """Counters for metrics and benchmarks: entries the guard accepted and seconds it spent checking."""
+        """Counters for metrics and benchmarks: the sharded reader's reads and bytes, entries the guard accepted
+        and seconds it spent checking."""
+        out: dict[str, float] = {
+            **self.reader.stats,
+            "swarm_estimate": self.reader.estimate or 0.0,
+            "read_level": self.reader.read_level(),
+        }
         if self.guard is None:
-            return {"accepted": 0, "guard_seconds": 0.0}
+            return {**out, "accepted": 0, "guard_seconds": 0.0}
         with self.guard._lock:
-            return {"accepted": self.guard.accepted, "guard_seconds": self.guard.seconds}
+            return {**out, "accepted": self.guard.accepted, "guard_seconds": self.guard.seconds}
 
     # -- internals ------------------------------------------------------------------------------------------------
 
@@ -474,45 +538,42 @@ class HivemindTransport(Transport):
             # e.g. Ctrl-C reached the daemon too: a request would wait for its full timeout, so fail at once
             raise TransportError(f"hivemind's p2pd daemon exited (code {child.returncode})")
 
-    async def _refresh(self, windows: list[int]) -> None:
-        timeout = self.cfg.request_timeout_s
-        keys = [index_key(self.swarm, w) for w in windows]
-        # latest: a cached index would hide records announced since; force a lookup across the key's replicas.
-        found = await self._call(self._node.get_many(keys, sufficient_expiration_time=float("inf")), timeout)
-        wanted: dict[str, tuple[int, str]] = {}
-        for w, key in zip(windows, keys, strict=True):
+    async def _get_shards(self, addrs: list) -> dict:
+        keys = {shard_key(self.swarm, *a): a for a in addrs}
+        # latest: a cached shard would hide entries announced since; force a lookup across the key's replicas.
+        found = await self._call(
+            self._node.get_many(list(keys), sufficient_expiration_time=float("inf")), self.cfg.request_timeout_s
+        )
+        out: dict = {}
+        for key, addr in keys.items():
             entry = found.get(key)
-            if entry is None or not isinstance(entry.value, dict):
-                continue
-            have = self._records.get(w, {})
-            for sub in entry.value:
-                if not isinstance(sub, str) or sub in have or self._misses[(w, sub)] >= MAX_FETCH_ATTEMPTS:
-                    continue
-                match = _INDEX_SUBKEY_RE.match(sub)
-                if match is None or int(match.group(1)) != w:
-                    continue
-                wanted[record_key(self.swarm, w, match.group(2), match.group(3))] = (w, sub)
-                if len(wanted) >= MAX_RECORDS_PER_FETCH:
-                    break
-        if not wanted:
-            return
-        got = await self._call(self._node.get_many(list(wanted)), timeout)
-        for key, (w, sub) in wanted.items():
-            entry = got.get(key)
-            data = entry.value if entry is not None else None
-            if isinstance(data, bytes) and record_digest(data) == sub.rsplit("/", 1)[1]:
-                self._records.setdefault(w, {})[sub] = data
-            else:
-                self._misses[(w, sub)] += 1
+            value = entry.value if entry is not None else None
+            if isinstance(value, dict):
+                out[addr] = [v.value for v in value.values() if isinstance(getattr(v, "value", None), bytes)]
+        return out
 
-    def _prune(self, windows: list[int]) -> None:
-        if not windows:
-            return
-        oldest = max(windows) - self.cfg.expiration_windows - 1
-        for w in [w for w in self._records if w < oldest]:
-            del self._records[w]
-        for k in [k for k in self._misses if k[0] < oldest]:
-            del self._misses[k]
+    async def _get_peers(self, addrs: list) -> dict:
+        keys = {peer_key(self.swarm, *a): a for a in addrs}
+        found = await self._call(
+            self._node.get_many(list(keys), sufficient_expiration_time=float("inf")), self.cfg.request_timeout_s
+        )
+        out: dict = {}
+        for key, addr in keys.items():
+            entry = found.get(key)
+            if entry is not None and isinstance(entry.value, bytes):
+                out[addr] = entry.value
+        return out
+
+    async def _get_records(self, addrs: list) -> dict:
+        keys = {record_key(self.swarm, *a): a for a in addrs}
+        # Content addressing makes every unexpired copy identical: any replica's answer will do.
+        found = await self._call(self._node.get_many(list(keys)), self.cfg.request_timeout_s)
+        out: dict = {}
+        for key, addr in keys.items():
+            entry = found.get(key)
+            if entry is not None and isinstance(entry.value, bytes):
+                out[addr] = [entry.value]
+        return out
 
     def _kill_p2pd(self) -> None:
         child = getattr(getattr(self._node, "p2p", None), "_child", None)

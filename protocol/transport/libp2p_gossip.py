@@ -40,7 +40,7 @@ import random
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, TypeVar
 
 import msgpack
@@ -243,8 +243,9 @@ class Libp2pTransport(Transport):
 
     # -- Transport interface -------------------------------------------------------------------------------------
 
-    async def publish(self, data: bytes, *, window: int, sender: str) -> None:
-        """Keep the record locally, then gossip it (inline, or as an announcement when it is large)."""
+    async def publish(self, data: bytes, *, window: int, sender: str, index: bytes | None = None) -> None:
+        """Keep the record locally, then gossip it (inline, or as an announcement when it is large); ``index`` is
+        ignored (push delivers every record; no index to read)."""
         self._check_open()
         data = bytes(data)
         cap = self.protocol.max_record_bytes
@@ -264,8 +265,9 @@ class Libp2pTransport(Transport):
             await self._call(self._t_publish, frame, timeout=self.cfg.request_timeout_s)
         self._count_stat("published")
 
-    async def fetch_recent(self, windows: Sequence[int]) -> list[bytes]:
-        """Records received (pushed or synced) for ``windows``: a local read, records arrive in the background."""
+    async def fetch_recent(self, windows: Sequence[int], *, prefer: Collection[str] = ()) -> list[bytes]:
+        """Records received (pushed or synced) for ``windows``: a local read, records arrive in the background
+        (``prefer`` is ignored: everything pushed is already here)."""
         self._check_open()
         self._store.prune(self._now_window())
         return self._store.records(list(windows))

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -35,6 +36,7 @@ import pytest
 
 from protocol.errors import TransportError
 from protocol.identity import Identity
+from protocol.layout import IndexWriter
 from protocol.records import encode_record, window_of
 from protocol.types import Completion, Group, RolloutBatch, TaskRef
 
@@ -48,6 +50,7 @@ __all__ = [
     "WINDOW_SECONDS",
     "eventually",
     "make_record",
+    "publish_listed",
     "test_contract_close_is_idempotent_and_later_calls_raise",
     "test_contract_every_peer_sees_every_peer",
     "test_contract_fetch_empty_windows",
@@ -105,6 +108,19 @@ def make_record(identity: Identity, *, window: int | None = None, text: str = "x
     )
 
 
+# One writer per (transport, identity, swarm): an identity's entry lists what it published through that network.
+_writers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+async def publish_listed(transport, identity: Identity, data: bytes, window: int, swarm: str = SWARM) -> None:
+    """Publish ``data`` as ``identity`` would: with its signed index entry for ``window`` (sharded transports list
+    a record only through it; push transports ignore it)."""
+    mine = _writers.setdefault(transport, {})
+    writer = mine.setdefault(f"{identity.peer_id}/{swarm}", IndexWriter(identity, swarm))
+    index = writer.add(data, window)
+    await transport.publish(data, window=window, sender=identity.peer_id, index=index)
+
+
 async def eventually(
     fn: Callable[[], Awaitable[T]], ok: Callable[[T], bool], timeout: float = VISIBILITY_TIMEOUT_S
 ) -> T:
@@ -126,7 +142,7 @@ async def test_contract_publish_is_visible_to_another_peer(make_transports):
     ident = Identity.generate()
     w = now_window()
     data = make_record(ident, window=w)
-    await asyncio.wait_for(a.publish(data, window=w, sender=ident.peer_id), VISIBILITY_TIMEOUT_S)
+    await asyncio.wait_for(publish_listed(a, ident, data, w), VISIBILITY_TIMEOUT_S)
     got = await eventually(lambda: b.fetch_recent([w]), lambda r: data in r)
     assert all(isinstance(x, bytes) for x in got)
 
@@ -139,7 +155,7 @@ async def test_contract_every_peer_sees_every_peer(make_transports):
         ident = Identity.generate()
         data = make_record(ident, window=w)
         records.append(data)
-        await asyncio.wait_for(t.publish(data, window=w, sender=ident.peer_id), VISIBILITY_TIMEOUT_S)
+        await asyncio.wait_for(publish_listed(t, ident, data, w), VISIBILITY_TIMEOUT_S)
     for t in ts:
         await eventually(lambda t=t: t.fetch_recent([w]), lambda r: all(d in r for d in records))
 
@@ -149,8 +165,8 @@ async def test_contract_fetch_only_returns_requested_windows(make_transports):
     ident = Identity.generate()
     w = now_window()
     old, new = make_record(ident, window=w - 1), make_record(ident, window=w)
-    await a.publish(old, window=w - 1, sender=ident.peer_id)
-    await a.publish(new, window=w, sender=ident.peer_id)
+    await publish_listed(a, ident, old, w - 1)
+    await publish_listed(a, ident, new, w)
     await eventually(lambda: b.fetch_recent([w - 1, w]), lambda r: old in r and new in r)
     only_new = await b.fetch_recent([w])
     assert new in only_new and old not in only_new
@@ -163,8 +179,8 @@ async def test_contract_latest_record_per_sender_and_window_is_kept(make_transpo
     ident = Identity.generate()
     w = now_window()
     first, second = make_record(ident, window=w, text="first"), make_record(ident, window=w, text="second")
-    await a.publish(first, window=w, sender=ident.peer_id)
-    await a.publish(second, window=w, sender=ident.peer_id)
+    await publish_listed(a, ident, first, w)
+    await publish_listed(a, ident, second, w)
     await eventually(lambda: b.fetch_recent([w]), lambda r: second in r)
 
 
@@ -174,7 +190,7 @@ async def test_contract_large_record(make_transports):
     w = now_window()
     data = make_record(ident, window=w, size=200_000)
     assert len(data) > 200_000
-    await asyncio.wait_for(a.publish(data, window=w, sender=ident.peer_id), VISIBILITY_TIMEOUT_S)
+    await asyncio.wait_for(publish_listed(a, ident, data, w), VISIBILITY_TIMEOUT_S)
     await eventually(lambda: b.fetch_recent([w]), lambda r: data in r)
 
 

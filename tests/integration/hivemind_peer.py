@@ -29,9 +29,10 @@ from pathlib import Path
 
 from protocol.channel import Channel
 from protocol.identity import Identity
+from protocol.layout import IndexWriter, encode_index_entry, peer_key, shard_key, shard_of
 from protocol.records import encode_record, sign_body, window_of
 from protocol.transport.config import HivemindTransportConfig, ProtocolConfig
-from protocol.transport.hivemind_dht import HivemindTransport, index_key, index_subkey, record_digest, record_key
+from protocol.transport.hivemind_dht import HivemindTransport, record_digest, record_key
 from protocol.types import Completion, Group, RolloutBatch, TaskRef
 from protocol.validation import RecordValidator
 
@@ -113,10 +114,23 @@ async def hostile(a: argparse.Namespace, stop: asyncio.Event) -> None:
             me, kind="rollouts", swarm=swarm, seq=seq, window=window, created=time.time(), payload=make_batch(kb, seq)
         )
 
+    writer = IndexWriter(me, a.swarm)
+
+    async def put_entry(entry: bytes, window: int, subkey: str = me.peer_id) -> None:
+        # A longer entry expires a little later, as honest writers do, so it replaces the shorter one.
+        e = exp + 0.01 * len(writer._digests.get(window, []))
+        await dht.store_raw(peer_key(a.swarm, window, me.peer_id), entry, e)
+        for level in range(pc.shard_levels):
+            shard = shard_of(window, me.peer_id, level, pc.shard_fanout)
+            await dht.store_raw(shard_key(a.swarm, window, level, shard), entry, e, subkey=subkey)
+
     async def put(data: bytes, window: int = w, sender: str = me.peer_id) -> None:
+        """Store ``data`` under the record key of (window, sender) and list it in our own signed index entry."""
         d = record_digest(data)
         await dht.store_raw(record_key(a.swarm, window, sender, d), data, exp)
-        await dht.store_raw(index_key(a.swarm, window), b"", exp, subkey=index_subkey(window, sender, d))
+        entry = writer.add(data, window)
+        if entry is not None:
+            await put_entry(entry, window)
 
     good = signed(1)
     tampered = bytearray(signed(2))
@@ -139,9 +153,15 @@ async def hostile(a: argparse.Namespace, stop: asyncio.Event) -> None:
     # both (each is authentic), the receivers' validators keep one and count the other as a replay.
     await put(good)
     await put(signed(1, kb=2.5))
-    # Junk in the index: an entry with data, and a subkey that names no record format.
-    await dht.store_raw(index_key(a.swarm, w), b"junk", exp, subkey=index_subkey(w, me.peer_id, "0" * 32))
-    await dht.store_raw(index_key(a.swarm, w), b"", exp, subkey="not/a/record")
+    # Junk in the index: bytes that are no entry, our entry filed under another sender's subkey, and an entry
+    # with a broken signature (a forged listing for somebody else).
+    await dht.store_raw(shard_key(a.swarm, w, 0, 0), b"junk", exp, subkey=me.peer_id)
+    listed = writer.add(good, w)
+    assert listed is not None
+    await dht.store_raw(shard_key(a.swarm, w, 0, 0), listed, exp, subkey="0" * 32)
+    forged = bytearray(encode_index_entry(me, a.swarm, w, [record_digest(good)]))
+    forged[-1] ^= 1
+    await dht.store_raw(peer_key(a.swarm, w, me.peer_id), bytes(forged), exp + 1)
     print("HOSTILE DONE", flush=True)
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), a.duration)

@@ -10,8 +10,9 @@ import pytest
 
 from protocol.errors import TransportError
 from protocol.identity import Identity
+from protocol.layout import IndexWriter, shard_key
 from protocol.transport.config import HivemindTransportConfig, ProtocolConfig
-from protocol.transport.hivemind_dht import HivemindTransport, index_key, index_subkey, record_digest, record_key
+from protocol.transport.hivemind_dht import HivemindTransport, record_digest, record_key
 from protocol.validation import RecordValidator
 from tests.contract.transport_contract import *  # noqa: F403
 from tests.contract.transport_contract import (
@@ -21,6 +22,7 @@ from tests.contract.transport_contract import (
     eventually,
     make_record,
     now_window,
+    publish_listed,
 )
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(120)]
@@ -61,11 +63,14 @@ async def test_store_time_guard_refuses_forged_and_misfiled_records(make_transpo
         await a.publish(good, window=w, sender=other.peer_id)
     exp = float((w + 3) * WINDOW_SECONDS)
     assert not await a.store_raw(record_key(SWARM, w - 1, ident.peer_id, record_digest(good)), good, exp)
-    assert not await a.store_raw(index_key(SWARM, w), b"data", exp, subkey=index_subkey(w, ident.peer_id, "0" * 32))
-    assert a.rejections()["key_mismatch"] >= 1  # publish refuses up front without counting; store_raw counts
-    assert a.rejections()["index_with_data"] == 1
+    # Index entries: junk bytes, and an authentic entry of `ident` under another sender's subkey.
+    assert not await a.store_raw(shard_key(SWARM, w, 0, 0), b"data", exp, subkey=ident.peer_id)
+    entry = IndexWriter(ident, SWARM).add(good, w)
+    assert not await a.store_raw(shard_key(SWARM, w, 0, 0), entry, exp, subkey=other.peer_id)
+    assert a.rejections()["key_mismatch"] >= 2  # publish refuses up front without counting; store_raw counts
+    assert a.rejections()["index_malformed"] == 1
     # The good record still goes through, and b never saw any of the bad ones.
-    await a.publish(good, window=w, sender=ident.peer_id)
+    await publish_listed(a, ident, good, w)
     assert await eventually(lambda: b.fetch_recent([w - 1, w]), lambda r: good in r) == [good]
 
 
@@ -80,10 +85,12 @@ async def test_unvalidating_peer_cannot_plant_records_on_honest_ones(make_transp
         w = now_window()
         junk = b"\x81\xa1x\xa1y" * 1000
         d = record_digest(junk)
-        await rogue.publish(junk, window=w, sender="f" * 32)  # the rogue's own node keeps it...
+        rogue_id = Identity.generate()
+        entry = IndexWriter(rogue_id, SWARM).add(junk, w)
+        await rogue.publish(junk, window=w, sender=rogue_id.peer_id, index=entry)  # the rogue's node keeps it...
         assert honest.rejections().get("malformed", 0) >= 1  # ...the honest one refused to store it
         assert await honest.fetch_recent([w]) == []
-        assert index_subkey(w, "f" * 32, d)
+        assert d == record_digest(junk)
     finally:
         await rogue.close()
 
@@ -93,7 +100,7 @@ async def test_fetch_returns_promptly_when_peers_vanish(make_transports):
     ident = Identity.generate()
     w = now_window()
     data = make_record(ident, window=w)
-    await a.publish(data, window=w, sender=ident.peer_id)
+    await publish_listed(a, ident, data, w)
     await eventually(lambda: b.fetch_recent([w]), lambda r: data in r)
     await a.close()
     start = time.monotonic()

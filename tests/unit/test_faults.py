@@ -4,7 +4,9 @@ import random
 
 from protocol.channel import Channel
 from protocol.identity import Identity
+from protocol.layout import IndexWriter
 from protocol.records import encode_record
+from protocol.transport.config import ProtocolConfig
 from protocol.transport.faults import Delay, Drop, Duplicate, Flood, Forge, Replay, Tamper, flip_bits
 from protocol.transport.memory import MemoryNetwork, MemoryTransport
 from protocol.types import Completion, Group, RolloutBatch, TaskRef
@@ -47,13 +49,20 @@ async def test_drop_all_and_none():
     assert len(await b.poll()) == 1
 
 
+def listed(ident: Identity, swarm: str = "s") -> IndexWriter:
+    return IndexWriter(ident, swarm)
+
+
 async def test_drop_on_fetch_is_seeded():
     net = MemoryNetwork()
     src = MemoryTransport(net, "src")
+    writer = listed(Identity.generate())
     for i in range(50):
-        await src.publish(bytes([i]), window=1, sender="x")
-    r1 = await Drop(MemoryTransport(net, "r1"), fetch=0.5, seed=4).fetch_recent([1])
-    r2 = await Drop(MemoryTransport(net, "r2"), fetch=0.5, seed=4).fetch_recent([1])
+        data = bytes([i])
+        await src.publish(data, window=1, sender=writer.identity.peer_id, index=writer.add(data, 1))
+    big = ProtocolConfig(poll_records=64)
+    r1 = await Drop(MemoryTransport(net, "r1", protocol=big), fetch=0.5, seed=4).fetch_recent([1])
+    r2 = await Drop(MemoryTransport(net, "r2", protocol=big), fetch=0.5, seed=4).fetch_recent([1])
     assert r1 == r2 and 10 < len(r1) < 40
 
 
@@ -69,16 +78,20 @@ async def test_delay_holds_records_until_the_clock_passes():
 async def test_duplicate_publish_and_fetch():
     net = MemoryNetwork()
     d = Duplicate(MemoryTransport(net, "a"), publish=1.0, fetch=1.0)
-    await d.publish(b"x", window=1, sender="s")
-    assert await d.fetch_recent([1]) == [b"x"] * 4
+    writer = listed(Identity.generate())
+    await d.publish(b"x", window=1, sender=writer.identity.peer_id, index=writer.add(b"x", 1))
+    # The record is stored once (content addressed); the fetch side returns each record twice.
+    assert net.stats["published"] == 2
+    assert await d.fetch_recent([1]) == [b"x"] * 2
 
 
 async def test_tamper_is_caught_by_the_validator():
     clock = Clock()
     a, b = await pair(clock, wrap_a=lambda t: Tamper(t, p=1.0, flips=3, seed=1))
+    a.transport.list_as(a.index_writer)  # the attacker lists its tampered bytes under its own identity
     for i in range(20):
         await a.publish("rollouts", batch(i))
-    assert await b.poll() == []
+    assert await b.poll() == [] and await b.poll() == []  # 20 records: two polls' budget of 10
     m = b.metrics()
     assert m["rejected_total"] == 20 and m["received"] == 0
 
@@ -91,6 +104,7 @@ def test_flip_bits_changes_data():
 async def test_replay_is_caught():
     clock = Clock()
     a, b = await pair(clock, wrap_a=lambda t: Replay(t, p=1.0, copies=2, seed=0))
+    a.transport.list_as(a.index_writer)
     await a.publish("rollouts", batch(0))
     assert len(await b.poll()) == 1
     clock.t += WS  # next window: replays are stored under the new window key
@@ -109,7 +123,7 @@ async def test_replay_of_old_records_is_stale():
     old = encode_record(
         victim, kind="rollouts", swarm="s", seq=1, window=int(clock.t // WS) - 10, created=clock.t, payload=batch()
     )
-    attacker = Replay(MemoryTransport(net, "x"), p=1.0)
+    attacker = Replay(MemoryTransport(net, "x"), p=1.0).list_as(listed(Identity.generate()))
     attacker._history.append((old, victim.peer_id))
     b = await Channel.create(Identity.generate(), MemoryTransport(net, "b"), validator(clock))
     await attacker.publish(b"noise", window=int(clock.t // WS), sender="x")
@@ -120,8 +134,9 @@ async def test_replay_of_old_records_is_stale():
 async def test_flood_of_junk_and_of_valid_records():
     clock = Clock()
     a, b = await pair(clock, wrap_a=lambda t: Flood(t, copies=30, size=100))
+    a.transport.list_as(a.index_writer)
     await a.publish("rollouts", batch())
-    got = await b.poll()
+    got = [e for _ in range(4) for e in await b.poll()]  # 31 listed records: four polls of at most 10
     assert len(got) == 1 and b.metrics()["rejected"]["malformed"] == 30
 
     flooder = Identity.generate()
@@ -134,8 +149,9 @@ async def test_flood_of_junk_and_of_valid_records():
         )
 
     a, b = await pair(clock, wrap_a=lambda t: Flood(t, copies=30, make=signed), quota=5)
+    a.transport.list_as(a.index_writer)
     await a.publish("rollouts", batch())
-    got = await b.poll()
+    got = [e for _ in range(4) for e in await b.poll()]
     assert sum(e.sender == flooder.peer_id for e in got) == 5
     assert b.metrics()["rejected"]["quota"] == 25
 
@@ -146,7 +162,17 @@ async def test_forge_impersonate_and_claim_are_rejected():
     forger = Identity.generate()
     for mode, reason in (("impersonate", "bad_signature"), ("claim", "sender_mismatch")):
         a, b = await pair(clock, wrap_a=lambda t, m=mode: Forge(t, forger=forger, mode=m, victim=victim.public_bytes))
+        a.transport.list_as(a.index_writer)
         await a.publish("rollouts", batch())
+        # Filed under the victim, the record cannot be listed (only the victim signs its index entry)...
+        assert await b.poll() == [] and a.transport.inner.network.stats["unlisted"] == 1
+        # ...and listed by the forger under its own entry, the receiver's validator refuses it.
+        forged, _ = a.transport.forge(
+            encode_record(
+                forger, kind="rollouts", swarm="s", seq=7, window=int(clock.t // WS), created=clock.t, payload=batch()
+            )
+        )
+        await a.transport._inject(forged, window=int(clock.t // WS), sender=forger.peer_id)
         assert await b.poll() == []
         assert b.metrics()["rejected"][reason] == 1
 
@@ -155,6 +181,7 @@ async def test_forge_reward_passes_the_protocol_with_the_forgers_identity():
     clock = Clock()
     forger = Identity.generate()
     a, b = await pair(clock, wrap_a=lambda t: Forge(t, forger=forger, mode="reward", reward=1.0))
+    a.transport.list_as(listed(forger))
     await a.publish("rollouts", batch(reward=0.0))
     (env,) = await b.poll()
     assert env.sender == forger.peer_id

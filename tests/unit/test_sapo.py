@@ -78,7 +78,7 @@ def test_sampler_takes_i_local_and_j_external_informative_groups():
         pool.add(_pooled(f"a{i}", f"peer{i % 3}", (0.0, 1.0)))
     pool.add(_pooled("flat", "peer0", (1.0, 1.0)))
     own = [_pooled(f"own{i}", SELF, (0.0, 1.0) if i % 2 else (0.0, 0.0)) for i in range(8)]
-    batch = SapoSampler(2, 3, seed=1).sample(pool, 0, own)
+    batch = SapoSampler(2, 3, seed=1, establish_steps=0).sample(pool, 0, own)
     assert len(batch.local) == 2 and all(g.local and g.informative for g in batch.local)
     assert len(batch.external) == 3 and all(not g.local for g in batch.external)
     assert "flat" not in {g.key for g in batch.external}
@@ -91,7 +91,7 @@ def test_sampler_caps_groups_per_peer():
     for i in range(10):
         pool.add(_pooled(f"f{i}", "flooder", (0.0, 1.0)))
     pool.add(_pooled("h0", "honest", (0.0, 1.0)))
-    batch = SapoSampler(0, 4, fill_local=False, seed=0).sample(pool, 0, [])
+    batch = SapoSampler(0, 4, fill_local=False, seed=0, establish_steps=0).sample(pool, 0, [])
     sources = Counter(g.source for g in batch.external)
     assert sources["flooder"] == 2 and sources["honest"] == 1  # default cap ceil(4/2) = 2
 
@@ -100,10 +100,28 @@ def test_external_groups_are_used_once():
     pool = RolloutPool(100, 10)
     for i in range(4):
         pool.add(_pooled(f"g{i}", f"p{i}", (0.0, 1.0)))
-    sampler = SapoSampler(0, 3, fill_local=False, max_per_peer=3, seed=0)
+    sampler = SapoSampler(0, 3, fill_local=False, max_per_peer=3, seed=0, establish_steps=0)
     first = {g.key for g in sampler.sample(pool, 0, []).external}
     second = {g.key for g in sampler.sample(pool, 0, []).external}
     assert len(first) == 3 and len(second) == 1 and not first & second
+
+
+def test_newcomers_share_a_bounded_number_of_slots():
+    """Sybil budget: senders with informative groups at fewer than establish_steps of our steps share
+    floor(J * newcomer_share) slots; established peers get the rest, however many newcomers there are."""
+    pool = RolloutPool(10_000, 10)
+    for step in range(3):  # an honest peer contributed at three steps: established
+        pool.add(_pooled(f"h{step}", "honest", (0.0, 1.0), step=step))
+    pool.add(_pooled("h3", "honest", (0.0, 1.0), step=3))
+    pool.add(_pooled("h4", "honest", (0.0, 1.0), step=3))
+    for i in range(1000):  # a flood of throwaway identities, one informative group each
+        pool.add(_pooled(f"s{i}", f"sybil{i}", (0.0, 1.0), step=3))
+    sampler = SapoSampler(0, 4, fill_local=False, seed=0)
+    batch = sampler.sample(pool, 3, [])
+    sources = Counter(g.source for g in batch.external)
+    assert batch.external_newcomer == 1 == sum(n for s, n in sources.items() if s.startswith("sybil"))
+    assert sources["honest"] == 2  # its cap (ceil(4/2)); the slot left over is not handed to newcomers
+    assert pool.trusted(3, 3)[0] == "honest"  # ranked by steps with useful groups
 
 
 @pytest.mark.parametrize("fill", [True, False])

@@ -20,7 +20,18 @@ def test_b5_scale_quick(tmp_path):
     )
     assert res.returncode == 0, res.stderr[-2000:]
     text = out.read_text()
-    assert "| 5 |" in text and "| 20 |" in text and "Machine:" in text
+    assert "| 5 |" in text and "| 40 |" in text and "Machine:" in text and "Reach" in text
+
+
+def test_sybils_take_at_most_the_newcomer_share(tmp_path):
+    """100 fresh sybil identities per round publishing informative groups: honest peers still supply at least
+    half of what an honest node trains on from outside (the newcomer budgets of the read and of SAPO)."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.sybil import measure
+
+    row = measure(100, 8, 3, tmp_path)
+    assert row["external_groups"] > 0
+    assert row["min_share"] >= 0.5, row
 
 
 @pytest.mark.slow

@@ -1,0 +1,503 @@
+"""The sharded key layout every DHT-like transport shares: keys, shards, signed index entries, bounded reads.
+
+A record is stored once under a content-addressed key. It is *found* through its sender's **index entry**: one
+signed, bounded list of the digests the sender published in a window (at most :data:`MAX_INDEX_DIGESTS`). The
+entry is stored under
+
+* the sender's **peer key** ``(window, sender)`` (followers read exactly the peers they follow), and
+* one **shard key** ``(window, level, shard)`` per written level, as the subkey ``sender``: level ``l`` splits the
+  window's senders over ``fanout ** l`` shards by a hash of ``(window, sender)``, so a reader who estimates the
+  swarm at N senders reads a level where one shard holds about ``poll_senders / poll_shards`` entries, whatever N.
+
+A poll (:class:`ShardReader`) reads a few random shards at its level, the peer keys of the senders it follows and
+one random shard of the top level (an unbiased size estimate), then fetches at most ``poll_records`` new records:
+followed senders' first, with ``poll_newcomer_records`` kept for senders it does not follow, drawn uniformly by
+sender from the reader's own randomness. Nobody but the reader chooses what it reads, one sender can list at most
+:data:`MAX_INDEX_DIGESTS` records per window, and a flood of sybil entries competes only for the newcomer slots.
+Writers write the levels from one below their own reading level up to the top (:meth:`ShardReader.write_levels`),
+so no key collects every sender of a big swarm. ``protocol/SPEC.md`` section 7 is the normative description.
+
+Knows nothing about how a transport stores or moves bytes (it is given async getters), nor about what a record
+means beyond the digest it is listed under.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import random
+from collections import OrderedDict, deque
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from protocol.identity import PEER_ID_LEN, PUBLIC_KEY_LEN, SIGNATURE_LEN, Identity, peer_id_from_public, verify
+from protocol.records import (
+    RecordDecodeError,
+    RecordSignatureError,
+    canonical_packb,
+    expect_bytes,
+    expect_int,
+    expect_map,
+    expect_str,
+    require_canonical,
+    strict_unpackb,
+)
+
+logger = logging.getLogger(__name__)
+
+#: Prepended to an index entry's body before signing (never valid as a record signature, nor the reverse).
+INDEX_DOMAIN = b"rl-swarm/index/v1\x00"
+#: Prefix of the hash that places a sender in a shard.
+SHARD_DOMAIN = b"rl-swarm/shard/v1\x00"
+#: Bytes of a record digest in an index entry (the first 16 bytes of SHA-256 of the record).
+DIGEST_BYTES = 16
+#: Most records one sender can list per window (its entry replaces itself as it grows; more are not listed).
+MAX_INDEX_DIGESTS = 64
+#: Size cap of one encoded index entry (64 digests need ~1.2 KB).
+MAX_INDEX_ENTRY_BYTES = 2048
+#: Entries whose record could not be fetched this many times are given up (dangling or lost entries).
+MAX_FETCH_ATTEMPTS = 3
+#: Polls the top-level size estimate averages over.
+ANCHOR_POLLS = 16
+#: Entries the top-level samples must have met before they count: one lucky hit in a small swarm would otherwise
+#: read as ``fanout ** top`` senders and push readers (and writers) to levels nobody else uses.
+ANCHOR_MIN_HITS = 4
+INDEX_KEYS = frozenset({"digests", "public_key", "sender", "swarm", "window"})
+
+
+def record_digest_hex(data: bytes) -> str:
+    """The digest a record is listed and stored under: SHA-256, first 16 bytes, lowercase hex."""
+    return hashlib.sha256(data).hexdigest()[: 2 * DIGEST_BYTES]
+
+
+def record_key(swarm: str, window: int, sender: str, digest: str) -> str:
+    """Key of one record (content addressed)."""
+    return f"{swarm}/rollouts/{window}/{sender}/{digest}"
+
+
+def peer_key(swarm: str, window: int, sender: str) -> str:
+    """Key of a sender's index entry for one window."""
+    return f"{swarm}/peer/{window}/{sender}"
+
+
+def shard_key(swarm: str, window: int, level: int, shard: int) -> str:
+    """Key of one shard of one level of a window's index (subkeys: sender peer ids)."""
+    return f"{swarm}/shard/{window}/{level}/{shard}"
+
+
+def shard_hash(window: int, sender: str) -> int:
+    """The 64-bit placement hash of a sender in a window: SHA-256(SHARD_DOMAIN || "window/sender")[:8], big endian."""
+    return int.from_bytes(hashlib.sha256(SHARD_DOMAIN + f"{window}/{sender}".encode()).digest()[:8], "big")
+
+
+def shard_of(window: int, sender: str, level: int, fanout: int) -> int:
+    """The sender's shard at ``level``: ``shard_hash mod fanout**level`` (level l+1 splits each shard of level l)."""
+    return shard_hash(window, sender) % (fanout**level)
+
+
+# -- signed index entries -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    """A decoded index entry: ``sender`` lists ``digests`` (hex) for ``window`` of ``swarm``."""
+
+    swarm: str
+    sender: str
+    window: int
+    digests: tuple[str, ...]
+    data: bytes = b""
+
+    @property
+    def count(self) -> int:
+        return len(self.digests)
+
+
+def encode_index_entry(identity: Identity, swarm: str, window: int, digests: Sequence[str]) -> bytes:
+    """Sign the list of ``digests`` (hex, distinct, at most :data:`MAX_INDEX_DIGESTS`) ``identity`` published."""
+    if not 1 <= len(digests) <= MAX_INDEX_DIGESTS or len(set(digests)) != len(digests):
+        raise ValueError(f"an index entry lists 1..{MAX_INDEX_DIGESTS} distinct digests, got {len(digests)}")
+    body = canonical_packb(
+        {
+            "digests": b"".join(bytes.fromhex(d) for d in digests),
+            "public_key": identity.public_bytes,
+            "sender": identity.peer_id,
+            "swarm": swarm,
+            "window": window,
+        }
+    )
+    return canonical_packb({"body": body, "sig": identity.sign(INDEX_DOMAIN + body)})
+
+
+def decode_index_entry(data: bytes, *, verify_signature: bool = True) -> IndexEntry:
+    """Decode (and by default authenticate) an index entry; raises ``RecordDecodeError``/``RecordSignatureError``
+    with the reasons of SPEC.md section 6 (``oversize``, ``malformed``, ``non_canonical``, ``schema``,
+    ``sender_mismatch``, ``bad_signature``)."""
+    if type(data) is not bytes:
+        raise RecordDecodeError("malformed", f"expected bytes, got {type(data).__name__}")
+    if len(data) > MAX_INDEX_ENTRY_BYTES:
+        raise RecordDecodeError("oversize", f"index entry of {len(data)} bytes")
+    outer = strict_unpackb(data, max_bytes=MAX_INDEX_ENTRY_BYTES)
+    if type(outer) is not dict or set(outer) != {"body", "sig"}:
+        raise RecordDecodeError("malformed", "index entry must be a map with exactly 'body' and 'sig'")
+    body_bytes, sig = outer["body"], outer["sig"]
+    if type(body_bytes) is not bytes or type(sig) is not bytes or len(sig) != SIGNATURE_LEN:
+        raise RecordDecodeError("malformed", "'body' must be bin and 'sig' bin of 64 bytes")
+    if verify_signature:  # readers of guard-checked entries skip the re-encoding (the guard did it)
+        require_canonical(outer, data, "index entry")
+    body = strict_unpackb(body_bytes, max_bytes=MAX_INDEX_ENTRY_BYTES)
+    if verify_signature:
+        require_canonical(body, body_bytes, "index body")
+    expect_map(body, "index", INDEX_KEYS)
+    raw = expect_bytes(body["digests"], "index.digests", max_len=DIGEST_BYTES * MAX_INDEX_DIGESTS)
+    if not raw or len(raw) % DIGEST_BYTES:
+        raise RecordDecodeError("schema", f"index.digests: {len(raw)} bytes is not 1..{MAX_INDEX_DIGESTS} digests")
+    digests = tuple(raw[i : i + DIGEST_BYTES].hex() for i in range(0, len(raw), DIGEST_BYTES))
+    if len(set(digests)) != len(digests):
+        raise RecordDecodeError("schema", "index.digests: repeated digest")
+    public_key = expect_bytes(body["public_key"], "index.public_key", length=PUBLIC_KEY_LEN)
+    sender = expect_str(body["sender"], "index.sender", min_len=PEER_ID_LEN, max_len=PEER_ID_LEN)
+    swarm = expect_str(body["swarm"], "index.swarm", min_len=1, max_len=64)
+    window = expect_int(body["window"], "index.window", lo=0)
+    if verify_signature:
+        if peer_id_from_public(public_key) != sender:
+            raise RecordSignatureError("sender_mismatch", "index sender is not the peer id of public_key")
+        if not verify(public_key, INDEX_DOMAIN + body_bytes, sig):
+            raise RecordSignatureError("bad_signature", f"index entry from {sender[:8]}")
+    return IndexEntry(swarm, sender, window, digests, data)
+
+
+class IndexWriter:
+    """A publisher's own index entries: the digests it published per window, re-signed after each record."""
+
+    def __init__(self, identity: Identity, swarm: str, keep_windows: int = 8) -> None:
+        self.identity = identity
+        self.swarm = swarm
+        self.keep_windows = keep_windows
+        self._digests: dict[int, list[str]] = {}
+
+    def add(self, data: bytes, window: int) -> bytes | None:
+        """The entry listing ``data`` and everything published before in ``window``; None once the window holds
+        :data:`MAX_INDEX_DIGESTS` records (the record is still stored, just not listed)."""
+        listed = self._digests.setdefault(window, [])
+        digest = record_digest_hex(data)
+        if digest not in listed:
+            if len(listed) >= MAX_INDEX_DIGESTS:
+                return None
+            listed.append(digest)
+        for w in [w for w in self._digests if w < window - self.keep_windows]:
+            del self._digests[w]
+        return encode_index_entry(self.identity, self.swarm, window, listed)
+
+    def discard(self, data: bytes, window: int) -> None:
+        """Forget ``data`` (listed by :meth:`add` but never stored, e.g. rewritten by a fault wrapper)."""
+        listed = self._digests.get(window, [])
+        digest = record_digest_hex(data)
+        if digest in listed:
+            listed.remove(digest)
+
+
+# -- levels and the size estimate -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ShardParams:
+    """The layout's settings (``fanout``/``levels`` are swarm-wide; the rest is each reader's budget)."""
+
+    fanout: int = 4
+    levels: int = 7
+    poll_shards: int = 1
+    poll_senders: int = 12
+    poll_records: int = 10
+    poll_newcomer_records: int = 4
+    follow_senders: int = 6
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> ShardParams:
+        """From a :class:`~protocol.transport.config.ProtocolConfig` (or anything with the same fields)."""
+        return cls(
+            fanout=cfg.shard_fanout,
+            levels=cfg.shard_levels,
+            poll_shards=cfg.poll_shards,
+            poll_senders=cfg.poll_senders,
+            poll_records=cfg.poll_records,
+            poll_newcomer_records=cfg.poll_newcomer_records,
+            follow_senders=cfg.follow_senders,
+        )
+
+    @property
+    def top(self) -> int:
+        return self.levels - 1
+
+    def shards(self, level: int) -> int:
+        return self.fanout**level
+
+    def level_for(self, n_senders: float) -> int:
+        """The lowest level where reading ``poll_shards`` shards means at most ``poll_senders`` entries."""
+        for level in range(self.levels):
+            if min(self.poll_shards, self.shards(level)) * n_senders / self.shards(level) <= self.poll_senders:
+                return level
+        return self.top
+
+
+# -- the reader -----------------------------------------------------------------------------------------------
+
+ShardAddr = tuple[int, int, int]  # (window, level, shard)
+PeerAddr = tuple[int, str]  # (window, sender)
+RecordAddr = tuple[int, str, str]  # (window, sender, digest hex)
+
+GetShards = Callable[[list[ShardAddr]], Awaitable[dict[ShardAddr, list[bytes]]]]
+GetPeers = Callable[[list[PeerAddr]], Awaitable[dict[PeerAddr, bytes]]]
+GetRecords = Callable[[list[RecordAddr]], Awaitable[dict[RecordAddr, list[bytes]]]]
+
+
+@dataclass
+class PollPlan:
+    """What one poll reads: shards at the reading level, followed peers' keys, one top-level anchor shard."""
+
+    level: int
+    shards: list[ShardAddr] = field(default_factory=list)
+    peers: list[PeerAddr] = field(default_factory=list)
+    anchor: ShardAddr | None = None
+
+
+class ShardReader:
+    """One reader's bounded sample of the sharded index, plus its cache of fetched records.
+
+    Keeps an estimate of the senders per window (for the reading and writing levels), the records it fetched
+    (returned again on later polls of the same windows, like a DHT value cache), and entries it gave up on.
+    Memory is bounded by ``poll_records`` x the polls of the cached windows.
+    """
+
+    def __init__(
+        self, swarm: str | None, params: ShardParams, *, seed: int | None = None, keep_windows: int = 8
+    ) -> None:
+        self.swarm = swarm
+        self.p = params
+        self.rng = random.Random(seed)
+        self.keep_windows = keep_windows
+        self.estimate: float | None = None  # senders per window
+        self._anchors: deque[float] = deque(maxlen=ANCHOR_POLLS)
+        self.cache: dict[int, OrderedDict[str, bytes]] = {}  # window -> digest -> record bytes
+        self.misses: dict[RecordAddr, int] = {}
+        self.stats: dict[str, int] = dict.fromkeys(
+            (
+                "index_reads",
+                "index_entries",
+                "index_bytes",
+                "record_reads",
+                "records_fetched",
+                "record_bytes",
+                "record_misses",
+                "entries_given_up",
+                "entries_over_budget",
+            ),
+            0,
+        )
+        #: Index entries this reader dropped (undecodable, another swarm's, filed under another window), by reason.
+        self.dropped: dict[str, int] = {}
+
+    # -- levels --------------------------------------------------------------------------------------------
+
+    def read_level(self) -> int:
+        return 0 if self.estimate is None else self.p.level_for(self.estimate)
+
+    def write_levels(self) -> range:
+        """Levels a publisher writes its entry to: one below its reading level (readers whose estimate is up to
+        ``fanout`` times smaller still find it) up to the top (the anchor every reader samples)."""
+        return range(max(0, self.read_level() - 1), self.p.levels)
+
+    def remember_own(self, data: bytes, window: int) -> None:
+        self.cache.setdefault(window, OrderedDict())[record_digest_hex(data)] = data
+
+    # -- one poll ------------------------------------------------------------------------------------------
+
+    def plan(self, windows: Sequence[int], prefer: Collection[str]) -> PollPlan:
+        level = self.read_level()
+        n = self.p.shards(level)
+        plan = PollPlan(level)
+        for w in windows:
+            picked = set(self.rng.sample(range(n), min(self.p.poll_shards, n)))
+            plan.shards.extend((w, level, s) for s in sorted(picked))
+            for sender in list(prefer)[: self.p.follow_senders]:
+                if shard_of(w, sender, level, self.p.fanout) not in picked:
+                    plan.peers.append((w, sender))
+        if windows and level != self.p.top:
+            complete = min(windows)  # the oldest window asked for has stopped filling up
+            plan.anchor = (complete, self.p.top, self.rng.randrange(self.p.shards(self.p.top)))
+        return plan
+
+    async def poll(
+        self,
+        windows: Sequence[int],
+        prefer: Collection[str],
+        get_shards: GetShards,
+        get_peers: GetPeers,
+        get_records: GetRecords,
+    ) -> list[bytes]:
+        """Read the plan's keys, fetch at most ``poll_records`` new records, return the cached records of
+        ``windows`` (plus an extra copy of a record the network delivered twice)."""
+        windows = sorted(set(windows))
+        prefer = [s for s in dict.fromkeys(prefer)][: self.p.follow_senders]
+        plan = self.plan(windows, prefer)
+        keys = plan.shards + ([plan.anchor] if plan.anchor else [])
+        shard_values, peer_values = await asyncio.gather(
+            get_shards(keys) if keys else _nothing(), get_peers(plan.peers) if plan.peers else _nothing()
+        )
+        self.stats["index_reads"] += len(keys) + len(plan.peers)
+        entries: dict[tuple[int, str], IndexEntry] = {}
+        seen_per_window: dict[int, int] = {}
+        for addr in plan.shards:
+            values = shard_values.get(addr, [])
+            seen_per_window[addr[0]] = seen_per_window.get(addr[0], 0) + len(values)
+            for raw in values:
+                self._take(raw, addr[0], entries)
+        for addr in plan.peers:
+            raw = peer_values.get(addr)
+            if raw is not None:
+                self._take(raw, addr[0], entries)
+        if plan.anchor is not None:
+            self._anchors.append(len(shard_values.get(plan.anchor, [])))
+        self._update_estimate(plan, windows, seen_per_window)
+        wanted = self._select(entries, set(prefer))
+        extra: list[bytes] = []
+        if wanted:
+            self.stats["record_reads"] += len(wanted)
+            got = await get_records(wanted)
+            for addr in wanted:
+                copies = [d for d in got.get(addr, []) if record_digest_hex(d) == addr[2]]
+                if copies:
+                    self.cache.setdefault(addr[0], OrderedDict())[addr[2]] = copies[0]
+                    self.misses.pop(addr, None)
+                    self.stats["records_fetched"] += 1
+                    self.stats["record_bytes"] += len(copies[0])
+                    extra.extend(copies[1:])
+                else:
+                    self.stats["record_misses"] += 1
+                    self.misses[addr] = self.misses.get(addr, 0) + 1
+                    if self.misses[addr] == MAX_FETCH_ATTEMPTS:
+                        self.stats["entries_given_up"] += 1
+        self._prune(windows)
+        return [d for w in windows for d in self.cache.get(w, {}).values()] + extra
+
+    def _take(self, raw: bytes, window: int, entries: dict[tuple[int, str], IndexEntry]) -> None:
+        self.stats["index_entries"] += 1
+        self.stats["index_bytes"] += len(raw)
+        try:
+            # Entries were authenticated where they were stored (an honest replica's guard); this reader only
+            # needs their fields. Records are validated in full by the channel.
+            entry = decode_index_entry(raw, verify_signature=False)
+        except (RecordDecodeError, RecordSignatureError) as e:
+            self._drop(f"index_{e.reason}")
+            return
+        if self.swarm is not None and entry.swarm != self.swarm:
+            self._drop("index_wrong_swarm")
+            return
+        if entry.window != window:
+            self._drop("index_key_mismatch")
+            return
+        old = entries.get((window, entry.sender))
+        if old is None or entry.count > old.count:
+            entries[(window, entry.sender)] = entry
+
+    def _drop(self, reason: str) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+
+    def _select(self, entries: dict[tuple[int, str], IndexEntry], prefer: set[str]) -> list[RecordAddr]:
+        """Followed senders' new records first, then unknown senders', each group round robin *by sender* (one
+        record per sender per turn, oldest window first) in the reader's random order, within ``poll_records`` of
+        which ``poll_newcomer_records`` are kept for unknown senders. So every followed sender gets a record each
+        poll (``follow_senders <= poll_records - poll_newcomer_records``) however much anyone else lists."""
+        todo: dict[str, list[RecordAddr]] = {}
+        for (w, sender), entry in sorted(entries.items()):
+            have = self.cache.get(w, {})
+            todo.setdefault(sender, []).extend(
+                (w, sender, d)
+                for d in entry.digests
+                if d not in have and self.misses.get((w, sender, d), 0) < MAX_FETCH_ATTEMPTS
+            )
+        followed = [t for s, t in todo.items() if t and s in prefer]
+        unknown = [t for s, t in todo.items() if t and s not in prefer]
+        self.rng.shuffle(followed)
+        self.rng.shuffle(unknown)
+        budget = self.p.poll_records
+        reserve = min(self.p.poll_newcomer_records, budget) if unknown else 0
+        out = _round_robin(followed, budget - reserve)
+        out += _round_robin(unknown, budget - len(out))
+        if len(out) < budget:
+            out += _round_robin(followed, budget - len(out), skip=set(out))
+        self.stats["entries_over_budget"] += sum(len(t) for t in followed + unknown) - len(out)
+        return out
+
+    def _update_estimate(self, plan: PollPlan, windows: Sequence[int], seen: dict[int, int]) -> None:
+        if not windows:
+            return
+        n_read = min(self.p.poll_shards, self.p.shards(plan.level))
+        # Any window's count is a lower bound of its senders (the newest is still filling up): take the largest.
+        level_est = max(seen.values(), default=0) * self.p.shards(plan.level) / n_read
+        hits = sum(self._anchors)
+        anchor_est = hits * self.p.shards(self.p.top) / len(self._anchors) if hits >= ANCHOR_MIN_HITS else 0.0
+        sample = max(level_est, anchor_est, 1.0)
+        self.estimate = sample if self.estimate is None else 0.5 * self.estimate + 0.5 * sample
+
+    def _prune(self, windows: Sequence[int]) -> None:
+        if not windows:
+            return
+        oldest = max(windows) - self.keep_windows
+        for w in [w for w in self.cache if w < oldest]:
+            del self.cache[w]
+        for k in [k for k in self.misses if k[0] < oldest]:
+            del self.misses[k]
+
+
+async def _nothing() -> dict:
+    return {}
+
+
+def _round_robin(lists: list[list[RecordAddr]], n: int, skip: set[RecordAddr] | None = None) -> list[RecordAddr]:
+    out: list[RecordAddr] = []
+    depth = 0
+    while len(out) < n:
+        progressed = False
+        for todo in lists:
+            if depth < len(todo):
+                progressed = True
+                if skip is None or todo[depth] not in skip:
+                    out.append(todo[depth])
+                    if len(out) >= n:
+                        break
+        if not progressed:
+            break
+        depth += 1
+    return out
+
+
+def expected_reach(
+    n_senders: int, params: ShardParams, polls: int, records_per_poll: float = 1.0, live_polls: int | None = None
+) -> float:
+    """SPEC.md 7.5: the expected share of the other nodes that fetch a given record within ``polls`` polls, in a
+    swarm of ``n_senders`` nodes that each publish ``records_per_poll`` records per poll and follow
+    ``follow_senders`` others (so a record's sender is followed by that many readers, who fetch it at once).
+
+    A reader that does not follow the sender reads its shard with probability ``m / S`` per poll (``m`` shards of
+    ``S`` at the reader's level) and, among the new records of the unknown senders it sees, fetches what its
+    remaining budget allows: ``p = min(m / S, B_u / (U * r))`` with ``U`` the unknown senders, ``r`` their records
+    per poll and ``B_u = max(B - F * r, B_new)`` the budget left after the followed senders' records. Only the
+    ``live_polls`` polls while the record's window is still polled count (None: all ``polls``).
+    """
+    if live_polls is not None:
+        polls = min(polls, live_polls)
+    others = max(1, n_senders - 1)
+    r = records_per_poll
+    followed = min(params.follow_senders, others)
+    f = followed / others
+    unknown = others - followed
+    if unknown == 0:
+        return 1.0
+    shards = params.shards(params.level_for(n_senders))
+    m = min(params.poll_shards, shards)
+    budget_u = max(params.poll_records - followed * r, params.poll_newcomer_records)
+    p = min(1.0, m / shards, budget_u / (unknown * r))
+    return f + (1 - f) * (1 - (1 - p) ** polls)
