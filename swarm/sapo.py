@@ -131,7 +131,7 @@ class SapoSampler:
     * ``fill_local``: when peers supply fewer than J groups, use more of this step's own informative
       groups instead, so a node alone keeps its batch size (it is then a plain single-node trainer);
     * sybil budget: groups from *newcomers* -- senders that have not yet contributed informative groups at
-      ``establish_steps`` distinct steps of ours -- take at most ``floor(J * newcomer_share)`` slots, shared by
+      ``establish_steps`` distinct steps of ours -- take at most ``max(1, floor(J * newcomer_share))`` slots, shared by
       all newcomers; the other slots go to established senders only. Minting identities is free, so a flood of
       throwaway identities competes for the newcomer slots alone (threat model: ``protocol/SPEC.md`` 11).
     """
@@ -185,7 +185,12 @@ class SapoSampler:
                 taken += 1
             return taken
 
-        batch.external_newcomer = take(newcomers, math.floor(self.external_groups * self.newcomer_share))
+        # At least one slot while the share is positive: with a small J the floor would be 0, and a new honest peer
+        # (one whose records all arrived in one poll, say) could then never be trained on.
+        slots = math.floor(self.external_groups * self.newcomer_share)
+        if self.newcomer_share > 0 and self.external_groups > 0:
+            slots = max(1, slots)
+        batch.external_newcomer = take(newcomers, slots)
         take(established, self.external_groups)
         for g in batch.external:
             g.uses += 1
