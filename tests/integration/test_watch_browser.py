@@ -27,11 +27,12 @@ import pytest
 
 from node.eval import read_results
 from node.metrics import read_jsonl
+from protocol.identity import Identity
 from tests.integration.procs import FAST_JOIN
 
 pytestmark = [pytest.mark.network]
 
-PEER_ID = re.compile(r"peer id ([0-9a-f]{32})")
+PEER_ID = re.compile(r"peer id (\S+)")  # printed once a node's identity exists (the id peers dial)
 SERVING = re.compile(r"serving on (http://127\.0\.0\.1:\d+/)")
 HOSTILE_TEXT = "<script>document.title='pwned'</script><answer>-7</answer>"
 CHAIN = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
@@ -180,7 +181,9 @@ def test_observer_page_in_chromium_shows_verified_peers(node_procs, tmp_path):
     b = node_procs("b", "join", "--peers", maddr, "--run-dir", str(b_dir), *FAST_JOIN)
     w = node_procs("w", "watch", "--peers", maddr, "--port", "0")
     url = w.wait_for(SERVING, 120).group(1)
-    a_id, b_id = a.wait_for(PEER_ID, 60).group(1), b.wait_for(PEER_ID, 60).group(1)
+    a.wait_for(PEER_ID, 60), b.wait_for(PEER_ID, 60)
+    # records are signed by the node's Ed25519 identity: the observer lists peers by that id
+    a_id, b_id = (Identity.load(d / "identity.key").peer_id for d in (a_dir, b_dir))
     hostile_id = asyncio.run(publish_hostile(maddr))
 
     deadline = time.monotonic() + 300
