@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol.identity import PEER_ID_LEN, PUBLIC_KEY_LEN, SIGNATURE_LEN, Identity, peer_id_from_public, verify
+from protocol.identity import PEER_ID_LEN, PUBLIC_KEY_LEN, Identity, peer_id_from_public, verify
 from protocol.records import (
     RecordDecodeError,
     RecordSignatureError,
@@ -42,6 +42,7 @@ from protocol.records import (
     expect_map,
     expect_str,
     require_canonical,
+    split_signed,
     strict_unpackb,
 )
 
@@ -137,14 +138,7 @@ def decode_index_entry(data: bytes, *, verify_signature: bool = True) -> IndexEn
     ``sender_mismatch``, ``bad_signature``)."""
     if type(data) is not bytes:
         raise RecordDecodeError("malformed", f"expected bytes, got {type(data).__name__}")
-    if len(data) > MAX_INDEX_ENTRY_BYTES:
-        raise RecordDecodeError("oversize", f"index entry of {len(data)} bytes")
-    outer = strict_unpackb(data, max_bytes=MAX_INDEX_ENTRY_BYTES)
-    if type(outer) is not dict or set(outer) != {"body", "sig"}:
-        raise RecordDecodeError("malformed", "index entry must be a map with exactly 'body' and 'sig'")
-    body_bytes, sig = outer["body"], outer["sig"]
-    if type(body_bytes) is not bytes or type(sig) is not bytes or len(sig) != SIGNATURE_LEN:
-        raise RecordDecodeError("malformed", "'body' must be bin and 'sig' bin of 64 bytes")
+    outer, body_bytes, sig = split_signed(data, MAX_INDEX_ENTRY_BYTES, "index entry")
     if verify_signature:  # readers of guard-checked entries skip the re-encoding (the guard did it)
         require_canonical(outer, data, "index entry")
     body = strict_unpackb(body_bytes, max_bytes=MAX_INDEX_ENTRY_BYTES)

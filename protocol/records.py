@@ -497,6 +497,20 @@ def _check_header(body: Any) -> dict[str, Any]:
     return body
 
 
+def split_signed(data: bytes, max_bytes: int, what: str) -> tuple[dict, bytes, bytes]:
+    """The outer map ``{"body": bin, "sig": bin(64)}`` of a signed value (a record, an index entry), checked for
+    size and shape: ``(outer, body_bytes, sig)``; :class:`RecordDecodeError` (``oversize``/``malformed``)."""
+    if len(data) > max_bytes:
+        raise RecordDecodeError("oversize", f"{what} of {len(data)} bytes > {max_bytes}")
+    outer = strict_unpackb(data, max_bytes=max_bytes)
+    if type(outer) is not dict or set(outer) != {"body", "sig"}:
+        raise RecordDecodeError("malformed", f"{what} must be a map with exactly 'body' and 'sig'")
+    body_bytes, sig = outer["body"], outer["sig"]
+    if type(body_bytes) is not bytes or type(sig) is not bytes or len(sig) != SIGNATURE_LEN:
+        raise RecordDecodeError("malformed", "'body' must be bin and 'sig' bin of 64 bytes")
+    return outer, body_bytes, sig
+
+
 def decode_record(data: bytes, max_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> Envelope:
     """Decode and authenticate one record.
 
@@ -508,14 +522,7 @@ def decode_record(data: bytes, max_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> Env
         if not isinstance(data, bytearray | memoryview):
             raise RecordDecodeError("malformed", f"expected bytes, got {type(data).__name__}")
         data = bytes(data)
-    if len(data) > max_bytes:
-        raise RecordDecodeError("oversize", f"{len(data)} bytes > {max_bytes}")
-    outer = strict_unpackb(data, max_bytes=max_bytes)
-    if type(outer) is not dict or set(outer) != {"body", "sig"}:
-        raise RecordDecodeError("malformed", "outer value must be a map with exactly 'body' and 'sig'")
-    body_bytes, sig = outer["body"], outer["sig"]
-    if type(body_bytes) is not bytes or type(sig) is not bytes or len(sig) != SIGNATURE_LEN:
-        raise RecordDecodeError("malformed", "'body' must be bin and 'sig' bin of 64 bytes")
+    outer, body_bytes, sig = split_signed(data, max_bytes, "outer value")
     require_canonical(outer, data, "outer map")
     body = strict_unpackb(body_bytes, max_bytes=max_bytes)
     require_canonical(body, body_bytes, "body")
