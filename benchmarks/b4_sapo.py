@@ -1,22 +1,34 @@
-"""B4 SAPO: the I/J table of the SAPO paper (arXiv 2509.08721) reproduced in the in-process simulator.
+"""B4 SAPO: does sharing rollouts pay? The SAPO paper's I/J experiment (arXiv 2509.08721) in the in-process
+simulator, in the regime where it can: sparse rewards over nine task families, nodes that know different things.
 
-8 nodes with the built-in tiny model, the same budget per node per step (8 prompts x G completions generated,
-I + J = 8 groups trained on), configurations 8/0, 6/2, 4/4, 2/6, 3 seeds. Cumulative reward = reward_mean summed
-over nodes and steps, averaged over seeds. Target (BENCHMARKS.md): 4/4 / 8/0 >= 1.94 (the paper's +94%) and
-the paper's ordering (4/4 > 2/6 > 6/2 > 8/0; paper totals 1093.31, 945.87, 854.43, 561.79).
+Rows are named ``<population>-<budget>-<I>-<J>[-<ablation>]`` (``configs/sim/sapo.yaml`` says what each is):
 
-    python benchmarks/b4_sapo.py            # configs/sim/sapo.yaml (long: run it in the background)
-    python benchmarks/b4_sapo.py --quick    # configs/sim/sapo-quick.yaml (< 20 min on 2 cores)
-    python benchmarks/b4_sapo.py --smoke    # sapo-quick's own quick overrides (seconds; run by a test)
+* populations: ``het`` (nodes warm-started on different family subsets, as volunteers really are) and ``homo``
+  (identical nodes, as in the paper);
+* budgets: ``same`` (every configuration generates the same number of questions per step) and ``paper`` (an I/J
+  node generates I questions, as in the paper);
+* ablations of 4/4: ``fresh1`` (peers' groups from the latest round only), ``noIS`` (no importance weights on
+  peers' completions), and ``8-0-keep0`` (a baseline that also trains on its zero-advantage groups).
 
-Writes ``benchmarks/results/b4_sapo.md`` (``b4_sapo_quick.md`` / ``b4_sapo_smoke.md``; or ``--out``) with
-machine info, the date, the table with ratios vs 8/0, and the reward-curve plot next to it.
+Metrics (``sim.sapo_analysis``): own-rollout reward (primary), held-out accuracy per family, training-batch
+reward; each ratio is paired by seed with the row's ``8-0``. Target (BENCHMARKS.md): 4/4 >= 1.94x 8/0 and the
+paper's ordering 4/4 > 2/6 > 6/2 > 8/0 (paper totals 1093.31, 945.87, 854.43, 561.79).
+
+    python benchmarks/b4_sapo.py                      # configs/sim/sapo.yaml (hours on CPU; see --only)
+    python benchmarks/b4_sapo.py --quick              # configs/sim/sapo-quick.yaml (< 20 min on 2 cores)
+    python benchmarks/b4_sapo.py --smoke              # sapo-quick's own quick overrides (seconds; run by a test)
+    python benchmarks/b4_sapo.py --only het-same-8-0,het-same-4-4   # some rows (run several in parallel)
+    python benchmarks/b4_sapo.py --analyze            # re-read the run directory and write the report only
+
+Writes ``benchmarks/results/b4_sapo.md`` (``b4_sapo_quick.md`` / ``b4_sapo_smoke.md``; or ``--out``) with the
+tables and the reward, batch-reward and aha-propagation plots next to it.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import shutil
 import sys
 import time
@@ -29,20 +41,65 @@ if str(ROOT) not in sys.path:
 from benchmarks.common import machine_info  # noqa: E402
 
 PAPER = {"8-0": 561.79, "6-2": 854.43, "4-4": 1093.31, "2-6": 945.87}
+PAPER_ORDER = ("4-4", "2-6", "6-2", "8-0")
 
 
 def verdict(rows: list[dict]) -> list[str]:
-    by = {r["config"]: r["cumulative_reward"] for r in rows}
+    """Per population and budget: 4/4 against 8/0 and the ordering of the splits, by mean own-rollout reward."""
+    import statistics
+
+    groups: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        parts = r["config"].split("-")
+        if len(parts) == 4:
+            groups.setdefault("-".join(parts[:2]), {})[f"{parts[2]}-{parts[3]}"] = r
     out = []
-    if "8-0" in by and "4-4" in by and by["8-0"] > 0:
-        ratio = by["4-4"] / by["8-0"]
-        out.append(f"4/4 vs 8/0: {ratio:.3f} (target >= 1.94: {'PASS' if ratio >= 1.94 else 'FAIL'})")
-    present = [c for c in ("4-4", "2-6", "6-2", "8-0") if c in by]
-    ours = sorted(present, key=lambda c: -by[c])
-    out.append(
-        f"ordering: ours {' > '.join(ours)}; paper {' > '.join(present)} ({'same' if ours == present else 'different'})"
-    )
+    for prefix, by in groups.items():
+        if "4-4" in by and "8-0" in by:
+            ratios = by["4-4"]["own_ratio"]
+            mean = statistics.fmean(ratios)
+            spread = statistics.stdev(ratios) if len(ratios) > 1 else 0.0
+            gain = statistics.fmean(by["4-4"]["heldout_gain"]) - statistics.fmean(by["8-0"]["heldout_gain"])
+            out.append(
+                f"{prefix}: 4/4 vs 8/0 own-rollout reward {mean:.3f}"
+                + (f" ± {spread:.3f}" if len(ratios) > 1 else "")
+                + f" (target >= 1.94: {'PASS' if mean >= 1.94 else 'FAIL'}); held-out gain 4/4 minus 8/0 {gain:+.3f}"
+            )
+        present = [c for c in PAPER_ORDER if c in by]
+        if len(present) > 2:
+            ours = sorted(present, key=lambda c: -statistics.fmean(by[c]["own"]))
+            out.append(
+                f"{prefix}: ordering ours {' > '.join(ours)}; paper {' > '.join(present)} "
+                f"({'same' if ours == present else 'different'})"
+            )
     return out
+
+
+def run_parallel(cfg, args: argparse.Namespace, run_dir: Path) -> None:
+    """Every (configuration, seed) run in its own process, ``args.jobs`` at a time (each with the experiment's
+    ``torch_threads``); one failed run fails the benchmark after the others finish."""
+    import subprocess
+
+    base = [sys.executable, str(Path(__file__).resolve()), "--run-dir", str(run_dir), "--no-report"]
+    base += ["--quick"] if args.quick else ["--smoke"] if args.smoke else []
+    for o in args.overrides:
+        base += ["--set", o]
+    todo = [(v.name, s) for v in cfg.configurations for s in cfg.seeds]
+    running: list[tuple[subprocess.Popen, str]] = []
+    failed = []
+    while todo or running:
+        while todo and len(running) < args.jobs:
+            name, seed = todo.pop(0)
+            cmd = [*base, "--only", name, "--set", f"seeds=[{seed}]"]
+            running.append((subprocess.Popen(cmd), f"{name} seed {seed}"))
+        time.sleep(1.0)
+        for proc, label in list(running):
+            if proc.poll() is not None:
+                running.remove((proc, label))
+                if proc.returncode != 0:
+                    failed.append(label)
+    if failed:
+        raise SystemExit(f"runs failed: {', '.join(failed)}")
 
 
 def main() -> int:
@@ -53,11 +110,15 @@ def main() -> int:
     ap.add_argument("--run-dir", type=Path, help="where the per-node metrics go (default runs/b4_sapo[_quick])")
     ap.add_argument("--out", type=Path, help="the results Markdown file")
     ap.add_argument("--set", dest="overrides", action="append", default=[], help="experiment override key=value")
+    ap.add_argument("--only", help="comma-separated configuration names to run (others in the run dir are kept)")
+    ap.add_argument("--analyze", action="store_true", help="run nothing; report on what the run dir holds")
+    ap.add_argument("--jobs", type=int, default=1, help="(configuration, seed) runs in parallel processes")
+    ap.add_argument("--no-report", action="store_true", help=argparse.SUPPRESS)  # a --jobs worker
     args = ap.parse_args()
 
     from protocol.config import write_resolved
+    from sim import sapo_analysis as sa
     from sim.config import load_sim_config
-    from sim.report import markdown_table, write_report
     from sim.runner import run_experiment
 
     suffix = "_quick" if args.quick else "_smoke" if args.smoke else ""
@@ -65,32 +126,83 @@ def main() -> int:
     cfg = load_sim_config(str(config), args.overrides, quick=args.smoke)
     run_dir = args.run_dir or ROOT / "runs" / f"b4_sapo{suffix}"
     out = args.out or ROOT / "benchmarks" / "results" / f"b4_sapo{suffix}.md"
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
-    write_resolved(cfg, run_dir)
-    t0 = time.perf_counter()
-    run_experiment(cfg, run_dir, progress=lambda line: print(line, file=sys.stderr, flush=True))
-    wall = time.perf_counter() - t0
-    rows = write_report(run_dir, title=cfg.name, order=[v.name for v in cfg.configurations])
-    plot = out.with_suffix(".png")
+    order = [v.name for v in cfg.configurations]
+    wall = None
+    if not args.analyze:
+        if args.only:
+            wanted = args.only.split(",")
+            unknown = sorted(set(wanted) - set(order))
+            if unknown:
+                ap.error(f"--only names unknown configurations {unknown}; known: {order}")
+            cfg = cfg.model_copy(update={"configurations": [v for v in cfg.configurations if v.name in wanted]})
+        for v in cfg.configurations:  # a rerun replaces its own runs only
+            for seed in cfg.seeds:
+                shutil.rmtree(run_dir / v.name / f"seed{seed}", ignore_errors=True)
+        t0 = time.perf_counter()
+        if args.jobs > 1:
+            run_parallel(cfg, args, run_dir)
+        else:
+            write_resolved(cfg, run_dir / "resolved" / "+".join(v.name for v in cfg.configurations))
+            run_experiment(cfg, run_dir, progress=lambda line: print(line, file=sys.stderr, flush=True))
+        wall = time.perf_counter() - t0
+        if args.no_report:
+            return 0
+
+    results = sa.collect(run_dir)
+    rows = sa.summary_rows(results, order)
     out.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(run_dir / "rewards.png", plot)
+    stem = out.with_suffix("")
+    names = [r["config"] for r in rows]
+    main_rows = [n for n in names if len(n.split("-")) == 4]
+    plots = {
+        "own-rollout reward": sa.plot_curves(results, main_rows, Path(f"{stem}_reward.png"), "reward_mean"),
+        "training-batch reward": sa.plot_curves(results, main_rows, Path(f"{stem}_batch.png"), "batch_reward_mean"),
+        "aha propagation": sa.plot_propagation(
+            results, [n for n in main_rows if n.endswith(("-8-0", "-4-4"))], Path(f"{stem}_aha.png")
+        ),
+    }
     lines = [
-        f"# B4 SAPO I/J ({config.name}{' --smoke' if args.smoke else ''})",
+        f"# B4 SAPO ({config.name}{' --smoke' if args.smoke else ''})",
         "",
         f"Date: {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}  ",
         f"Machine: {machine_info()}  ",
         f"Setup: {cfg.nodes} nodes, {cfg.steps} steps, seeds {cfg.seeds}, policy {cfg.policy}, "
-        f"torch threads {cfg.torch_threads}; wall time {wall / 60:.1f} min.",
+        f"torch threads {cfg.torch_threads}"
+        + (f"; wall time of this invocation {wall / 60:.1f} min." if wall is not None else "."),
         "",
-        markdown_table(rows),
+        "Own-rollout reward: the reward of the node's own completions, summed over nodes and steps (primary). "
+        "Held-out: accuracy on questions no node trains on. Batch reward: the reward of what the learner trained on "
+        "(own plus selected peers' groups); it is not the node's skill. Ratios are paired by seed with the row's "
+        "8-0; ± is the standard deviation over seeds.",
+        "",
+        sa.markdown_summary(rows),
+        "",
         *[f"- {v}" for v in verdict(rows)],
-        "- paper (8 x Qwen2.5-0.5B, 2000 rounds): " + ", ".join(f"{k} = {v}" for k, v in PAPER.items()),
+        "- paper (8 x Qwen2.5-0.5B, 2000 rounds, batch reward): " + ", ".join(f"{k} = {v}" for k, v in PAPER.items()),
         "",
-        f"![reward curves]({plot.name})",
+        "## Held-out accuracy per family at the end (gain since step 0)",
+        "",
+        sa.heldout_by_family(results, names),
+        "",
+        "## Aha propagation (share of nodes whose own success rose; first rise; mean lag of the others, steps)",
+        "",
     ]
+    for name in [n for n in main_rows if n.endswith(("-8-0", "-4-4"))]:
+        prop = sa.propagation(results, name)
+        cells = ", ".join(
+            f"{f}: {p['share']:.2f} rose"
+            + (f", first {p['first']:.0f}" if p.get("first") is not None else "")
+            + (f", lag {p['lag']:.0f}" if p.get("lag") is not None else "")
+            for f, p in sorted(prop.items())
+        )
+        lines.append(f"- {name}: {cells}")
+    lines.append("")
+    for title, path in plots.items():
+        if path is not None:
+            lines.append(f"![{title}]({path.name})")
     text = "\n".join(lines) + "\n"
     out.write_text(text)
+    (out.with_suffix(".json")).write_text(json.dumps(rows, indent=1))
     print(text)
     return 0
 

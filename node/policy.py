@@ -163,7 +163,11 @@ def load_policy(cfg: ModelConfig) -> Policy:
 
         if name != tiny.BUILTIN_NAME:
             raise ModelLoadError(f"unknown built-in model {name!r}; the built-in model is {tiny.BUILTIN_NAME!r}")
-        path = tiny.ensure_built(cfg.cache_dir)
+        try:
+            recipe = tiny.recipe_with(cfg.builtin)
+        except (ValueError, TypeError) as e:
+            raise ModelLoadError(f"model.builtin: {e}") from e
+        path = tiny.ensure_built(cfg.cache_dir, recipe)
         model, tokenizer = _load_local(path, dtype)
     elif name in _packaged_names():
         from node import packaged

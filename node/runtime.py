@@ -97,6 +97,7 @@ class Node:
             max_per_peer=cfg.sapo.max_per_peer,
             fill_local=cfg.sapo.fill_local,
             seed=cfg.seed,
+            keep_zero_advantage=cfg.sapo.keep_zero_advantage,
         )
         self.ingest_counts: Counter[str] = Counter()
         self.totals: Counter[str] = Counter()
@@ -454,14 +455,14 @@ class Node:
                 continue
             item = self.tasks.materialize(g.group.task)
             prompt_ids = self.policy.encode(self.policy.format_prompt(item.question))
-            same_tokenizer = g.tokenizer == self.policy.tokenizer_id
+            use_hint = self.cfg.sapo.peer_importance_weights and g.tokenizer == self.policy.tokenizer_id
             for comp, adv in zip(g.group.completions, advs, strict=True):
                 ids = self.policy.encode(comp.text)[:max_new]
                 if comp.finish_reason == "stop" and eos is not None and len(ids) < max_new:
                     ids.append(eos)
                 if not ids:
                     continue
-                hint = comp.logprob_mean if same_tokenizer else None
+                hint = comp.logprob_mean if use_hint else None
                 if hint is not None:
                     hint = min(max(float(hint), HINT_RANGE[0]), HINT_RANGE[1]) if math.isfinite(hint) else None
                 samples.append(TrainSample(prompt_ids, ids, adv, None, hint, external=True))

@@ -82,6 +82,10 @@ class TinyRecipe:
     did not improve."""
     # supervised warm start
     sft_families: tuple[TaskFamily, ...] = field(default_factory=_default_sft_families)
+    tokenizer_families: tuple[TaskFamily, ...] = ()
+    """Families whose items the tokenizer is trained on besides the SAPO nine; empty = ``sft_families``. Models
+    warm-started on different family subsets share one tokenizer when they name the same families here, so
+    peers' behaviour hints stay usable between them."""
     sft_task_seed: int = 12345
     """Task seed of the warm-start items (differs from the default ``tasks.seed`` so RL prompts are not the
     exact items seen in the warm start, even where a family's item space is larger than the pool)."""
@@ -98,6 +102,10 @@ class TinyRecipe:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["sft_families"] = [f.model_dump() for f in self.sft_families]
+        if self.tokenizer_families:
+            d["tokenizer_families"] = [f.model_dump() for f in self.tokenizer_families]
+        else:  # absent, not empty: recipes from before the field keep their key (and their cached build)
+            del d["tokenizer_families"]
         d["build_code_version"] = BUILD_CODE_VERSION
         return d
 
@@ -108,6 +116,22 @@ class TinyRecipe:
 
 
 DEFAULT_RECIPE = TinyRecipe()
+
+
+def recipe_with(overrides: dict[str, Any]) -> TinyRecipe:
+    """:data:`DEFAULT_RECIPE` with ``overrides`` (``model.builtin``) applied; family lists are lists of
+    ``{name, config, weight}`` mappings. Raises ``ValueError`` naming an unknown field or a bad family."""
+    if not overrides:
+        return DEFAULT_RECIPE
+    known = {f.name for f in dataclasses.fields(TinyRecipe)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(f"unknown built-in recipe field(s) {unknown}; known: {sorted(known)}")
+    values = dict(overrides)
+    for key in ("sft_families", "tokenizer_families"):
+        if key in values:
+            values[key] = tuple(TaskFamily.model_validate(f) for f in values[key])
+    return dataclasses.replace(DEFAULT_RECIPE, **values)
 
 
 def default_cache_root() -> Path:
@@ -178,7 +202,7 @@ def build_tokenizer(recipe: TinyRecipe) -> Any:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    families = [TaskFamily(name=n) for n in SAPO_FAMILIES] + list(recipe.sft_families)
+    families = [TaskFamily(name=n) for n in SAPO_FAMILIES] + list(recipe.tokenizer_families or recipe.sft_families)
     corpus = []
     rng = random.Random(recipe.seed)
     for fam in families:

@@ -3,7 +3,7 @@
 An experiment runs every named *configuration* (a variant of the node config, e.g. SAPO's I/J split) for every
 seed, on the same swarm: ``nodes`` nodes stepping for ``steps`` rounds. The per-node :class:`NodeConfig` is built
 by deep-merging, in order: ``node`` (the base), the configuration's ``node`` overrides, the node's entry in
-``heterogeneity.node_overrides``, and the node's seed. Every merged config is validated up front, so a bad node
+``heterogeneity.node_overrides``, the configuration's ``node_overrides``, and the node's seed. Every merged config is validated up front, so a bad node
 field is one :class:`ConfigError` line before anything runs.
 
 Only pydantic here (no torch): configs validate instantly. Knows nothing about how nodes are run.
@@ -52,6 +52,9 @@ class Variant(StrictModel):
     """Free text shown in the results table."""
     node: dict[str, Any] = Field(default_factory=dict)
     """Node config overrides for this variant, deep-merged over the experiment's base ``node`` mapping."""
+    node_overrides: dict[int, dict[str, Any]] = Field(default_factory=dict)
+    """Node index -> overrides for that node in this variant only (e.g. a heterogeneous population's models),
+    merged after ``heterogeneity.node_overrides``."""
 
 
 class Partition(StrictModel):
@@ -236,6 +239,9 @@ class SimConfig(StrictModel):
             check_index("heterogeneity.speed", i)
         for i in self.heterogeneity.node_overrides:
             check_index("heterogeneity.node_overrides", i)
+        for v in self.configurations:
+            for i in v.node_overrides:
+                check_index(f"configuration {v.name!r} node_overrides", i)
         for ev in self.churn:
             check_index("churn", ev.node)
         for p in self.network.partitions:
@@ -259,7 +265,7 @@ class SimConfig(StrictModel):
                     f"mode multiprocess does not support {', '.join(unsupported)}; use mode: inprocess or remove them"
                 )
         for v in self.configurations:  # every node of every variant must be a valid NodeConfig
-            for i in sorted({0, *self.heterogeneity.node_overrides}):
+            for i in sorted({0, *self.heterogeneity.node_overrides, *v.node_overrides}):
                 try:
                     self.node_config(v.name, i, self.seeds[0])
                 except ConfigError as e:
@@ -282,6 +288,7 @@ class SimConfig(StrictModel):
         """The merged (unvalidated) node mapping of node ``index`` in configuration ``variant``, run ``seed``."""
         data = deep_merge(self.node, self.variant(variant).node)
         data = deep_merge(data, self.heterogeneity.node_overrides.get(index, {}))
+        data = deep_merge(data, self.variant(variant).node_overrides.get(index, {}))
         data["seed"] = node_seed(seed, index)
         return data
 

@@ -106,6 +106,11 @@ class SapoBatch:
     dropped_local_zero_adv: int = 0
     external_candidates: int = 0
     external_newcomer: int = 0
+    step: int = 0
+
+    def _reward_mean(self, groups: list[PooledGroup]) -> float:
+        rewards = [r for g in groups for r in g.rewards]
+        return math.fsum(rewards) / len(rewards) if rewards else 0.0
 
     @property
     def groups(self) -> list[PooledGroup]:
@@ -119,6 +124,13 @@ class SapoBatch:
             "dropped_zero_adv": self.dropped_local_zero_adv,
             "external_candidates": self.external_candidates,
             "external_newcomer": self.external_newcomer,
+            # The reward of what the learner trains on (own groups kept plus peers' groups, re-scored here): the
+            # SAPO paper's plotted reward is probably this one. It is not the node's own skill (reward_mean is).
+            "batch_reward_mean": self._reward_mean(self.groups),
+            "external_reward_mean": self._reward_mean(self.external),
+            "external_age_mean": (
+                math.fsum(self.step - g.step for g in self.external) / len(self.external) if self.external else 0.0
+            ),
         }
 
 
@@ -133,7 +145,9 @@ class SapoSampler:
     * sybil budget: groups from *newcomers* -- senders that have not yet contributed informative groups at
       ``establish_steps`` distinct steps of ours -- take at most ``max(1, floor(J * newcomer_share))`` slots, shared by
       all newcomers; the other slots go to established senders only. Minting identities is free, so a flood of
-      throwaway identities competes for the newcomer slots alone (threat model: ``protocol/SPEC.md`` 11).
+      throwaway identities competes for the newcomer slots alone (threat model: ``protocol/SPEC.md`` 11);
+    * ``keep_zero_advantage``: own groups are not filtered (zero-advantage ones fill the local slots after the
+      informative ones), as in a plain GRPO trainer; they add no gradient but dilute the token-mean loss.
     """
 
     def __init__(
@@ -146,6 +160,7 @@ class SapoSampler:
         seed: int = 0,
         newcomer_share: float = 0.25,
         establish_steps: int = 3,
+        keep_zero_advantage: bool = False,
     ) -> None:
         if local_groups < 0 or external_groups < 0 or local_groups + external_groups == 0:
             raise ValueError("need local_groups + external_groups >= 1, both non-negative")
@@ -158,13 +173,17 @@ class SapoSampler:
             raise ValueError("newcomer_share must be in [0, 1] and establish_steps >= 0")
         self.newcomer_share = newcomer_share
         self.establish_steps = establish_steps
+        self.keep_zero_advantage = keep_zero_advantage
 
     def sample(self, pool: RolloutPool, step: int, own: Sequence[PooledGroup]) -> SapoBatch:
         """Choose the step's training groups; marks chosen external groups as used."""
-        batch = SapoBatch()
+        batch = SapoBatch(step=step)
         informative = [g for g in own if g.informative]
         batch.dropped_local_zero_adv = len(own) - len(informative)
         self.rng.shuffle(informative)
+        if self.keep_zero_advantage:  # the unfiltered baseline: own groups train whatever their rewards
+            batch.dropped_local_zero_adv = 0
+            informative = informative + [g for g in own if not g.informative]
 
         candidates = [g for g in pool.fresh(step, local=False, unused_only=True) if g.informative]
         batch.external_candidates = len(candidates)

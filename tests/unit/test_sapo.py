@@ -142,3 +142,25 @@ def test_sampler_is_deterministic_given_seed():
         return [g.key for g in b.groups]
 
     assert run() == run()
+
+
+def test_keep_zero_advantage_trains_own_flat_groups_after_informative_ones():
+    own = [_pooled(f"self:0:{i}", SELF, (1.0, 1.0) if i % 2 else (1.0, 0.0)) for i in range(6)]
+    filtered = SapoSampler(8, 0, seed=1).sample(RolloutPool(10, 5), 0, own)
+    assert len(filtered.local) == 3 and filtered.dropped_local_zero_adv == 3
+    kept = SapoSampler(4, 0, seed=1, keep_zero_advantage=True).sample(RolloutPool(10, 5), 0, own)
+    assert len(kept.local) == 4 and kept.dropped_local_zero_adv == 0
+    assert [g.informative for g in kept.local] == [True, True, True, False]  # informative ones first
+
+
+def test_batch_metrics_separate_own_skill_from_training_batch_reward():
+    pool = RolloutPool(100, 50)
+    for i in range(4):
+        pool.add(_pooled(f"p:{i}:0", f"peer{i % 2}", (1.0, 1.0, 1.0, 0.0), step=2))
+    own = [_pooled(f"self:5:{i}", SELF, (1.0, 0.0, 0.0, 0.0)) for i in range(2)]
+    batch = SapoSampler(2, 2, seed=0, establish_steps=0).sample(pool, 5, own)
+    m = batch.metrics()
+    assert m["external_groups"] == 2
+    assert m["batch_reward_mean"] == pytest.approx((2 * 0.25 + 2 * 0.75) / 4)
+    assert m["external_reward_mean"] == pytest.approx(0.75)
+    assert m["external_age_mean"] == pytest.approx(3.0)

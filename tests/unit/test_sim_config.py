@@ -25,16 +25,18 @@ def test_sim_configs_validate(path, quick):
             cfg.node_config(v.name, i, cfg.seeds[0])
 
 
-def test_sapo_configs_keep_the_same_budget_per_node():
+def test_sapo_config_rows_say_what_they_are():
+    # Row names encode population, budget and split (benchmarks/b4_sapo.py compares each with its 8-0).
     cfg = load_sim_config(str(ROOT / "configs" / "sim" / "sapo.yaml"))
-    splits = []
+    assert cfg.nodes == 8 and len(cfg.seeds) == 3 and cfg.steps >= 300
     for v in cfg.configurations:
+        pop, budget, i, j = v.name.split("-")[:4]
         n = cfg.node_config(v.name, 0, 0)
-        assert n.sapo.local_groups + n.sapo.external_groups == 8
-        assert n.rollout.prompts_per_step == 8
-        splits.append((n.sapo.local_groups, n.sapo.external_groups))
-    assert splits == [(8, 0), (6, 2), (4, 4), (2, 6)]
-    assert cfg.nodes == 8 and len(cfg.seeds) == 3
+        assert (n.sapo.local_groups, n.sapo.external_groups) == (int(i), int(j))
+        assert n.rollout.prompts_per_step == (8 if budget == "same" else int(i)), v.name
+        families = {tuple(f["name"] for f in cfg.node_config(v.name, k, 0).model.builtin["sft_families"]) for k in range(8)}
+        assert len(families) == (3 if pop == "het" else 1), v.name  # het: three warm-start subsets
+        assert len({f.name for f in n.tasks.families}) == 9
 
 
 def _write(tmp_path, text):
@@ -77,6 +79,20 @@ def test_overrides_and_merge_order(tmp_path):
     assert cfg.node_config("v", 2, 4).learner.lr == 0.3
     assert cfg.node_config("v", 0, 4).sapo.external_groups == 4
     assert cfg.node_config("v", 0, 4).seed == node_seed(4, 0) != node_seed(4, 1)
+
+
+def test_a_configurations_node_overrides_merge_last(tmp_path):
+    path = _write(
+        tmp_path,
+        "nodes: 3\nnode: {learner: {lr: 0.1}}\n"
+        "heterogeneity: {node_overrides: {1: {learner: {lr: 0.3, beta: 0.5}}}}\n"
+        "configurations: [{name: a, node_overrides: {1: {learner: {lr: 0.4}}}}, {name: b}]\n",
+    )
+    cfg = load_sim_config(path)
+    assert cfg.node_config("a", 1, 0).learner.lr == 0.4 and cfg.node_config("a", 1, 0).learner.beta == 0.5
+    assert cfg.node_config("b", 1, 0).learner.lr == 0.3 and cfg.node_config("a", 0, 0).learner.lr == 0.1
+    with pytest.raises(ConfigError, match="node_overrides names node 7"):
+        load_sim_config(_write(tmp_path, "nodes: 2\nconfigurations: [{name: a, node_overrides: {7: {}}}]\n"))
 
 
 def test_quick_overrides(tmp_path):

@@ -30,6 +30,26 @@ def test_recipe_key_is_stable_and_changes_with_the_recipe() -> None:
     assert tiny.SMALL_RECIPE.key() != tiny.DEFAULT_RECIPE.key()
 
 
+def test_recipe_overrides_from_the_model_config() -> None:
+    assert tiny.recipe_with({}) is tiny.DEFAULT_RECIPE
+    subset = [{"name": "chain_sum", "config": {"min_terms": 2}}]
+    r = tiny.recipe_with({"sft_families": subset, "correct_fraction": 0.3})
+    assert [f.name for f in r.sft_families] == ["chain_sum"] and r.correct_fraction == 0.3
+    shared = tiny.recipe_with({"sft_families": subset, "tokenizer_families": subset})
+    assert len({r.key(), shared.key(), tiny.DEFAULT_RECIPE.key()}) == 3
+    # An empty tokenizer_families is left out of the hash, so the default recipe keeps its cached build.
+    assert "tokenizer_families" not in tiny.DEFAULT_RECIPE.to_dict()
+    with pytest.raises(ValueError, match="unknown built-in recipe field"):
+        tiny.recipe_with({"sft_familys": subset})
+
+
+def test_a_bad_builtin_recipe_is_a_model_load_error() -> None:
+    from node.policy import ModelLoadError, load_policy
+
+    with pytest.raises(ModelLoadError, match="model.builtin: unknown built-in recipe field"):
+        load_policy(ModelConfig(name="builtin:tiny", device="cpu", builtin={"layers": 3}))
+
+
 def test_default_cache_root_follows_xdg(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert tiny.default_cache_root() == tmp_path / "rl-swarm"

@@ -1,0 +1,290 @@
+"""What the SAPO experiment (``benchmarks/b4_sapo.py``, ``configs/sim/sapo*.yaml``) measures, from a run directory.
+
+Configuration names follow ``<population>-<budget>-<I>-<J>[-<ablation>]`` (e.g. ``het-same-4-4``,
+``het-same-4-4-fresh1``): every row is compared with the ``<population>-<budget>-8-0`` row of its population and
+budget, seed by seed (the same seed gives both the same initial models and task draws). Three metrics:
+
+* **own-rollout reward** (primary): ``reward_mean`` of the node's own generated completions, summed over nodes
+  and steps -- what the node itself can do on its training distribution as it learns;
+* **held-out accuracy**: per family, on questions no node ever trains on (``node.eval``), at the start and end;
+* **training-batch reward**: the mean reward of the groups the learner trained on (own groups kept plus peers'
+  groups, re-scored locally), summed likewise -- probably what the SAPO paper plots; it rises with sharing even
+  when the node's own skill does not, because receivers pick peers' informative groups.
+
+"Aha propagation": per node and family, the first step at which the node's own success on that family (a moving
+window over its own rollouts) clears ``max(2 x start, start + 0.1)``; per family, how many steps after the first
+node the others follow.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from node.metrics import read_jsonl
+
+_NAME_RE = re.compile(r"^(?P<prefix>[A-Za-z]+-[A-Za-z]+)-(?P<i>\d+)-(?P<j>\d+)(?:-(?P<ablation>[A-Za-z0-9_.+]+))?$")
+_SEED_RE = re.compile(r"^seed(-?\d+)$")
+_NODE_RE = re.compile(r"^node(\d+)$")
+RISE_WINDOW = 20
+
+
+def baseline_of(name: str) -> str | None:
+    """The ``<population>-<budget>-8-0`` row a configuration is compared with (None: not a SAPO row name)."""
+    m = _NAME_RE.match(name)
+    if not m:
+        return None
+    base = f"{m['prefix']}-8-0"
+    return None if base == name else base
+
+
+@dataclass
+class NodeRun:
+    metrics: list[dict[str, Any]]
+    evals: list[dict[str, Any]]
+    rollouts: list[dict[str, Any]]
+
+    def own_cumulative(self) -> float:
+        return math.fsum(float(r.get("reward_mean", 0.0)) for r in self.metrics)
+
+    def batch_cumulative(self) -> float:
+        return math.fsum(float(r.get("batch_reward_mean", 0.0)) for r in self.metrics)
+
+    def family_success(self) -> dict[str, dict[int, float]]:
+        """family -> step -> mean reward of this node's own completions on that family at that step."""
+        acc: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+        for row in self.rollouts:
+            acc[row["task"]["family"]][int(row["step"])].extend(float(r) for r in row["rewards"])
+        return {f: {s: statistics.fmean(v) for s, v in steps.items()} for f, steps in acc.items()}
+
+
+@dataclass
+class SeedResult:
+    seed: int
+    nodes: dict[int, NodeRun] = field(default_factory=dict)
+
+    def own(self) -> float:
+        return math.fsum(n.own_cumulative() for n in self.nodes.values())
+
+    def batch(self) -> float:
+        return math.fsum(n.batch_cumulative() for n in self.nodes.values())
+
+    def heldout(self, which: int) -> dict[str, float]:
+        """Mean over nodes of held-out accuracy per family (and ``mean``) at the first (0) or last (-1) eval."""
+        per: dict[str, list[float]] = defaultdict(list)
+        for n in self.nodes.values():
+            if not n.evals:
+                continue
+            ev = n.evals[which]
+            per["mean"].append(float(ev["accuracy"]))
+            for fam, stats in ev["families"].items():
+                per[fam].append(float(stats["accuracy"]))
+        return {k: statistics.fmean(v) for k, v in per.items()}
+
+
+def collect(run_dir: Path) -> dict[str, list[SeedResult]]:
+    out: dict[str, list[SeedResult]] = {}
+    for cfg_dir in sorted(p for p in run_dir.iterdir() if p.is_dir()):
+        seeds = []
+        for seed_dir in sorted(cfg_dir.iterdir()):
+            m = _SEED_RE.match(seed_dir.name)
+            if not (m and seed_dir.is_dir()):
+                continue
+            res = SeedResult(int(m.group(1)))
+            for node_dir in sorted(seed_dir.iterdir()):
+                n = _NODE_RE.match(node_dir.name)
+                if n and (node_dir / "metrics.jsonl").exists():
+                    res.nodes[int(n.group(1))] = NodeRun(
+                        read_jsonl(node_dir / "metrics.jsonl"),
+                        read_jsonl(node_dir / "eval.jsonl"),
+                        read_jsonl(node_dir / "rollouts.jsonl"),
+                    )
+            if res.nodes:
+                seeds.append(res)
+        if seeds:
+            out[cfg_dir.name] = seeds
+    return out
+
+
+def _ms(values: list[float], digits: int) -> str:
+    if not values:
+        return "n/a"
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return f"{statistics.fmean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
+
+
+def _paired_ratios(rows: list[SeedResult], base: list[SeedResult], metric: str) -> list[float]:
+    by_seed = {r.seed: getattr(r, metric)() for r in base}
+    return [getattr(r, metric)() / by_seed[r.seed] for r in rows if by_seed.get(r.seed)]
+
+
+def summary_rows(results: dict[str, list[SeedResult]], order: list[str]) -> list[dict[str, Any]]:
+    rows = []
+    for name in [n for n in order if n in results] + sorted(n for n in results if n not in order):
+        runs = results[name]
+        base = baseline_of(name)
+        start = [r.heldout(0).get("mean", math.nan) for r in runs]
+        end = [r.heldout(-1).get("mean", math.nan) for r in runs]
+        rows.append(
+            {
+                "config": name,
+                "seeds": len(runs),
+                "steps": max(len(n.metrics) for r in runs for n in r.nodes.values()),
+                "own": [r.own() for r in runs],
+                "own_ratio": _paired_ratios(runs, results[base], "own") if base in results else [1.0] * len(runs),
+                "batch": [r.batch() for r in runs],
+                "batch_ratio": (
+                    _paired_ratios(runs, results[base], "batch") if base in results else [1.0] * len(runs)
+                ),
+                "heldout_start": start,
+                "heldout_end": end,
+                "heldout_gain": [e - s for s, e in zip(start, end, strict=True)],
+                "ext_age": [
+                    statistics.fmean(float(m.get("external_age_mean", 0.0)) for n in r.nodes.values() for m in n.metrics)
+                    for r in runs
+                ],
+            }
+        )
+    return rows
+
+
+def markdown_summary(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| config | seeds | steps | own-rollout reward (cum.) | ratio vs 8-0 | held-out start -> end | held-out gain "
+        "| batch reward (cum.) | batch ratio vs 8-0 | mean age of peer groups |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['config']} | {r['seeds']} | {r['steps']} | {_ms(r['own'], 1)} | {_ms(r['own_ratio'], 3)} | "
+            f"{_ms(r['heldout_start'], 3)} -> {_ms(r['heldout_end'], 3)} | {_ms(r['heldout_gain'], 3)} | "
+            f"{_ms(r['batch'], 1)} | {_ms(r['batch_ratio'], 3)} | {_ms(r['ext_age'], 1)} |"
+        )
+    return "\n".join(lines)
+
+
+def heldout_by_family(results: dict[str, list[SeedResult]], names: list[str]) -> str:
+    fams = sorted({f for n in names for r in results.get(n, []) for f in r.heldout(-1) if f != "mean"})
+    if not fams:
+        return ""
+    lines = ["| config | " + " | ".join(fams) + " |", "|---|" + "---:|" * len(fams)]
+    for n in names:
+        if n not in results:
+            continue
+        cells = []
+        for f in fams:
+            gains = [r.heldout(-1).get(f, math.nan) - r.heldout(0).get(f, math.nan) for r in results[n]]
+            ends = [r.heldout(-1).get(f, math.nan) for r in results[n]]
+            cells.append(f"{_ms(ends, 2)} ({'+' if statistics.fmean(gains) >= 0 else ''}{statistics.fmean(gains):.2f})")
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ aha propagation
+
+
+def rise_steps(node: NodeRun, window: int = RISE_WINDOW) -> dict[str, int | None]:
+    """Per family: the first step whose trailing ``window``-step success clears ``max(2 x start, start + 0.1)``,
+    where start is the success over the first ``window`` steps; ``None`` if it never does."""
+    out: dict[str, int | None] = {}
+    for fam, by_step in node.family_success().items():
+        steps = sorted(by_step)
+        if len(steps) < 2 * window:
+            out[fam] = None
+            continue
+        start = statistics.fmean(by_step[s] for s in steps[:window])
+        threshold = max(2 * start, start + 0.1)
+        out[fam] = None
+        for k in range(window, len(steps) + 1):
+            if statistics.fmean(by_step[s] for s in steps[k - window : k]) >= threshold:
+                out[fam] = steps[k - 1]
+                break
+    return out
+
+
+def propagation(results: dict[str, list[SeedResult]], name: str) -> dict[str, dict[str, Any]]:
+    """Per family over seeds: share of nodes that rose, mean first rise, and the mean lag of the followers."""
+    per: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for run in results.get(name, []):
+        rises = {i: rise_steps(n) for i, n in run.nodes.items()}
+        fams = {f for r in rises.values() for f in r}
+        for fam in fams:
+            steps = [r.get(fam) for r in rises.values()]
+            risen = sorted(s for s in steps if s is not None)
+            per[fam]["share"].append(len(risen) / len(steps))
+            if risen:
+                per[fam]["first"].append(risen[0])
+                per[fam]["lag"].extend(s - risen[0] for s in risen[1:])
+    return {
+        f: {k: (statistics.fmean(v) if v else None) for k, v in d.items()} | {"n_lags": len(d["lag"])}
+        for f, d in per.items()
+    }
+
+
+def plot_propagation(results: dict[str, list[SeedResult]], names: list[str], path: Path) -> Path | None:
+    """Per family (rows), every node's rise step (dots; seeds pooled), one colour per configuration."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [n for n in names if n in results]
+    if not names:
+        return None
+    fams = sorted({f for n in names for r in results[n] for node in r.nodes.values() for f in node.family_success()})
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(fams) + 1.5))
+    for k, name in enumerate(names):
+        xs, ys, never = [], [], 0
+        for run in results[name]:
+            for node in run.nodes.values():
+                for fam, step in rise_steps(node).items():
+                    if step is None:
+                        never += 1
+                    else:
+                        xs.append(step)
+                        ys.append(fams.index(fam) + (k - (len(names) - 1) / 2) * 0.25)
+        ax.scatter(xs, ys, s=14, alpha=0.7, label=f"{name} ({never} node-families never rose)")
+    ax.set_yticks(range(len(fams)), fams)
+    ax.set_xlabel("step at which a node's own success on the family rises")
+    ax.set_title("aha propagation: when each node's success on a family rises")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_curves(results: dict[str, list[SeedResult]], names: list[str], path: Path, metric: str) -> Path | None:
+    """Mean over nodes and seeds of ``metric`` per step, one line per configuration (10-step moving mean)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [n for n in names if n in results]
+    if not names:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for name in names:
+        per_step: dict[int, list[float]] = defaultdict(list)
+        for run in results[name]:
+            for node in run.nodes.values():
+                for m in node.metrics:
+                    per_step[int(m["step"])].append(float(m.get(metric, 0.0)))
+        steps = sorted(per_step)
+        ys = [statistics.fmean(per_step[s]) for s in steps]
+        smooth = [statistics.fmean(ys[max(0, i - 9) : i + 1]) for i in range(len(ys))]
+        ax.plot(steps, smooth, label=name)
+    ax.set_xlabel("step")
+    ax.set_ylabel(metric)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,57 @@
+"""The node's side of SAPO's switches: importance weights on peers' completions can be turned off."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from node import tiny
+from node.config import NodeConfig
+from protocol.types import Completion, Group, TaskRef
+from swarm.pool import PooledGroup
+from swarm.sapo import SapoBatch
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny.ensure_built(tmp_path_factory.getbasetemp() / "tiny-cache", tiny.SMALL_RECIPE)
+
+
+def _peer_group(node, ref: TaskRef) -> PooledGroup:
+    completions = tuple(
+        Completion(text=t, n_tokens=3, finish_reason="stop", logprob_mean=-0.7) for t in ("<answer>3</answer>", "x")
+    )
+    return PooledGroup(
+        key="peer:1:0",
+        source="peer",
+        group=Group(task=ref, completions=completions),
+        rewards=(1.0, 0.0),
+        step=0,
+        tokenizer=node.policy.tokenizer_id,
+    )
+
+
+@pytest.mark.parametrize("weights", [True, False])
+def test_peer_importance_weights_switch(model_dir: Path, tmp_path: Path, weights: bool) -> None:
+    from node.runtime import Node, build_parts
+
+    cfg = NodeConfig.model_validate(
+        {"model": {"name": str(model_dir), "device": "cpu"}, "sapo": {"peer_importance_weights": weights}}
+    )
+
+    async def run():
+        node = await Node.create(cfg, tmp_path / str(weights), parts=build_parts(cfg), live=False)
+        try:
+            import random
+
+            ref = node.tasks.sample(random.Random(0), 1)[0]
+            samples = node.build_samples(SapoBatch(external=[_peer_group(node, ref)]))
+        finally:
+            await node.close()
+        return samples
+
+    samples = asyncio.run(run())
+    assert len(samples) == 2 and all(s.external for s in samples)
+    assert all(s.behaviour_logprob_mean == (-0.7 if weights else None) for s in samples)
