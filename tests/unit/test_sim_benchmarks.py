@@ -54,5 +54,6 @@ def test_b4_sapo_smoke(tmp_path):
     )
     assert res.returncode == 0, res.stderr[-2000:]
     text = out.read_text()
-    assert "| 8-0 |" in text and "| 4-4 |" in text and "4/4 vs 8/0" in text
-    assert (tmp_path / "b4.png").stat().st_size > 0
+    assert "| smoke-same-8-0 |" in text and "| smoke-same-4-4 |" in text and "4/4 vs 8/0" in text
+    for plot in ("b4_reward.png", "b4_batch.png", "b4_aha.png"):
+        assert (tmp_path / plot).stat().st_size > 0

@@ -1,0 +1,51 @@
+"""The SAPO experiment's metrics, from a synthetic run directory (sim.sapo_analysis)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sim import sapo_analysis as sa
+
+
+def _write(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _node(run: Path, cfg: str, seed: int, node: int, own: float, batch: float, rise_at: int | None) -> None:
+    d = run / cfg / f"seed{seed}" / f"node{node}"
+    _write(d / "metrics.jsonl", [{"step": s, "reward_mean": own, "batch_reward_mean": batch} for s in range(1, 61)])
+    _write(
+        d / "eval.jsonl",
+        [
+            {"step": 0, "accuracy": 0.1, "families": {"gcd": {"accuracy": 0.1}}},
+            {"step": 60, "accuracy": 0.1 + own, "families": {"gcd": {"accuracy": 0.1 + own}}},
+        ],
+    )
+    rows = []
+    for s in range(1, 61):
+        r = 1.0 if rise_at is not None and s >= rise_at else 0.0
+        rows.append({"step": s, "task": {"family": "gcd"}, "rewards": [r, 0.0]})
+    _write(d / "rollouts.jsonl", rows)
+
+
+def test_ratios_are_paired_by_seed_with_the_rows_baseline(tmp_path: Path) -> None:
+    for seed, scale in ((0, 1.0), (1, 2.0)):
+        for node in range(2):
+            _node(tmp_path, "het-same-8-0", seed, node, 0.1 * scale, 0.2 * scale, None)
+            _node(tmp_path, "het-same-4-4", seed, node, 0.2 * scale, 0.5 * scale, 25 + 10 * node)
+    results = sa.collect(tmp_path)
+    rows = {r["config"]: r for r in sa.summary_rows(results, ["het-same-8-0", "het-same-4-4"])}
+    assert rows["het-same-4-4"]["own_ratio"] == pytest.approx([2.0, 2.0])  # paired: the seeds' scales cancel
+    assert rows["het-same-4-4"]["batch_ratio"] == pytest.approx([2.5, 2.5])
+    assert rows["het-same-4-4"]["heldout_gain"] == pytest.approx([0.2, 0.4])
+    assert sa.baseline_of("het-paper-4-4-noIS") == "het-paper-8-0" and sa.baseline_of("het-same-8-0") is None
+    prop = sa.propagation(results, "het-same-4-4")["gcd"]
+    # success is 0.5 per step from the rise on: the 20-step window reaches 0.1 at the fourth such step
+    assert prop["share"] == 1.0 and prop["first"] == pytest.approx(28) and prop["lag"] == pytest.approx(10)
+    assert sa.propagation(results, "het-same-8-0")["gcd"]["share"] == 0.0
+    table = sa.markdown_summary(list(rows.values()))
+    assert "| het-same-4-4 | 2 | 60 |" in table and "2.000 ± 0.000" in table
