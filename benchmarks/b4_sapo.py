@@ -44,6 +44,22 @@ PAPER = {"8-0": 561.79, "6-2": 854.43, "4-4": 1093.31, "2-6": 945.87}
 PAPER_ORDER = ("4-4", "2-6", "6-2", "8-0")
 
 
+def headroom(results: dict, rows: list[dict]) -> list[str]:
+    """For each 8-0 row: how much faster than it a sharing row would have to learn for 1.94x (linear growth)."""
+    from sim.sapo_analysis import needed_speedup
+
+    out = []
+    for r in rows:
+        parts = r["config"].split("-")
+        if len(parts) == 4 and parts[2:] == ["8", "0"]:
+            r0, d8, d, k = needed_speedup(results[r["config"]], 1.94)
+            out.append(
+                f"{r['config']}: own reward {r0:.3f} in the first 10 steps, +{d8:.3f} by the last 10; for 1.94x its "
+                f"cumulative reward a sharing row would have to rise by {d:.3f}, {k:.1f}x as fast"
+            )
+    return out
+
+
 def verdict(rows: list[dict]) -> list[str]:
     """Per population and budget: 4/4 against 8/0 and the ordering of the splits, by mean own-rollout reward."""
     import statistics
@@ -178,6 +194,7 @@ def main() -> int:
         sa.markdown_summary(rows),
         "",
         *[f"- {v}" for v in verdict(rows)],
+        *[f"- headroom: {v}" for v in headroom(results, rows)],
         "- paper (8 x Qwen2.5-0.5B, 2000 rounds, batch reward): " + ", ".join(f"{k} = {v}" for k, v in PAPER.items()),
         "",
         "## Held-out accuracy per family at the end (gain since step 0)",

@@ -98,9 +98,10 @@ def collect(run_dir: Path) -> dict[str, list[SeedResult]]:
             res = SeedResult(int(m.group(1)))
             for node_dir in sorted(seed_dir.iterdir()):
                 n = _NODE_RE.match(node_dir.name)
-                if n and (node_dir / "metrics.jsonl").exists():
+                metrics = read_jsonl(node_dir / "metrics.jsonl") if n else []
+                if metrics:  # a node that has not finished a step yet (a run in progress) is left out
                     res.nodes[int(n.group(1))] = NodeRun(
-                        read_jsonl(node_dir / "metrics.jsonl"),
+                        metrics,
                         read_jsonl(node_dir / "eval.jsonl"),
                         read_jsonl(node_dir / "rollouts.jsonl"),
                     )
@@ -109,6 +110,28 @@ def collect(run_dir: Path) -> dict[str, list[SeedResult]]:
         if seeds:
             out[cfg_dir.name] = seeds
     return out
+
+
+def window_reward(runs: list[SeedResult], first: bool, width: int = 10) -> float:
+    """Mean own-rollout reward over the first (or last) ``width`` steps, over nodes and seeds."""
+    vals = []
+    for r in runs:
+        for n in r.nodes.values():
+            rows = n.metrics[:width] if first else n.metrics[-width:]
+            vals.extend(float(m.get("reward_mean", 0.0)) for m in rows)
+    return statistics.fmean(vals) if vals else math.nan
+
+
+def needed_speedup(base: list[SeedResult], target: float) -> tuple[float, float, float, float]:
+    """What a sharing configuration would have to achieve against this baseline to reach ``target`` x its
+    cumulative own-rollout reward, if both rewards grow linearly from the same start r0 over the run:
+    ``target * (r0 + d8 / 2) = r0 + d / 2``. Returns (r0, d8, d, d / d8): the baseline's start and rise, the rise
+    needed, and how many times faster than the baseline the sharing configuration would have to learn."""
+    r0, r1 = window_reward(base, True), window_reward(base, False)
+    d8 = r1 - r0
+    mean = statistics.fmean(r.own() / sum(len(n.metrics) for n in r.nodes.values()) for r in base)
+    d = 2 * (target * mean - r0)
+    return r0, d8, d, (d / d8 if d8 > 0 else math.inf)
 
 
 def _ms(values: list[float], digits: int) -> str:
