@@ -71,11 +71,12 @@ def verdict(rows: list[dict]) -> list[str]:
             groups.setdefault("-".join(parts[:2]), {})[f"{parts[2]}-{parts[3]}"] = r
     out = []
     for prefix, by in groups.items():
-        if "4-4" in by and "8-0" in by:
+        base = by.get("8-0") or groups.get(prefix.replace("-paper", "-same"), {}).get("8-0")
+        if "4-4" in by and base is not None:
             ratios = by["4-4"]["own_ratio"]
             mean = statistics.fmean(ratios)
             spread = statistics.stdev(ratios) if len(ratios) > 1 else 0.0
-            gain = statistics.fmean(by["4-4"]["heldout_gain"]) - statistics.fmean(by["8-0"]["heldout_gain"])
+            gain = statistics.fmean(by["4-4"]["heldout_gain"]) - statistics.fmean(base["heldout_gain"])
             out.append(
                 f"{prefix}: 4/4 vs 8/0 own-rollout reward {mean:.3f}"
                 + (f" ± {spread:.3f}" if len(ratios) > 1 else "")

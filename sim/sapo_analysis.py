@@ -34,6 +34,17 @@ _NODE_RE = re.compile(r"^node(\d+)$")
 RISE_WINDOW = 20
 
 
+def baseline_runs(results: dict[str, list[SeedResult]], name: str) -> list[SeedResult] | None:
+    """The runs of ``name``'s 8-0 row; an 8/0 node generates 8 questions under either budget, so a missing
+    ``<population>-paper-8-0`` is the identical ``<population>-same-8-0``."""
+    base = baseline_of(name)
+    if base is None:
+        return None
+    if base not in results and base.endswith("-paper-8-0"):
+        base = base.replace("-paper-8-0", "-same-8-0")
+    return results.get(base)
+
+
 def baseline_of(name: str) -> str | None:
     """The ``<population>-<budget>-8-0`` row a configuration is compared with (None: not a SAPO row name)."""
     m = _NAME_RE.match(name)
@@ -151,7 +162,7 @@ def summary_rows(results: dict[str, list[SeedResult]], order: list[str]) -> list
     rows = []
     for name in [n for n in order if n in results] + sorted(n for n in results if n not in order):
         runs = results[name]
-        base = baseline_of(name)
+        base = baseline_runs(results, name)
         start = [r.heldout(0).get("mean", math.nan) for r in runs]
         end = [r.heldout(-1).get("mean", math.nan) for r in runs]
         rows.append(
@@ -160,10 +171,10 @@ def summary_rows(results: dict[str, list[SeedResult]], order: list[str]) -> list
                 "seeds": len(runs),
                 "steps": max(len(n.metrics) for r in runs for n in r.nodes.values()),
                 "own": [r.own() for r in runs],
-                "own_ratio": _paired_ratios(runs, results[base], "own") if base in results else [1.0] * len(runs),
+                "own_ratio": _paired_ratios(runs, base, "own") if base else [1.0] * len(runs),
                 "batch": [r.batch() for r in runs],
                 "batch_ratio": (
-                    _paired_ratios(runs, results[base], "batch") if base in results else [1.0] * len(runs)
+                    _paired_ratios(runs, base, "batch") if base else [1.0] * len(runs)
                 ),
                 "heldout_start": start,
                 "heldout_end": end,

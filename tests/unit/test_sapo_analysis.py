@@ -49,3 +49,10 @@ def test_ratios_are_paired_by_seed_with_the_rows_baseline(tmp_path: Path) -> Non
     assert sa.propagation(results, "het-same-8-0")["gcd"]["share"] == 0.0
     table = sa.markdown_summary(list(rows.values()))
     assert "| het-same-4-4 | 2 | 60 |" in table and "2.000 ± 0.000" in table
+
+
+def test_paper_budget_rows_fall_back_to_the_identical_same_budget_baseline(tmp_path: Path) -> None:
+    _node(tmp_path, "het-same-8-0", 0, 0, 0.1, 0.2, None)
+    _node(tmp_path, "het-paper-4-4", 0, 0, 0.3, 0.2, None)
+    rows = sa.summary_rows(sa.collect(tmp_path), [])
+    assert {r["config"]: r["own_ratio"] for r in rows}["het-paper-4-4"] == pytest.approx([3.0])
