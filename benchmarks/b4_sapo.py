@@ -183,8 +183,8 @@ def main() -> int:
         "",
         f"Date: {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}  ",
         f"Machine: {machine_info()}  ",
-        f"Setup: {cfg.nodes} nodes, {cfg.steps} steps, seeds {cfg.seeds}, policy {cfg.policy}, "
-        f"torch threads {cfg.torch_threads}"
+        f"Setup: {max((len(r.nodes) for runs in results.values() for r in runs), default=0)} nodes per run "
+        f"(steps and seeds per row in the table), policy {cfg.policy}, torch threads {cfg.torch_threads}"
         + (f"; wall time of this invocation {wall / 60:.1f} min." if wall is not None else "."),
         "",
         "Own-rollout reward: the reward of the node's own completions, summed over nodes and steps (primary). "
