@@ -11,9 +11,9 @@ budget, seed by seed (the same seed gives both the same initial models and task 
   groups, re-scored locally), summed likewise -- probably what the SAPO paper plots; it rises with sharing even
   when the node's own skill does not, because receivers pick peers' informative groups.
 
-"Aha propagation": per node and family, the first step at which the node's own success on that family (a moving
-window over its own rollouts) clears ``max(2 x start, start + 0.1)``; per family, how many steps after the first
-node the others follow.
+"Aha propagation": per node and family, the first step at which the node's own success on that family (over its
+last 10 draws of the family) clears its starting success + 0.1; per family, how many steps after the first node
+the others follow.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from node.metrics import read_jsonl
 _NAME_RE = re.compile(r"^(?P<prefix>[A-Za-z]+-[A-Za-z]+)-(?P<i>\d+)-(?P<j>\d+)(?:-(?P<ablation>[A-Za-z0-9_.+]+))?$")
 _SEED_RE = re.compile(r"^seed(-?\d+)$")
 _NODE_RE = re.compile(r"^node(\d+)$")
-RISE_WINDOW = 20
+RISE_WINDOW = 10
 
 
 def baseline_runs(results: dict[str, list[SeedResult]], name: str) -> list[SeedResult] | None:
@@ -224,17 +224,17 @@ def heldout_by_family(results: dict[str, list[SeedResult]], names: list[str]) ->
 
 
 def rise_steps(node: NodeRun, window: int = RISE_WINDOW) -> dict[str, int | None]:
-    """Per family: the first step whose trailing ``window``-step success clears ``max(2 x start, start + 0.1)``,
-    where start is the success over the first ``window`` steps; ``None`` if it never does."""
+    """Per family: the step of the first draw at which the node's success over its last ``window`` draws of that
+    family clears ``start + 0.1``, where start is its success over its first ``window`` draws; ``None`` if it
+    never does (or the family was drawn fewer than ``2 * window`` times). Windows count draws, not steps, so a
+    node that generates fewer questions per step (the paper budget) is measured the same way."""
     out: dict[str, int | None] = {}
     for fam, by_step in node.family_success().items():
         steps = sorted(by_step)
-        if len(steps) < 2 * window:
-            out[fam] = None
-            continue
-        start = statistics.fmean(by_step[s] for s in steps[:window])
-        threshold = max(2 * start, start + 0.1)
         out[fam] = None
+        if len(steps) < 2 * window:
+            continue
+        threshold = statistics.fmean(by_step[s] for s in steps[:window]) + 0.1
         for k in range(window, len(steps) + 1):
             if statistics.fmean(by_step[s] for s in steps[k - window : k]) >= threshold:
                 out[fam] = steps[k - 1]
@@ -274,16 +274,17 @@ def plot_propagation(results: dict[str, list[SeedResult]], names: list[str], pat
     fams = sorted({f for n in names for r in results[n] for node in r.nodes.values() for f in node.family_success()})
     fig, ax = plt.subplots(figsize=(8, 0.45 * len(fams) + 1.5))
     for k, name in enumerate(names):
-        xs, ys, never = [], [], 0
+        xs, ys, never, total = [], [], 0, 0
         for run in results[name]:
             for node in run.nodes.values():
                 for fam, step in rise_steps(node).items():
+                    total += 1
                     if step is None:
                         never += 1
                     else:
                         xs.append(step)
                         ys.append(fams.index(fam) + (k - (len(names) - 1) / 2) * 0.25)
-        ax.scatter(xs, ys, s=14, alpha=0.7, label=f"{name} ({never} node-families never rose)")
+        ax.scatter(xs, ys, s=14, alpha=0.7, label=f"{name} ({never} of {total} node-families never rose)")
     ax.set_yticks(range(len(fams)), fams)
     ax.set_xlabel("step at which a node's own success on the family rises")
     ax.set_title("aha propagation: when each node's success on a family rises")

@@ -44,8 +44,8 @@ def test_ratios_are_paired_by_seed_with_the_rows_baseline(tmp_path: Path) -> Non
     assert rows["het-same-4-4"]["heldout_gain"] == pytest.approx([0.2, 0.4])
     assert sa.baseline_of("het-paper-4-4-noIS") == "het-paper-8-0" and sa.baseline_of("het-same-8-0") is None
     prop = sa.propagation(results, "het-same-4-4")["gcd"]
-    # success is 0.5 per step from the rise on: the 20-step window reaches 0.1 at the fourth such step
-    assert prop["share"] == 1.0 and prop["first"] == pytest.approx(28) and prop["lag"] == pytest.approx(10)
+    # success is 0.5 per draw from the rise on: the last 10 draws reach start (0) + 0.1 at the second such draw
+    assert prop["share"] == 1.0 and prop["first"] == pytest.approx(26) and prop["lag"] == pytest.approx(10)
     assert sa.propagation(results, "het-same-8-0")["gcd"]["share"] == 0.0
     table = sa.markdown_summary(list(rows.values()))
     assert "| het-same-4-4 | 2 | 60 |" in table and "2.000 ± 0.000" in table
