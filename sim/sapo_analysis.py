@@ -28,30 +28,39 @@ from typing import Any
 
 from node.metrics import read_jsonl
 
-_NAME_RE = re.compile(r"^(?P<prefix>[A-Za-z]+-[A-Za-z]+)-(?P<i>\d+)-(?P<j>\d+)(?:-(?P<ablation>[A-Za-z0-9_.+]+))?$")
+_NAME_RE = re.compile(r"^(?P<prefix>[A-Za-z]+-[A-Za-z]+)-(?P<i>\d+)-(?P<j>\d+)(?:-(?P<ablation>[A-Za-z0-9_.+-]+))?$")
 _SEED_RE = re.compile(r"^seed(-?\d+)$")
 _NODE_RE = re.compile(r"^node(\d+)$")
 RISE_WINDOW = 10
 
 
+def baseline_candidates(name: str) -> list[str]:
+    """The 8-0 rows a configuration is compared with, in order of preference: the 8-0 with the same suffix (a
+    learning-rate row with the 8-0 at that rate), then the plain ``<population>-<budget>-8-0``; an 8/0 node
+    generates 8 questions under either budget, so ``-paper-8-0`` falls back to the identical ``-same-8-0``."""
+    m = _NAME_RE.match(name)
+    if not m:
+        return []
+    out = []
+    if m["ablation"] and (m["i"], m["j"]) != ("8", "0"):
+        out.append(f"{m['prefix']}-8-0-{m['ablation']}")
+    out.append(f"{m['prefix']}-8-0")
+    out += [c.replace("-paper-8-0", "-same-8-0") for c in out if "-paper-8-0" in c]
+    return [c for c in out if c != name]
+
+
 def baseline_runs(results: dict[str, list[SeedResult]], name: str) -> list[SeedResult] | None:
-    """The runs of ``name``'s 8-0 row; an 8/0 node generates 8 questions under either budget, so a missing
-    ``<population>-paper-8-0`` is the identical ``<population>-same-8-0``."""
-    base = baseline_of(name)
-    if base is None:
-        return None
-    if base not in results and base.endswith("-paper-8-0"):
-        base = base.replace("-paper-8-0", "-same-8-0")
-    return results.get(base)
+    """The runs of the first of :func:`baseline_candidates` that ran."""
+    for cand in baseline_candidates(name):
+        if cand in results:
+            return results[cand]
+    return None
 
 
 def baseline_of(name: str) -> str | None:
-    """The ``<population>-<budget>-8-0`` row a configuration is compared with (None: not a SAPO row name)."""
-    m = _NAME_RE.match(name)
-    if not m:
-        return None
-    base = f"{m['prefix']}-8-0"
-    return None if base == name else base
+    """The preferred 8-0 row of ``name`` (None for a plain 8-0 row or a name outside the scheme)."""
+    cands = baseline_candidates(name)
+    return cands[0] if cands else None
 
 
 @dataclass

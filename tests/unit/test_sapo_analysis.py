@@ -42,7 +42,9 @@ def test_ratios_are_paired_by_seed_with_the_rows_baseline(tmp_path: Path) -> Non
     assert rows["het-same-4-4"]["own_ratio"] == pytest.approx([2.0, 2.0])  # paired: the seeds' scales cancel
     assert rows["het-same-4-4"]["batch_ratio"] == pytest.approx([2.5, 2.5])
     assert rows["het-same-4-4"]["heldout_gain"] == pytest.approx([0.2, 0.4])
-    assert sa.baseline_of("het-paper-4-4-noIS") == "het-paper-8-0" and sa.baseline_of("het-same-8-0") is None
+    assert sa.baseline_of("het-paper-4-4-noIS") == "het-paper-8-0-noIS" and sa.baseline_of("het-same-8-0") is None
+    assert sa.baseline_candidates("het-same-4-4-lr1e-3") == ["het-same-8-0-lr1e-3", "het-same-8-0"]
+    assert sa.baseline_candidates("het-same-8-0-keep0") == ["het-same-8-0"]
     prop = sa.propagation(results, "het-same-4-4")["gcd"]
     # success is 0.5 per draw from the rise on: the last 10 draws reach start (0) + 0.1 at the second such draw
     assert prop["share"] == 1.0 and prop["first"] == pytest.approx(26) and prop["lag"] == pytest.approx(10)
