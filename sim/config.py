@@ -3,8 +3,8 @@
 An experiment runs every named *configuration* (a variant of the node config, e.g. SAPO's I/J split) for every
 seed, on the same swarm: ``nodes`` nodes stepping for ``steps`` rounds. The per-node :class:`NodeConfig` is built
 by deep-merging, in order: ``node`` (the base), the configuration's ``node`` overrides, the node's entry in
-``heterogeneity.node_overrides``, the configuration's ``node_overrides``, and the node's seed. Every merged config is validated up front, so a bad node
-field is one :class:`ConfigError` line before anything runs.
+``heterogeneity.node_overrides``, the configuration's ``node_overrides``, and the node's seed. Every merged config
+is validated up front, so a bad node field is one :class:`ConfigError` line before anything runs.
 
 Only pydantic here (no torch): configs validate instantly. Knows nothing about how nodes are run.
 """

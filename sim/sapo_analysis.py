@@ -182,14 +182,14 @@ def summary_rows(results: dict[str, list[SeedResult]], order: list[str]) -> list
                 "own": [r.own() for r in runs],
                 "own_ratio": _paired_ratios(runs, base, "own") if base else [1.0] * len(runs),
                 "batch": [r.batch() for r in runs],
-                "batch_ratio": (
-                    _paired_ratios(runs, base, "batch") if base else [1.0] * len(runs)
-                ),
+                "batch_ratio": (_paired_ratios(runs, base, "batch") if base else [1.0] * len(runs)),
                 "heldout_start": start,
                 "heldout_end": end,
                 "heldout_gain": [e - s for s, e in zip(start, end, strict=True)],
                 "ext_age": [
-                    statistics.fmean(float(m.get("external_age_mean", 0.0)) for n in r.nodes.values() for m in n.metrics)
+                    statistics.fmean(
+                        float(m.get("external_age_mean", 0.0)) for n in r.nodes.values() for m in n.metrics
+                    )
                     for r in runs
                 ],
             }

@@ -34,7 +34,9 @@ def test_sapo_config_rows_say_what_they_are():
         n = cfg.node_config(v.name, 0, 0)
         assert (n.sapo.local_groups, n.sapo.external_groups) == (int(i), int(j))
         assert n.rollout.prompts_per_step == (16 if v.name.endswith("gen16") else 8 if budget == "same" else int(i))
-        families = {tuple(f["name"] for f in cfg.node_config(v.name, k, 0).model.builtin["sft_families"]) for k in range(8)}
+        families = {
+            tuple(f["name"] for f in cfg.node_config(v.name, k, 0).model.builtin["sft_families"]) for k in range(8)
+        }
         assert len(families) == (3 if pop == "het" else 1), v.name  # het: three warm-start subsets
         assert len({f.name for f in n.tasks.families}) == 9
 
