@@ -97,6 +97,7 @@ def run_swarm(
                 "poll_s": opts.poll_s,
                 "settle_s": opts.settle_s,
                 "window_seconds": opts.window_seconds,
+                "leave_after": getattr(opts, "boot_leaves_after", 0),
                 "outfile": str(out),
             }
             log = (workdir / f"{mode}_{peers}_{i}.log").open("w")
@@ -151,10 +152,11 @@ def summarize(
     for r in results:
         published.update(r["published"])
         sizes += r["sizes"]
-    # Records are identified by their content digest; a publisher's own records do not count for it.
+    # Records are identified by their content digest; a publisher's own records do not count for it, and a peer
+    # that left the swarm midway (``left_at``) counts only as a publisher.
     lat = []
     for rid, tp in published.items():
-        ts = [r["seen"].get(rid) for r in results if rid not in r["published"]]
+        ts = [r["seen"].get(rid) for r in results if rid not in r["published"] and r.get("left_at") is None]
         lat.append(max(ts) - tp if ts and all(t is not None for t in ts) else float("inf"))
     if require_all_peers and len(results) < peers:
         lat = [float("inf")] * len(lat)
