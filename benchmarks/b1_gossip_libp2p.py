@@ -72,7 +72,14 @@ async def worker(args: dict) -> None:
     published: dict[str, float] = {}
     sizes: list[int] = []
     boot = args.get("bootstrap")
-    cfg = Libp2pTransportConfig(initial_peers=[boot] if boot else [], request_timeout_s=20, startup_timeout_s=120)
+    discovery = args.get("discovery") or "exchange"
+    cfg = Libp2pTransportConfig(
+        initial_peers=[boot] if boot else [],
+        request_timeout_s=20,
+        startup_timeout_s=120,
+        peer_exchange=discovery == "exchange",
+        gossipsub_px=discovery == "gossipsub-px",
+    )
     transport = await Libp2pTransport.create(cfg, swarm=SWARM, validate=validator.is_storable, protocol=pc)
     print("READY", transport.addresses()[0], flush=True)
     t0 = float((await asyncio.to_thread(sys.stdin.readline)).split()[1])
@@ -129,6 +136,7 @@ async def worker(args: dict) -> None:
     stats = transport.stats()
     await transport.close()
     out = {
+        "rss_bytes": b1_common.rss_tree_bytes(),
         "index": args["index"],
         "left_at": left_at,
         "peer_id": transport.addresses()[0].rsplit("/p2p/", 1)[1],
@@ -285,7 +293,7 @@ def render(rows: list[dict], machine: str, opts: argparse.Namespace) -> str:
         f"(incomplete records count as inf). Median of {opts.repeats} repeat(s). raw = bare py-libp2p GossipSub "
         f"with the same router settings carrying the same bytes, no validation, decoding or sync. codec share = "
         f"(encode+sign + receive validate+decode + edge validator) / (encode + publish + fetch + receive checks "
-        f"+ edge validator). Compare with the hivemind transport in `b1_gossip.md`."
+        f"+ edge validator). Peer discovery: {opts.discovery}. Compare with the hivemind transport in `b1_gossip.md`."
     )
     drops = {k: v for r in rows for k, v in r.get("drops", {}).items()}
     notes = ["", f"Drops counted by the transport (all runs): {json.dumps(drops) if drops else 'none'}."]
@@ -310,7 +318,15 @@ def render(rows: list[dict], machine: str, opts: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    opts = b1_common.parser(__doc__, poll_s=0.05, modes="raw,libp2p,libp2p-leave").parse_args(argv)
+    ap = b1_common.parser(__doc__, poll_s=0.05, modes="raw,libp2p,libp2p-leave")
+    ap.add_argument(
+        "--discovery",
+        choices=["exchange", "gossipsub-px", "none"],
+        default="exchange",
+        help="how peers find each other: the transport's signed peer exchange (default), GossipSub v1.1 PX on "
+        "PRUNE instead, or nothing (a star around the bootstrap node)",
+    )
+    opts = ap.parse_args(argv)
     if opts.worker:
         wargs = json.loads(opts.worker)
         if wargs["mode"] == "raw":
