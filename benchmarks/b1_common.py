@@ -28,7 +28,18 @@ ROOT = Path(__file__).resolve().parents[1]
 SWARM = "b1"
 COMPLETIONS = 64
 WORDS = ("the", "answer", "is", "so", "we", "add", "then", "sum", "carry", "step", "check", "result", "of", "and")
-MEDIAN_KEYS = ("p50_s", "p95_s", "records_per_s", "record_kb", "bytes_per_completion", "codec_share")
+MEDIAN_KEYS = (
+    "p50_s",
+    "p95_s",
+    "records_per_s",
+    "record_kb",
+    "bytes_per_completion",
+    "codec_share",
+    "pair_p50_s",
+    "pair_p95_s",
+    "rss_mb_median",
+    "rss_mb_max",
+)
 
 
 # -- records ------------------------------------------------------------------------------------------------
@@ -56,6 +67,23 @@ def make_batch(record_kb: float, step: int, rng: random.Random):
     return RolloutBatch(
         model="builtin:tiny", policy_version=step, tokenizer="tok-b1", groups=(Group(task, tuple(comps)),)
     )
+
+
+def rss_tree_bytes(pid: int | None = None) -> int:
+    """Resident memory of a process and all its descendants (a hivemind peer is the Python process plus its p2pd
+    daemon), from ``/proc`` (Linux); 0 where it cannot be read."""
+    pid = os.getpid() if pid is None else pid
+    total = 0
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1]) * 1024
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            for child in (task / "children").read_text().split():
+                total += rss_tree_bytes(int(child))
+    except (OSError, ValueError):
+        pass
+    return total
 
 
 # -- coordinator ----------------------------------------------------------------------------------------------
@@ -97,6 +125,8 @@ def run_swarm(
                 "poll_s": opts.poll_s,
                 "settle_s": opts.settle_s,
                 "window_seconds": opts.window_seconds,
+                "leave_after": getattr(opts, "boot_leaves_after", 0),
+                "discovery": getattr(opts, "discovery", None),
                 "outfile": str(out),
             }
             log = (workdir / f"{mode}_{peers}_{i}.log").open("w")
@@ -151,10 +181,11 @@ def summarize(
     for r in results:
         published.update(r["published"])
         sizes += r["sizes"]
-    # Records are identified by their content digest; a publisher's own records do not count for it.
+    # Records are identified by their content digest; a publisher's own records do not count for it, and a peer
+    # that left the swarm midway (``left_at``) counts only as a publisher.
     lat = []
     for rid, tp in published.items():
-        ts = [r["seen"].get(rid) for r in results if rid not in r["published"]]
+        ts = [r["seen"].get(rid) for r in results if rid not in r["published"] and r.get("left_at") is None]
         lat.append(max(ts) - tp if ts and all(t is not None for t in ts) else float("inf"))
     if require_all_peers and len(results) < peers:
         lat = [float("inf")] * len(lat)
@@ -167,7 +198,20 @@ def summarize(
     if guard_in_total:
         total += timing["guard"]
     size = statistics.mean(sizes) if sizes else 0.0
+    # Per (record, reader) pair: how long until that reader had it (what a sampling reader waits for a record it
+    # fetches), over the pairs that were delivered.
+    pairs = sorted(
+        r["seen"][rid] - tp
+        for rid, tp in published.items()
+        for r in results
+        if rid not in r["published"] and r.get("left_at") is None and rid in r["seen"]
+    )
+    rss = [r["rss_bytes"] for r in results if r.get("rss_bytes")]
     return {
+        "pair_p50_s": pairs[len(pairs) // 2] if pairs else float("nan"),
+        "pair_p95_s": pairs[min(len(pairs) - 1, int(0.95 * len(pairs)))] if pairs else float("nan"),
+        "rss_mb_median": statistics.median(rss) / 2**20 if rss else float("nan"),
+        "rss_mb_max": max(rss) / 2**20 if rss else float("nan"),
         "mode": mode,
         "peers": peers,
         "records": len(published),
@@ -206,7 +250,7 @@ def median_row(mode: str, peers: int, runs: list[dict]) -> dict:
     """One table row: incomplete records summed over the repeats, every other metric their median."""
     row = {"mode": mode, "peers": peers, "incomplete": sum(r["incomplete"] for r in runs)}
     for key in MEDIAN_KEYS:
-        row[key] = statistics.median(r[key] for r in runs)
+        row[key] = statistics.median(r.get(key, float("nan")) for r in runs)
     return row
 
 
@@ -256,6 +300,20 @@ def render(transport: str, machine: str, description: str, rows: list[dict], not
             f"| {r['peers']} | {r['mode']} | {fmt(r['p50_s'])} | {fmt(r['p95_s'])} | {fmt(r['records_per_s'])} "
             f"| {fmt(r['record_kb'], 1)} | {fmt(r['bytes_per_completion'], 0)} | "
             f"{fmt(share * 100, 1) + '%' if share == share else '-'} | {r['incomplete']} | {r.get('ratio', '-')} |"
+        )
+    lines += [
+        "",
+        "Per reader and memory: p50/p95 over every (record, reader) pair of the time until that reader had the record; "
+        "resident memory per peer at the end of the run (the Python process and its children, e.g. p2pd).",
+        "",
+        "| peers | mode | reader p50 s | reader p95 s | RSS per peer MB (median) | RSS per peer MB (max) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['peers']} | {r['mode']} | {fmt(r.get('pair_p50_s', float('nan')))} "
+            f"| {fmt(r.get('pair_p95_s', float('nan')))} | {fmt(r.get('rss_mb_median', float('nan')), 0)} "
+            f"| {fmt(r.get('rss_mb_max', float('nan')), 0)} |"
         )
     lines += [*notes, "", "Targets (BENCHMARKS.md): 8 peers p50 <= 2 s; 32 peers p50 <= 10 s; codec share <= 5%.", ""]
     return "\n".join(lines)

@@ -125,6 +125,7 @@ async def worker(args: dict) -> None:
         "seen": seen,
         "sizes": sizes,
         "timing": {**timing, "guard": guard_s},
+        "rss_bytes": b1_common.rss_tree_bytes(),
     }
     await transport.close()
     Path(args["outfile"]).write_text(json.dumps(out))

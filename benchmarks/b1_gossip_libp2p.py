@@ -6,14 +6,19 @@ Per record we time how long until every other peer has it (p50, p95), plus recor
 and the share of encode+sign+validate+decode in the time spent (client side and the transport's edge validator).
 
 Baseline in the same run: raw py-libp2p GossipSub (same router settings) carrying the same bytes, no validation,
-no decoding, no sync protocol; arrival is when the subscription yields the message.
+no decoding, no sync protocol, no peer exchange; arrival is when the subscription yields the message.
+
+Every peer bootstraps from peer 0's address. Mode ``libp2p-leave``: the same, but peer 0 publishes a third of the
+steps and then leaves the swarm while the others go on (every record must still reach every peer that stayed).
+For both transport modes the results also show the connection graph at the end: mean degree, the fewest
+connections a peer has besides the bootstrap node (0 would be a star), and the components without it.
 
 Every process here imports libp2p and never hivemind (they cannot share a process).
 
 Usage::
 
     python benchmarks/b1_gossip_libp2p.py                  # 8 and 32 peers -> benchmarks/results/b1_gossip_libp2p.md
-    python benchmarks/b1_gossip_libp2p.py --peers 8 --repeats 1
+    python benchmarks/b1_gossip_libp2p.py --peers 8 --repeats 1 --modes libp2p,libp2p-leave
     python benchmarks/b1_gossip_libp2p.py --quick --out /tmp/b1   # 3 small peers, one repeat (what the test runs)
 
 Knows nothing about training: records carry synthetic text of realistic size.
@@ -26,6 +31,7 @@ import asyncio
 import hashlib
 import json
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -53,7 +59,10 @@ async def worker(args: dict) -> None:
     from protocol.transport.libp2p_gossip import Libp2pTransport
     from protocol.validation import RecordValidator
 
-    n_expected = args["peers"] * args["steps"]
+    leave_after = args.get("leave_after") or 0
+    leaver = args["index"] == 0 and leave_after > 0
+    steps = leave_after if leaver else args["steps"]
+    n_expected = (args["peers"] - 1) * args["steps"] + (leave_after or args["steps"])
     pc = ProtocolConfig(window_seconds=args["window_seconds"], max_past_windows=8, fetch_past_windows=2)
     validator = RecordValidator.from_config(SWARM, pc)
     ident = Identity.generate()
@@ -63,14 +72,21 @@ async def worker(args: dict) -> None:
     published: dict[str, float] = {}
     sizes: list[int] = []
     boot = args.get("bootstrap")
-    cfg = Libp2pTransportConfig(initial_peers=[boot] if boot else [], request_timeout_s=20, startup_timeout_s=120)
+    discovery = args.get("discovery") or "exchange"
+    cfg = Libp2pTransportConfig(
+        initial_peers=[boot] if boot else [],
+        request_timeout_s=20,
+        startup_timeout_s=120,
+        peer_exchange=discovery == "exchange",
+        gossipsub_px=discovery == "gossipsub-px",
+    )
     transport = await Libp2pTransport.create(cfg, swarm=SWARM, validate=validator.is_storable, protocol=pc)
     print("READY", transport.addresses()[0], flush=True)
     t0 = float((await asyncio.to_thread(sys.stdin.readline)).split()[1])
     end = t0 + args["steps"] * args["interval"] + args["settle_s"]
 
     async def publisher() -> None:
-        for step in range(args["steps"]):
+        for step in range(steps):
             await asyncio.sleep(max(0.0, t0 + step * args["interval"] - time.time()))
             batch = make_batch(args["record_kb"], step, rng)
             start = time.time()
@@ -86,7 +102,9 @@ async def worker(args: dict) -> None:
             timing["publish"] += time.time() - t1
 
     async def poller() -> None:
-        while time.time() < end and (len(seen) < n_expected or len(published) < args["steps"]):
+        while time.time() < end and (len(seen) < n_expected or len(published) < steps):
+            if leaver and len(published) >= steps:
+                return
             w = window_of(time.time(), pc.window_seconds)
             t1 = time.time()
             datas = await transport.fetch_recent([w - 2, w - 1, w])
@@ -104,13 +122,25 @@ async def worker(args: dict) -> None:
             await asyncio.sleep(args["poll_s"])
 
     await asyncio.gather(publisher(), poller())
-    # Stay in the swarm until the run ends: a peer that has everything still relays and serves sync requests
-    # (every peer bootstraps from peer 0, so early leavers would cut the others off).
-    while time.time() < end:
+    left_at = None
+    if leaver:
+        # The bootstrap node leaves midway: one interval after its last record (so that record is out), while the
+        # others still have steps to publish. Everyone bootstrapped from it.
+        await asyncio.sleep(args["interval"])
+        left_at = time.time()
+    # Otherwise stay in the swarm until the run ends: a peer that has everything still relays and serves sync
+    # requests.
+    while not leaver and time.time() < end:
         await asyncio.sleep(0.5)
+    connections = await transport.peers()
     stats = transport.stats()
     await transport.close()
     out = {
+        "rss_bytes": b1_common.rss_tree_bytes(),
+        "index": args["index"],
+        "left_at": left_at,
+        "peer_id": transport.addresses()[0].rsplit("/p2p/", 1)[1],
+        "connections": connections,
         "published": published,
         "seen": seen,
         "sizes": sizes,
@@ -208,12 +238,50 @@ def summarize(mode: str, peers: int, results: list[dict]) -> dict:
         for k, v in r.get("drops", {}).items():
             drops[k] = drops.get(k, 0) + v
     row["drops"] = drops
+    row["mesh"] = mesh_summary(results) if mode != "raw" else None
     return row
 
 
+def mesh_summary(results: list[dict]) -> dict:
+    """The connection graph at the end of a run: mean degree, the smallest number of connections a peer has to
+    peers other than the bootstrap node (0 = it hangs off the bootstrap node alone: a star), and the connected
+    components of the graph without the bootstrap node (1 = the swarm survives the bootstrap node leaving)."""
+    boot = next((r["peer_id"] for r in results if r.get("index", 0) == 0 and r.get("peer_id")), None)
+    ids = {r["peer_id"] for r in results if r.get("peer_id")} - {boot}
+    edges: dict[str, set[str]] = {p: set() for p in ids}
+    degrees = []
+    for r in results:
+        if r.get("peer_id") in ids:
+            conns = set(r.get("connections", [])) & ids
+            degrees.append(len(r.get("connections", [])))
+            for q in conns:
+                edges[r["peer_id"]].add(q)
+                edges[q].add(r["peer_id"])
+    seen: set[str] = set()
+    components = 0
+    for start in ids:
+        if start in seen:
+            continue
+        components += 1
+        stack = [start]
+        while stack:
+            p = stack.pop()
+            if p not in seen:
+                seen.add(p)
+                stack += list(edges[p] - seen)
+    return {
+        "mean_degree": statistics.mean(degrees) if degrees else 0.0,
+        "min_degree_without_boot": min((len(e) for e in edges.values()), default=0),
+        "components_without_boot": components,
+    }
+
+
 def run_one(mode: str, peers: int, opts: argparse.Namespace, workdir: Path) -> dict:
+    # ``libp2p-leave``: the bootstrap node (peer 0) publishes about a third of the steps, then leaves.
+    leave = max(1, opts.steps // 3) if mode == "libp2p-leave" else 0
+    run_opts = argparse.Namespace(**{**vars(opts), "boot_leaves_after": leave})
     # A couple of heartbeats before GO: meshes form before the first publish.
-    return summarize(mode, peers, b1_common.run_swarm(__file__, mode, peers, opts, workdir, mesh_wait_s=2.0))
+    return summarize(mode, peers, b1_common.run_swarm(__file__, mode, peers, run_opts, workdir, mesh_wait_s=2.0))
 
 
 def render(rows: list[dict], machine: str, opts: argparse.Namespace) -> str:
@@ -225,15 +293,40 @@ def render(rows: list[dict], machine: str, opts: argparse.Namespace) -> str:
         f"(incomplete records count as inf). Median of {opts.repeats} repeat(s). raw = bare py-libp2p GossipSub "
         f"with the same router settings carrying the same bytes, no validation, decoding or sync. codec share = "
         f"(encode+sign + receive validate+decode + edge validator) / (encode + publish + fetch + receive checks "
-        f"+ edge validator). Compare with the hivemind transport in `b1_gossip.md`."
+        f"+ edge validator). Peer discovery: {opts.discovery}. Compare with the hivemind transport in `b1_gossip.md`."
     )
     drops = {k: v for r in rows for k, v in r.get("drops", {}).items()}
     notes = ["", f"Drops counted by the transport (all runs): {json.dumps(drops) if drops else 'none'}."]
+    notes += [
+        "",
+        "Mesh at the end of each run (median over repeats): mean connections per peer; the fewest connections a peer "
+        "has to peers other than the bootstrap node (0 = a star); connected components without the bootstrap node "
+        "(1 = not partitioned when it leaves). `libp2p-leave`: the bootstrap node publishes a third of the steps, "
+        "then leaves while the others go on; its records count, it does not count as a receiver.",
+        "",
+        "| peers | mode | mean degree | min degree without bootstrap | components without bootstrap |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        m = r.get("mesh")
+        if m:
+            notes.append(
+                f"| {r['peers']} | {r['mode']} | {m['mean_degree']:.1f} | {m['min_degree_without_boot']} "
+                f"| {m['components_without_boot']} |"
+            )
     return b1_common.render("libp2p", machine, description, rows, notes)
 
 
 def main(argv: list[str] | None = None) -> int:
-    opts = b1_common.parser(__doc__, poll_s=0.05, modes="raw,libp2p").parse_args(argv)
+    ap = b1_common.parser(__doc__, poll_s=0.05, modes="raw,libp2p,libp2p-leave")
+    ap.add_argument(
+        "--discovery",
+        choices=["exchange", "gossipsub-px", "none"],
+        default="exchange",
+        help="how peers find each other: the transport's signed peer exchange (default), GossipSub v1.1 PX on "
+        "PRUNE instead, or nothing (a star around the bootstrap node)",
+    )
+    opts = ap.parse_args(argv)
     if opts.worker:
         wargs = json.loads(opts.worker)
         if wargs["mode"] == "raw":
@@ -250,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
         for mode, runs in per_mode.items():
             row = b1_common.median_row(mode, peers, runs)
             row["drops"] = {k: v for r in runs for k, v in r["drops"].items()}
+            meshes = [r["mesh"] for r in runs if r.get("mesh")]
+            if meshes:
+                row["mesh"] = {k: statistics.median(m[k] for m in meshes) for k in meshes[0]}
             group.append(row)
         b1_common.add_ratios(group, finite_raw_only=True)
         rows += group

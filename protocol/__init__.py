@@ -7,6 +7,7 @@
 * ``records``    -- canonical MessagePack encoding, signing and decoding of records
 * ``validation`` -- the receive-path checks (size, schema, signature, swarm, window, replay, quota), counted
 * ``layout``     -- the sharded key layout: signed bounded index entries, shards and levels, bounded random reads
+* ``version``    -- the protocol version (major.minor), the compatibility rule, the one-line mismatch report
 * ``channel``    -- sign+publish own records, fetch+validate+dedup peers' records over a transport
 * ``transport``  -- the Transport interface and its implementations (memory, hivemind)
 

@@ -153,6 +153,26 @@ class Libp2pTransportConfig(StrictModel):
     """Timeout of one network operation (connect, publish, sync request, edge fetch), in seconds."""
     startup_timeout_s: float = Field(default=30.0, gt=0, le=600)
     """Time allowed to start the host and connect to the initial peers, in seconds."""
+    announce_maddrs: list[str] = Field(default_factory=list, max_length=8)
+    """Addresses to advertise to peers instead of the listen addresses (a public address behind port forwarding,
+    or the real interface when listening on ``0.0.0.0``)."""
+    peer_exchange: bool = True
+    """Ask connected peers for signed advertisements of the peers they know and dial some of them, so a swarm
+    bootstrapped from one address becomes a mesh and survives its bootstrap node leaving (SPEC.md 7.3)."""
+    target_peers: int = Field(default=8, ge=1, le=256)
+    """Peer exchange dials known peers while fewer than this many are connected (GossipSub's mesh degree D is 6:
+    a few more connections give its heartbeat spare peers to graft)."""
+    peer_exchange_interval_s: float = Field(default=5.0, gt=0, le=3600)
+    """Period of the peer exchange: ask one random connected peer for advertisements, then dial if below
+    ``target_peers``."""
+    max_known_peers: int = Field(default=256, ge=8, le=100_000)
+    """Most peer advertisements kept (newest per peer; the oldest go first)."""
+    advertisement_ttl_s: float = Field(default=600.0, ge=30, le=86_400)
+    """Advertisements older than this are ignored (a peer re-signs its own one every exchange)."""
+    gossipsub_px: bool = False
+    """GossipSub v1.1 peer exchange on PRUNE (py-libp2p's implementation). Off: measured to leave most peers of a
+    32-peer swarm bootstrapped from one address connected only to the bootstrap node (SPEC.md 7.3); kept for that
+    comparison."""
 
 
 TransportConfig = Annotated[

@@ -153,21 +153,42 @@ def test_swarm_of_processes_with_join_leave_and_a_hostile_peer(tmp_path):
     assert all(len(results[p]["peers"]) >= 1 for p in honest)
 
 
-@pytest.mark.timeout(200)
-def test_b1_libp2p_quick(tmp_path):
+def _b1_libp2p(tmp_path: Path, *args: str, timeout: float) -> tuple[str, dict[str, list[str]], dict[str, list[str]]]:
+    """Run B1 over libp2p; its table, its main rows by mode and its mesh rows by mode."""
     out = subprocess.run(
-        [sys.executable, "benchmarks/b1_gossip_libp2p.py", "--quick", "--out", str(tmp_path)],
+        [sys.executable, "benchmarks/b1_gossip_libp2p.py", *args, "--out", str(tmp_path)],
         cwd=ROOT,
         capture_output=True,
         text=True,
         env=_env(),
-        timeout=180,
+        timeout=timeout,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     table = (tmp_path / "b1_gossip_libp2p.md").read_text()
-    rows = [line.split("|") for line in table.splitlines() if line.startswith("| 3 |")]
-    assert {r[2].strip() for r in rows} == {"raw", "libp2p"}
-    assert all(r[9].strip() == "0" for r in rows), table  # every record reached every peer
+    cells = [[c.strip() for c in line.split("|")] for line in table.splitlines() if line.startswith("| ")]
+    rows = {r[2]: r for r in cells if len(r) == 12 and r[1].isdigit()}
+    mesh = {r[2]: r for r in cells if len(r) == 7 and r[1].isdigit()}
+    return table, rows, mesh
+
+
+@pytest.mark.timeout(300)
+def test_b1_libp2p_quick_every_record_delivered_and_the_bootstrap_node_can_leave(tmp_path):
+    table, rows, mesh = _b1_libp2p(tmp_path, "--quick", "--modes", "libp2p,libp2p-leave", timeout=280)
+    assert set(rows) == {"libp2p", "libp2p-leave"}, table
+    # Every record reached every peer (every peer that stayed, when the bootstrap node left midway).
+    assert all(r[9] == "0" for r in rows.values()), table
+    # The two peers that bootstrapped from the first one found each other: not a star, not partitioned.
+    assert mesh["libp2p"][4] == "1" and mesh["libp2p-leave"][5] == "1", table
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_b1_libp2p_twelve_peers_form_a_mesh_that_survives_the_bootstrap_node_leaving(tmp_path):
+    args = ["--peers", "12", "--steps", "3", "--record-kb", "50", "--repeats", "1", "--modes", "libp2p-leave"]
+    table, rows, mesh = _b1_libp2p(tmp_path, *args, timeout=880)
+    assert rows["libp2p-leave"][9] == "0", table
+    # Every peer that stayed has at least two connections besides the bootstrap node, and they form one component.
+    assert int(mesh["libp2p-leave"][4]) >= 2 and mesh["libp2p-leave"][5] == "1", table
 
 
 @pytest.mark.timeout(600)

@@ -148,3 +148,89 @@ def _payload():
     from protocol.types import Completion, Group, RolloutBatch, TaskRef
 
     return RolloutBatch("m", 0, "t", (Group(TaskRef("chain_sum", {}, 0, 1), (Completion("x", 1),)),))
+
+
+# -- peer exchange: a mesh, not a star ---------------------------------------------------------------------------
+
+
+async def test_peer_exchange_turns_a_star_into_a_mesh_that_survives_the_bootstrap_leaving(make_transports):
+    # Every peer bootstraps from the first one; peer exchange runs by hand here (one round each) so the test does not
+    # depend on the background period.
+    boot, *rest = await make_transports(6, target_peers=3, peer_exchange_interval_s=3600)
+    for t in rest:
+        await t.exchange_peers_now()
+    boot_id = boot.addresses()[0].rsplit("/p2p/", 1)[1]
+    for t in rest:
+        others = [p for p in await t.peers() if p != boot_id]
+        assert len(others) >= 2, f"{t.addresses()[0]} is only connected to {await t.peers()}"
+        assert t.stats()["known_peers"] >= 3
+    await boot.close()
+    ident = Identity.generate()
+    w = now_window()
+    data = make_record(ident, window=w, text="after the bootstrap left")
+    await rest[0].publish(data, window=w, sender=ident.peer_id)
+    for t in rest[1:]:
+        await eventually(lambda t=t: t.fetch_recent([w]), lambda r: data in r)
+
+
+def _host_key():
+    from libp2p.crypto.ed25519 import create_new_key_pair
+    from libp2p.peer.id import ID
+
+    kp = create_new_key_pair()
+    return kp, ID.from_pubkey(kp.public_key)
+
+
+def test_advertisements_verify_and_refuse_tampering_other_swarms_staleness_and_foreign_addresses():
+    import time
+
+    from protocol.transport.lp2p.peers import AdError, make_ad, verify_ad
+
+    kp, pid = _host_key()
+    now = time.time()
+    addr = "/ip4/127.0.0.1/tcp/4001"
+    raw = make_ad(kp, pid, swarm=SWARM, addrs=[addr], version=(1, 3), now=now)
+    ad = verify_ad(raw, swarm=SWARM, now=now, ttl_s=600)
+    assert ad.peer == pid.to_base58() and ad.version == (1, 3) and ad.addrs == (f"{addr}/p2p/{ad.peer}",)
+
+    def reason(data: bytes, **kw) -> str:
+        with pytest.raises(AdError) as e:
+            verify_ad(data, **{"swarm": SWARM, "now": now, "ttl_s": 600, **kw})
+        return e.value.reason
+
+    tampered = raw.replace(b"4001", b"4002")
+    assert reason(tampered) == "ad_bad_signature"
+    assert reason(raw, swarm="other") == "ad_wrong_swarm"
+    assert reason(raw, now=now + 601) == "ad_stale"
+    assert reason(b"\x92garbage") == "ad_malformed"
+    # An address naming another host is refused even when correctly signed.
+    _, other = _host_key()
+    foreign = make_ad(kp, pid, swarm=SWARM, addrs=[f"{addr}/p2p/{other.to_base58()}"], version=(1, 0), now=now)
+    assert reason(foreign) == "ad_malformed"
+
+
+async def test_a_peer_of_another_major_version_is_reported_once_counted_and_dropped(
+    make_transports, monkeypatch, caplog
+):
+    import logging
+
+    from protocol import version
+
+    monkeypatch.setattr(version, "_reported", set())
+    (a,) = await make_transports(1, peer_exchange_interval_s=3600)
+    monkeypatch.setenv(version.ENV_OVERRIDE, "7.2")
+    other = await _start(a.addresses(), peer_exchange_interval_s=3600)
+    try:
+        monkeypatch.delenv(version.ENV_OVERRIDE)
+        caplog.set_level(logging.WARNING, logger="protocol.version")
+        for _ in range(3):
+            await a.exchange_peers_now()
+        ours = version.format_version(version.PROTOCOL_VERSION)
+        # Both nodes live in this process, so the 7.2 node's own line (naming our version as theirs) is here too.
+        lines = [r.getMessage() for r in caplog.records if f"speaks 7.2, this node speaks {ours}" in r.getMessage()]
+        assert len(lines) == 1, lines
+        assert lines[0].startswith("incompatible protocol version: libp2p peer ")
+        assert a.rejections().get("incompatible_version", 0) >= 1
+        await eventually(lambda: a.peers(), lambda peers: peers == [])
+    finally:
+        await other.close()

@@ -11,7 +11,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "transformers", "hivemind", "libp2p", "vllm")
 # Backends that are allowed (and expected) to import a heavy library.
-BACKENDS = {"protocol.transport.hivemind_dht", "protocol.transport.libp2p_gossip"}
+BACKENDS = {
+    "protocol.transport.hivemind_dht",
+    "protocol.transport.libp2p_gossip",
+    "protocol.transport.lp2p.gossipsub",
+    "protocol.transport.lp2p.bridge",
+    "protocol.transport.lp2p.sync",
+    "protocol.transport.lp2p.peers",
+}
 
 
 def _light_modules() -> list[str]:

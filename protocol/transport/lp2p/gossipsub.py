@@ -1,0 +1,106 @@
+"""py-libp2p GossipSub and Pubsub, patched to count what the library drops silently, and the router we build.
+
+py-libp2p 0.8.1 only logs a message refused by its per-topic spam protection, a message its 32-slot subscription
+buffer cannot take, and a message from a peer whose score fell below the publish threshold; these subclasses
+count each of them by reason through a ``count`` callback. The router is GossipSub v1.1 with peer scoring: each
+invalid message costs its forwarder one point (``P4``, decaying 1% per heartbeat); below ``-PUBLISH_THRESHOLD``
+its messages are refused, below ``-GRAYLIST_THRESHOLD`` it is ignored altogether.
+
+Knows nothing about records or the sync protocol.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import trio
+from libp2p.peer.id import ID
+from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
+from libp2p.pubsub.pubsub import Pubsub
+from libp2p.pubsub.score import ScoreParams, TopicScoreParams
+
+from protocol.transport.config import Libp2pTransportConfig
+
+PUBLISH_THRESHOLD = 20.0
+GRAYLIST_THRESHOLD = 50.0
+
+Count = Callable[[str], None]
+
+
+class CountingGossipSub(GossipSub):
+    """GossipSub that counts what its spam protection drops (it only logs them)."""
+
+    count: Count = staticmethod(lambda reason: None)
+
+    def _check_spam_protection(self, peer_id: ID, msg: Any) -> bool:
+        ok = super()._check_spam_protection(peer_id, msg)
+        if not ok:
+            self.count("spam_protection")
+        return ok
+
+
+class CountingPubsub(Pubsub):
+    """Pubsub that counts messages its subscription buffer drops (it only logs them), and writes each RPC whole.
+
+    Nothing is lost by a subscription drop here (the topic validator already stored the record), but it is
+    counted. py-libp2p 0.8.1 writes RPCs to a peer's stream from several tasks (the outbound queue, publish,
+    control messages), and its yamux stream takes its write lock per frame, not per write: under load a 200 KB
+    RPC and a control message interleave, the receiver fails to parse the RPC and its whole host stops. One lock
+    per stream around each RPC write prevents it.
+    """
+
+    count: Count = staticmethod(lambda reason: None)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._write_locks: weakref.WeakKeyDictionary[Any, trio.Lock] = weakref.WeakKeyDictionary()
+
+    async def write_msg(self, stream: Any, rpc_msg: Any) -> bool:
+        lock = self._write_locks.get(stream)
+        if lock is None:
+            lock = self._write_locks[stream] = trio.Lock()
+        async with lock:
+            return await super().write_msg(stream, rpc_msg)
+
+    def notify_subscriptions(self, publish_message: Any) -> None:
+        for topic in publish_message.topicIDs:
+            if topic in self.topic_ids:
+                try:
+                    self.subscribed_topics_send[topic].send_nowait(publish_message)
+                except trio.WouldBlock:
+                    self.count("subscription_overflow")
+
+
+def build_pubsub(host: Any, cfg: Libp2pTransportConfig, count: Count) -> tuple[CountingPubsub, CountingGossipSub]:
+    """The transport's GossipSub router (scored, counting) and the Pubsub service over ``host``."""
+    score = ScoreParams(
+        p4_invalid_messages=TopicScoreParams(weight=1.0, cap=1000.0, decay=0.99),
+        publish_threshold=-PUBLISH_THRESHOLD,
+        gossip_threshold=-PUBLISH_THRESHOLD,
+        graylist_threshold=-GRAYLIST_THRESHOLD,
+    )
+    router = CountingGossipSub(
+        protocols=[PROTOCOL_ID_V11, PROTOCOL_ID],
+        degree=cfg.degree,
+        degree_low=max(1, cfg.degree - 2),
+        degree_high=2 * cfg.degree,
+        heartbeat_interval=cfg.heartbeat_interval_s,
+        max_messages_per_topic_per_second=cfg.router_max_messages_per_s,
+        score_params=score,
+        do_px=cfg.gossipsub_px,
+    )
+    router.count = count
+    gate = router.scorer.allow_publish
+
+    def allow_publish(peer: ID, topics: list[str]) -> bool:
+        ok = gate(peer, topics)
+        if not ok:
+            count("low_peer_score")
+        return ok
+
+    router.scorer.allow_publish = allow_publish
+    pubsub = CountingPubsub(host, router, validation_timeout=cfg.request_timeout_s)
+    pubsub.count = count
+    return pubsub, router

@@ -1,0 +1,78 @@
+"""The protocol version (major.minor), the compatibility rule, and the one-line report of an incompatible peer.
+
+Rule (``protocol/SPEC.md`` 15): two nodes interoperate exactly when their major versions are equal. A minor
+version only adds what an older reader of the same major may ignore (a new optional field, a new record kind,
+a new sync op that an older server refuses); anything else bumps the major. Records and peer advertisements
+carry the version; a node that meets a peer of another major drops what that peer sends, counts it by reason
+(``incompatible_version``) and says so once per remote version, in one line that names both versions.
+
+The version a node advertises can be overridden with the environment variable ``RL_SWARM_PROTOCOL_VERSION``
+(``MAJOR.MINOR``), read at each use. It exists for tests that run two real processes of different versions;
+a real node never sets it.
+
+Knows nothing about records, transports or peers beyond the version they claim.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+
+logger = logging.getLogger(__name__)
+
+#: This code's protocol version. 1.0 was the first signed wire format (``schema_version`` 1); 1.1 added the
+#: ``minor`` record header field and signed peer advertisements on the libp2p sync protocol.
+PROTOCOL_VERSION: tuple[int, int] = (1, 1)
+#: Test-only override of the advertised version (``MAJOR.MINOR``).
+ENV_OVERRIDE = "RL_SWARM_PROTOCOL_VERSION"
+#: Rejection reason of records and advertisements of another major version.
+INCOMPATIBLE = "incompatible_version"
+
+_VERSION_RE = re.compile(r"^(\d{1,4})\.(\d{1,4})$")
+_reported: set[tuple[int, int]] = set()
+_reported_lock = threading.Lock()
+
+
+def parse_version(text: str) -> tuple[int, int]:
+    """``"1.2"`` -> ``(1, 2)``; ``ValueError`` for anything else."""
+    m = _VERSION_RE.match(text.strip())
+    if m is None:
+        raise ValueError(f"protocol version {text!r} is not MAJOR.MINOR (e.g. 1.1)")
+    return int(m.group(1)), int(m.group(2))
+
+
+def local_version() -> tuple[int, int]:
+    """The version this node advertises: :data:`PROTOCOL_VERSION` unless the test override is set."""
+    override = os.environ.get(ENV_OVERRIDE)
+    return parse_version(override) if override else PROTOCOL_VERSION
+
+
+def format_version(version: tuple[int, int]) -> str:
+    return f"{version[0]}.{version[1]}"
+
+
+def compatible(theirs: tuple[int, int], ours: tuple[int, int] | None = None) -> bool:
+    """Same major version (minor versions of one major interoperate)."""
+    return theirs[0] == (ours if ours is not None else local_version())[0]
+
+
+def report_incompatible(theirs: tuple[int, int], who: str = "a peer", ours: tuple[int, int] | None = None) -> bool:
+    """Log, once per remote version in this process, one warning line naming both versions.
+
+    Returns True the first time (the line was written). Callers count every occurrence themselves.
+    """
+    with _reported_lock:
+        if theirs in _reported:
+            return False
+        _reported.add(theirs)
+    ours = ours if ours is not None else local_version()
+    logger.warning(
+        "incompatible protocol version: %s speaks %s, this node speaks %s (major versions differ; its records and "
+        "advertisements are ignored; upgrade whichever node is older)",
+        who,
+        format_version(theirs),
+        format_version(ours),
+    )
+    return True
