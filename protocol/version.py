@@ -2,9 +2,10 @@
 
 Rule (``protocol/SPEC.md`` 15): two nodes interoperate exactly when their major versions are equal. A minor
 version only adds what an older reader of the same major may ignore (a new optional field, a new record kind,
-a new sync op that an older server refuses); anything else bumps the major. Records and peer advertisements
+a new sync op that an older server refuses); anything else bumps the major. Signed libp2p peer advertisements
 carry the version; a node that meets a peer of another major drops what that peer sends, counts it by reason
-(``incompatible_version``) and says so once per remote version, in one line that names both versions.
+(``incompatible_version``) and says so once per remote version, in one line that names both versions. Records
+carry only the envelope's ``schema_version`` (the major) so far.
 
 The version a node advertises can be overridden with the environment variable ``RL_SWARM_PROTOCOL_VERSION``
 (``MAJOR.MINOR``), read at each use. It exists for tests that run two real processes of different versions;
@@ -22,8 +23,8 @@ import threading
 
 logger = logging.getLogger(__name__)
 
-#: This code's protocol version. 1.0 was the first signed wire format (``schema_version`` 1); 1.1 added the
-#: ``minor`` record header field and signed peer advertisements on the libp2p sync protocol.
+#: This code's protocol version. 1.0 was the first signed wire format (``schema_version`` 1); 1.1 added signed
+#: peer advertisements (the ``peers`` op) on the libp2p sync protocol.
 PROTOCOL_VERSION: tuple[int, int] = (1, 1)
 #: Test-only override of the advertised version (``MAJOR.MINOR``).
 ENV_OVERRIDE = "RL_SWARM_PROTOCOL_VERSION"
