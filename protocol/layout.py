@@ -236,6 +236,13 @@ class ShardParams:
     def top(self) -> int:
         return self.levels - 1
 
+    @property
+    def max_shard_entries(self) -> int:
+        """Most entries a reader decodes from one shard read (a uniform sample beyond): twice what a shard one level
+        below the reading level holds on average (writers write there too), so it binds only on a cold start or
+        a flood."""
+        return 2 * self.fanout * self.poll_senders
+
     def shards(self, level: int) -> int:
         return self.fanout**level
 
@@ -298,6 +305,7 @@ class ShardReader:
                 "record_misses",
                 "entries_given_up",
                 "entries_over_budget",
+                "entries_skipped",
             ),
             0,
         )
@@ -354,9 +362,16 @@ class ShardReader:
         self.stats["index_reads"] += len(keys) + len(plan.peers)
         entries: dict[tuple[int, str], IndexEntry] = {}
         seen_per_window: dict[int, int] = {}
+        cap = self.p.max_shard_entries
         for addr in plan.shards:
             values = shard_values.get(addr, [])
             seen_per_window[addr[0]] = seen_per_window.get(addr[0], 0) + len(values)
+            if len(values) > cap:
+                # A shard far fuller than the reading level intends (a cold start, when every node still writes
+                # level 0, or a flood of entries): decode a uniform sample, so a poll's CPU stays bounded and no
+                # writer can crowd others out; the full count still feeds the size estimate.
+                self.stats["entries_skipped"] += len(values) - cap
+                values = self.rng.sample(values, cap)
             for raw in values:
                 self._take(raw, addr[0], entries)
         for addr in plan.peers:
