@@ -89,7 +89,7 @@ def render(rows: list[dict], quick: bool, warmup: int) -> str:
         "",
         f"Date: {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}  ",
         f"Machine: {machine_info(with_torch=False)}  ",
-        f"Mode: {'quick' if quick else 'full'}; config `configs/sim/scale.yaml` (protocol defaults: 2 shards per "
+        f"Mode: {'quick' if quick else 'full'}; config `configs/sim/scale.yaml` (protocol defaults: 1 shard per "
         "window per poll, 12 senders read whole, 10 records per poll of which 4 for unknown senders, 6 followed); "
         f"costs averaged over the rounds after {warmup} warm-up rounds. Target: per-node cost at the largest N "
         "<= 1.5x the cost at the smallest.  ",
@@ -125,7 +125,10 @@ def render(rows: list[dict], quick: bool, warmup: int) -> str:
         "|---:|" + "---:|" * len(rows[0]["reach"]),
     ]
     for r in rows:
-        cells = [f"{r['reach'].get(k, 0):.3f} / {r['predicted'].get(k, 0):.3f}" for k in sorted(rows[0]["reach"])]
+        cells = [
+            f"{r['reach'][k]:.4f} / {r['predicted'][k]:.4f}" if k in r["reach"] else "-"
+            for k in sorted(rows[0]["reach"])
+        ]
         lines.append(f"| {r['n']} | " + " | ".join(cells) + " |")
     lines += [
         "",
