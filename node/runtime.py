@@ -24,9 +24,10 @@ from typing import Any
 
 from node.config import NodeConfig
 from node.metrics import JsonlWriter, LiveView, truncate_after_step
+from node.trackers import open_metrics
 from protocol.types import Completion, Group, RolloutBatch, TaskRef
 from swarm.evals import EVAL as _EVAL  # noqa: F401  (registers "eval": nodes store and relay it, never train on it)
-from swarm.pool import SELF, PooledGroup, RolloutPool
+from swarm.pool import SELF, PooledGroup, RolloutPool, rollout_stats
 from swarm.sapo import SapoBatch, SapoSampler, ingest_rollouts
 from swarm.scores import SCORES as _SCORES  # noqa: F401  (registers the MNPO "scores" record kind)
 
@@ -151,7 +152,7 @@ class Node:
         node = cls(cfg, run_dir, parts, channel, name=name, live=live)
         if resume:
             await asyncio.to_thread(node._restore)
-        node._metrics = JsonlWriter(node.metrics_path)
+        node._metrics = await asyncio.to_thread(open_metrics, node.metrics_path, cfg, start_step=node.step)
         node._rollouts = JsonlWriter(node.run_dir / "rollouts.jsonl", fsync_every=50)
         return node
 
@@ -517,6 +518,7 @@ class Node:
             "time": time.time(),
             "reward_mean": math.fsum(rewards) / len(rewards) if rewards else 0.0,
             "solve_rate": sum(1 for g in own if max(g.rewards) > 0.5) / len(own) if own else 0.0,
+            **rollout_stats(own),
             **batch.metrics(),
             "peers": self.recent_peers(),
             "connections": len(self._peers),
