@@ -105,3 +105,17 @@ def test_a_selected_tracker_that_is_not_installed_is_one_error_line(tmp_path: Pa
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "pip install wandb" in lines[0], res.stderr
     assert "listening on" not in res.stdout and not (tmp_path / "run").exists()
+
+
+def test_swarm_sim_checks_the_nodes_trackers_before_it_starts(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    hide = "import sys; sys.modules['trackio'] = None; "  # as if trackio were not installed
+    code = hide + "from sim.cli import main; sys.argv = ['swarm-sim', *sys.argv[1:]]; main()"
+    out = tmp_path / "out"
+    args = ["run", "configs/sim/demo.yaml", "--out", str(out), "--set", "node.report_to=[trackio]"]
+    res = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120, cwd=REPO, env=env
+    )
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 1 and len(lines) == 1 and "pip install trackio" in lines[0], res.stderr
+    assert not out.exists()

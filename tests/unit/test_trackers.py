@@ -156,3 +156,13 @@ def test_tensorboard_event_files_hold_trl_named_scalars(tmp_path: Path) -> None:
     assert {"train/reward", "train/completions/mean_length", "eval/heldout_accuracy"} <= set(tags)
     assert [(e.step, e.value) for e in acc.Scalars("train/reward")] == [(1, 0.25), (2, 0.5), (3, 0.75)]
     assert all(math.isclose(e.value, 10.0 + e.step) for e in acc.Scalars("train/completions/mean_length"))
+
+
+def test_simulated_nodes_open_trackers_only_when_their_config_asks() -> None:
+    from sim.config import SimConfig
+
+    base = {"nodes": 3, "configurations": [{"name": "a"}, {"name": "b", "node_overrides": {2: {"report_to": "wandb"}}}]}
+    assert SimConfig.model_validate({**base, "configurations": [{"name": "a"}]}).trackers() == []
+    assert SimConfig.model_validate(base).trackers() == ["wandb"]
+    both = SimConfig.model_validate({**base, "node": {"report_to": ["tensorboard"]}})
+    assert both.trackers() == ["tensorboard", "wandb"]
