@@ -166,3 +166,19 @@ def test_simulated_nodes_open_trackers_only_when_their_config_asks() -> None:
     assert SimConfig.model_validate(base).trackers() == ["wandb"]
     both = SimConfig.model_validate({**base, "node": {"report_to": ["tensorboard"]}})
     assert both.trackers() == ["tensorboard", "wandb"]
+
+
+def test_tracker_packages_are_imported_only_when_selected(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from node.config import NodeConfig\n"
+        "from node.trackers import open_metrics\n"
+        f"open_metrics({str(tmp_path / 'metrics.jsonl')!r}, NodeConfig()).close()\n"
+        "print(sorted(m for m in ('wandb', 'trackio', 'tensorboard') if m in sys.modules))\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
