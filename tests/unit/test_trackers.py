@@ -182,3 +182,22 @@ def test_tracker_packages_are_imported_only_when_selected(tmp_path: Path) -> Non
     root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_tensorboard_on_resume_hides_the_steps_trained_again(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = tmp_path / "run"
+    first = TrackedMetrics(run / "metrics.jsonl", open_trackers(["tensorboard"], run, config={}))
+    for step in (1, 2, 3):
+        first.write({"step": step, "reward_mean": 0.1})
+    first.close()
+    # resumed from a checkpoint at step 1: steps 2 and 3 are trained again
+    again = TrackedMetrics(run / "metrics.jsonl", open_trackers(["tensorboard"], run, config={}, start_step=1))
+    for step in (2, 3):
+        again.write({"step": step, "reward_mean": 0.9})
+    again.close()
+    acc = EventAccumulator(str(run / "tensorboard"))
+    acc.Reload()
+    got = [(e.step, round(e.value, 6)) for e in acc.Scalars("train/reward")]  # float32 in the event files
+    assert got == [(1, 0.1), (2, 0.9), (3, 0.9)]
