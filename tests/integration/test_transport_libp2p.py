@@ -40,7 +40,8 @@ def _env() -> dict[str, str]:
 @pytest.mark.timeout(300)
 def test_contract_suite_in_its_own_process():
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "tests/libp2p_isolated/contract_lp2p.py"],
+        # -n 0: one process, as the suite needs (the project's addopts would start two xdist workers here)
+        [sys.executable, "-m", "pytest", "-q", "-n0", "-p", "no:randomly", "tests/libp2p_isolated/contract_lp2p.py"],
         cwd=ROOT,
         capture_output=True,
         text=True,
