@@ -38,7 +38,7 @@ def group_advantages(rewards: Tensor, scale: AdvantageScale = "std", eps: float 
 
     ``std`` is the *unbiased* sample standard deviation (Bessel's correction, divisor ``G - 1``), which is what
     TRL's ``GRPOTrainer`` uses (``trl.trainer.utils.nanstd``) and what ``torch.std`` does by default. TRL adds
-    ``eps = 1e-4``; this project's default is ``1e-8`` (DESIGN.md); pass ``eps=1e-4`` to reproduce TRL.
+    ``eps = 1e-4``; this project's default is ``1e-8``; pass ``eps=1e-4`` to reproduce TRL.
     A group of one has no baseline: its advantage is 0.
 
     Args:

@@ -41,6 +41,7 @@ from protocol.records import (
     expect_int,
     expect_map,
     expect_str,
+    record_digest,
     require_canonical,
     split_signed,
     strict_unpackb,
@@ -69,8 +70,9 @@ INDEX_KEYS = frozenset({"digests", "public_key", "sender", "swarm", "window"})
 
 
 def record_digest_hex(data: bytes) -> str:
-    """The digest a record is listed and stored under: SHA-256, first 16 bytes, lowercase hex."""
-    return hashlib.sha256(data).hexdigest()[: 2 * DIGEST_BYTES]
+    """The id a record is listed and stored under: the first 16 bytes of :func:`protocol.records.record_digest`
+    (SHA-256 of the record bytes), lowercase hex. The same digest, shortened for keys."""
+    return record_digest(data)[:DIGEST_BYTES].hex()
 
 
 def record_key(swarm: str, window: int, sender: str, digest: str) -> str:

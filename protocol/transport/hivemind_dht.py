@@ -57,11 +57,11 @@ from protocol.layout import (
     ShardReader,
     decode_index_entry,
     peer_key,
+    record_digest_hex,
     record_key,
     shard_key,
     shard_of,
 )
-from protocol.layout import record_digest_hex as record_digest
 from protocol.records import RecordDecodeError, RecordSignatureError, decode_record, strict_unpackb
 from protocol.transport.base import Transport
 from protocol.transport.config import HivemindTransportConfig, ProtocolConfig
@@ -187,7 +187,7 @@ class DHTRecordGuard(RecordValidatorBase):
             return e.reason
         if env.swarm != self.swarm:
             return "wrong_swarm"
-        if key_id(record_key(self.swarm, env.window, env.sender, record_digest(data))) != record.key:
+        if key_id(record_key(self.swarm, env.window, env.sender, record_digest_hex(data))) != record.key:
             return "key_mismatch"
         hook = self.hook
         if hook is not None and not hook(data):
@@ -374,7 +374,7 @@ class HivemindTransport(Transport):
         if len(data) > self.protocol.max_record_bytes:
             cap = self.protocol.max_record_bytes
             raise TransportError(f"record of {len(data)} bytes exceeds max_record_bytes={cap}")
-        digest = record_digest(data)
+        digest = record_digest_hex(data)
         # Expire a fixed number of windows after the record's own window ends (not after the store).
         expiration = float((window + 1 + self.cfg.expiration_windows) * self.protocol.window_seconds)
         keys: list[str] = [record_key(self.swarm, window, sender, digest)]

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from node.metrics import read_jsonl
+from sim.report import md_table
 
 _NAME_RE = re.compile(r"^(?P<prefix>[A-Za-z]+-[A-Za-z]+)-(?P<i>\d+)-(?P<j>\d+)(?:-(?P<ablation>[A-Za-z0-9_.+-]+))?$")
 _SEED_RE = re.compile(r"^seed(-?\d+)$")
@@ -198,18 +199,34 @@ def summary_rows(results: dict[str, list[SeedResult]], order: list[str]) -> list
 
 
 def markdown_summary(rows: list[dict[str, Any]]) -> str:
-    lines = [
-        "| config | seeds | steps | own-rollout reward (cum.) | ratio vs 8-0 | held-out start -> end | held-out gain "
-        "| batch reward (cum.) | batch ratio vs 8-0 | mean age of peer groups |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['config']} | {r['seeds']} | {r['steps']} | {_ms(r['own'], 1)} | {_ms(r['own_ratio'], 3)} | "
-            f"{_ms(r['heldout_start'], 3)} -> {_ms(r['heldout_end'], 3)} | {_ms(r['heldout_gain'], 3)} | "
-            f"{_ms(r['batch'], 1)} | {_ms(r['batch_ratio'], 3)} | {_ms(r['ext_age'], 1)} |"
+    head = (
+        "config",
+        "seeds",
+        "steps",
+        "own-rollout reward (cum.)",
+        "ratio vs 8-0",
+        "held-out start -> end",
+        "held-out gain",
+        "batch reward (cum.)",
+        "batch ratio vs 8-0",
+        "mean age of peer groups",
+    )
+    body = [
+        (
+            r["config"],
+            r["seeds"],
+            r["steps"],
+            _ms(r["own"], 1),
+            _ms(r["own_ratio"], 3),
+            f"{_ms(r['heldout_start'], 3)} -> {_ms(r['heldout_end'], 3)}",
+            _ms(r["heldout_gain"], 3),
+            _ms(r["batch"], 1),
+            _ms(r["batch_ratio"], 3),
+            _ms(r["ext_age"], 1),
         )
-    return "\n".join(lines)
+        for r in rows
+    ]
+    return md_table(head, body).rstrip("\n")
 
 
 def heldout_by_family(results: dict[str, list[SeedResult]], names: list[str]) -> str:
