@@ -1,8 +1,7 @@
 """B6 MNPO: HT-MNPO / TD-MNPO vs the two-player baselines (IPO, DPO) on a non-transitive population game.
 
 The game (``sim.experiments.mnpo.run_game``): a population of categorical players over a fixed response set, each
-with its own
-heterogeneous, rock-paper-scissors-like preference oracle; the real MNPO / DPO loss code and the real
+with its own heterogeneous, rock-paper-scissors-like preference oracle; the real MNPO / DPO loss code and the real
 ``swarm.mnpo`` opponent bookkeeping. Same budget for every method. Target (BENCHMARKS.md): MNPO's duality gap lower
 and its win rate against the population higher than the two-player (n = 2) baselines'.
 
