@@ -11,7 +11,8 @@ Two parts, written into one report (``OUT/mnpo.md``, ``OUT/mnpo_gap.png``, ``OUT
     part (``node.oracles.SyntheticOracle.population``). Each step every player samples responses into a shared pool,
     cross-scores the pool (``swarm.scores.ScoreBatch`` into a ``swarm.mnpo.ScoreBook``), builds pairs with its
     oracle, picks opponents with ``swarm.mnpo.select_opponents`` and takes one step of the real loss
-    (``node.losses.mnpo_loss`` / ``dpo_loss``). Every method gets the same budget (steps, samples, pairs, lr).
+    (``node.losses.mnpo_loss`` / ``dpo_loss``, through the loss registry). Every method gets the same budget
+    (steps, samples, pairs, lr).
     Metrics, exact for categorical policies under the population-level preference ``P``:
 
     * duality gap of ``pi``: ``2 max_a (P pi)_a - 1`` (0 exactly at the symmetric Nash equilibrium; the best
@@ -67,7 +68,7 @@ def run_game(cfg: MnpoGameConfig, method: str, seed: int) -> dict[str, Any]:
     """Play ``cfg`` with ``method`` for ``seed``; returns curves (gap, win rate vs the start) and final policies."""
     import torch
 
-    from node.losses import dpo_loss, mnpo_loss
+    from node.losses import get_loss, opponent_tensors
     from node.oracles import SyntheticOracle, response_text
     from protocol.types import TaskRef
     from swarm.mnpo import History, Pair, Response, ScoreBook, choose_pairs, select_opponents
@@ -90,6 +91,7 @@ def run_game(cfg: MnpoGameConfig, method: str, seed: int) -> dict[str, Any]:
     rng = random.Random(f"mnpo-game:{seed}:{method}")
     sample_gen = torch.Generator().manual_seed(seed + 1)
     source = _OPPONENTS[method]
+    spec = get_loss("dpo" if method == "dpo" else "mnpo")
     matrix = pop.matrix
     curve: list[dict[str, float]] = []
     stats = {"pairs": 0.0, "peer_opponents": 0.0, "self_opponents": 0.0}
@@ -158,19 +160,11 @@ def run_game(cfg: MnpoGameConfig, method: str, seed: int) -> dict[str, Any]:
             idx = {r.hash: a for a, r in enumerate(resp)}
             a_w = torch.tensor([idx[p.win.hash] for p in chosen])
             a_l = torch.tensor([idx[p.lose.hash] for p in chosen])
-            m = cfg.max_opponents
-            opp_w = torch.zeros(len(chosen), m, dtype=torch.float64)
-            opp_l = torch.zeros(len(chosen), m, dtype=torch.float64)
-            mask = torch.zeros(len(chosen), m, dtype=torch.bool)
-            for r, p in enumerate(chosen):
-                for c, o in enumerate(p.opponents[:m]):
-                    opp_w[r, c], opp_l[r, c], mask[r, c] = o.lp_w, o.lp_l, True
+            opp_w, opp_l, mask = opponent_tensors(
+                [[(o.lp_w, o.lp_l) for o in p.opponents] for p in chosen], cfg.max_opponents, torch.float64
+            )  # (P, J) each
             lp = torch.log_softmax(thetas[i], -1)
-            args = (lp[a_w], lp[a_l], refs[i][a_w], refs[i][a_l], opp_w, opp_l, mask)
-            if method == "dpo":
-                loss, _ = dpo_loss(*args, beta=cfg.dpo_beta)
-            else:
-                loss, _ = mnpo_loss(*args, eta=cfg.eta, ratio=cfg.ratio, max_opponents=m)
+            loss, _ = spec.fn(lp[a_w], lp[a_l], refs[i][a_w], refs[i][a_l], opp_w, opp_l, mask, **spec.kwargs(cfg))
             opts[i].zero_grad()
             loss.backward()
             opts[i].step()
