@@ -187,7 +187,7 @@ def _dedupe_shared(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tens
     aliases: dict[str, str] = {}
     seen: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], str] = {}
     for name, t in state.items():
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+        key = (t.untyped_storage().data_ptr(), int(t.storage_offset()), tuple(t.shape), tuple(t.stride()))
         if t.numel() > 0 and key in seen:
             aliases[name] = seen[key]
             continue
@@ -231,7 +231,7 @@ def _capture_rng() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         import numpy as np
 
         kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
-        meta["numpy"] = [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)]
+        meta["numpy"] = [kind, np.asarray(keys).tolist(), int(pos), int(has_gauss), float(cached)]
     except ImportError:  # numpy is optional for this module
         pass
     return tensors, meta

@@ -19,6 +19,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal, overload
 
 import torch
 from torch import Tensor, nn
@@ -37,6 +38,28 @@ BEHAVIOUR_LOGPROB_FLOOR = -20.0
 below about -20 (probability 2e-9) a hint carries no information, only leverage over the weight."""
 
 
+@overload
+def completion_logprobs(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    prompt_lens: Tensor,
+    completion_lens: Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: Literal[False] = False,
+) -> Tensor: ...
+@overload
+def completion_logprobs(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    prompt_lens: Tensor,
+    completion_lens: Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool,
+) -> Tensor | tuple[Tensor, Tensor]: ...
 def completion_logprobs(
     model: nn.Module,
     input_ids: Tensor,

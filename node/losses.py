@@ -241,8 +241,13 @@ def policy_gradient_loss(
         per_token = pg + beta * kl
     else:
         kl = torch.zeros_like(logp)
-    norm = dict(max_tokens=max_tokens, batch_tokens=batch_tokens, batch_sequences=batch_sequences)
-    loss = aggregate(per_token, mask, aggregation, **norm)
+
+    def agg(x: Tensor) -> Tensor:
+        return aggregate(
+            x, mask, aggregation, max_tokens=max_tokens, batch_tokens=batch_tokens, batch_sequences=batch_sequences
+        )
+
+    loss = agg(per_token)
 
     with torch.no_grad():
         n = fmask.sum().clamp(min=1.0)
@@ -252,7 +257,7 @@ def policy_gradient_loss(
 
         weights = torch.ones_like(logp) if is_weights is None else is_weights
         metrics = {
-            "pg_loss": aggregate(pg.detach(), mask, aggregation, **norm),
+            "pg_loss": agg(pg.detach()),
             "clip_low_frac": mean((ratio < 1.0 - eps_low) & (adv < 0)),
             "clip_high_frac": mean((ratio > 1.0 + eps_high) & (adv > 0)),
             "ratio_mean": mean(ratio),

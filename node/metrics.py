@@ -68,7 +68,7 @@ class JsonlWriter:
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """Read a JSONL file written by :class:`JsonlWriter` (skips a trailing partial line)."""
-    out = []
+    out: list[dict[str, Any]] = []
     path = Path(path)
     if not path.exists():
         return out

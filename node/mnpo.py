@@ -86,7 +86,7 @@ class MnpoPhase:
         rollout: RolloutFn,
         step: Callable[[], int],
         window_base: Callable[[], int],
-        publish: Callable[[str, Any], Awaitable[None]] | None,
+        publish: Callable[[str, Any], Awaitable[object]] | None,
         swarm_id: str,
         task_seed: int,
         model_name: str,

@@ -22,7 +22,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, Protocol
 
 from node.config import NodeConfig
@@ -105,7 +105,7 @@ class RolloutPlanner:
         self.totals = {"completed_groups": 0, "gen_s": 0.0}
 
     # ---------------------------------------------------------------- selection
-    def select(self, rng: random.Random, k: int, step: int, exclude: set[str] = frozenset()) -> list[TaskRef]:
+    def select(self, rng: random.Random, k: int, step: int, exclude: Collection[str] = frozenset()) -> list[TaskRef]:
         """``k`` prompts: uniform from the task source, or VADE's top ``k`` of a candidate set."""
         if k <= 0:
             return []

@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from node.batch import SampleBuilder, TrainBatch
 from node.config import NodeConfig
@@ -36,6 +36,9 @@ from node.planner import Planner, RolloutPlanner, UniformPlanner, planner_enable
 from node.rollouts import OwnRollouts, own_rollouts
 from node.seams import EngineLike, Generation, LearnerLike, NoPhase, PolicyLike, StepPhase, TasksLike
 from node.tasks import TaskItem
+
+if TYPE_CHECKING:
+    from node.learner import Learner
 from protocol.channel import Channel
 from protocol.types import Group, RolloutBatch, TaskRef
 from swarm.evals import EVAL as _EVAL  # noqa: F401  (registers "eval": nodes store and relay it, never train on it)
@@ -157,16 +160,22 @@ class Node:
         )
         self.phase: StepPhase = NoPhase() if cfg.mnpo.schedule == "off" else self._mnpo_phase()
 
-    def _mnpo_phase(self) -> StepPhase:
+    def _torch_learner(self, purpose: str) -> Learner:
+        """The learner as the torch :class:`node.learner.Learner` that ``purpose`` needs (a scripted stand-in has no
+        weights to checkpoint or to score MNPO pairs with)."""
         from node.learner import Learner
-        from node.mnpo import MnpoPhase
 
         if not isinstance(self.learner, Learner):
-            raise ValueError("MNPO trains a model's logprobs: it needs the torch learner, not a scripted one")
+            raise TypeError(f"{purpose} needs the torch learner, not {type(self.learner).__name__}")
+        return self.learner
+
+    def _mnpo_phase(self) -> StepPhase:
+        from node.mnpo import MnpoPhase
+
         channel = self.channel
         return MnpoPhase(
             self.cfg.mnpo,
-            learner=self.learner,
+            learner=self._torch_learner("MNPO"),
             tasks=self.tasks,
             samples=self.samples,
             rollout=self.rollout,
@@ -219,7 +228,7 @@ class Node:
         ckpt = load_latest(self.run_dir / "checkpoints")
         if ckpt is None:
             return
-        restore(self.learner, ckpt)
+        restore(self._torch_learner("resuming"), ckpt)
         self.step = self._checkpointed_step = ckpt.step
         self.totals.update(ckpt.extra.get("totals", {}))
         if ckpt.extra.get("rollout_plan"):  # APRIL buffer, VADE posteriors
@@ -237,7 +246,7 @@ class Node:
         plan = self.planner.state_dict()
         path = save_checkpoint(
             self.run_dir / "checkpoints",
-            self.learner,
+            self._torch_learner("checkpointing"),
             step=self.step,
             extra={
                 "totals": dict(self.totals),
@@ -313,7 +322,7 @@ class Node:
         self.planner.observe(own.groups, self.step)  # VADE/DART posteriors learn from the rewards
         return own
 
-    def score_external(self, ref: TaskRef, texts: list[str]) -> list[float]:
+    def score_external(self, ref: TaskRef, texts: Sequence[str]) -> list[float]:
         """The receiver's verifier for peers' groups: regenerate the task from its ref, score every text."""
         item = self.tasks.materialize_for_training(ref)  # TaskError: not our family, or a held-out question
         return [float(self.tasks.score(item, t)) for t in texts]
@@ -341,6 +350,10 @@ class Node:
         from node.eval import Evaluator, append_result, headline
 
         if self._evaluator is None:
+            from node.tasks import TaskSource
+
+            if not isinstance(self.tasks, TaskSource):
+                raise TypeError(f"held-out evaluation needs a real task source, not {type(self.tasks).__name__}")
             self._evaluator = Evaluator(self.tasks, self.policy, self.engine, self.cfg.eval, self.cfg.rollout)
         result = self._evaluator.evaluate(step)
         append_result(self.run_dir, result)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import Field, model_validator
 
@@ -26,7 +26,7 @@ AdversaryType = Literal["garbage", "forged_reward", "replay", "flood", "wrong_sw
 
 
 Method = Literal["ht_mnpo", "td_mnpo", "ipo", "dpo"]
-METHODS: tuple[str, ...] = ("ht_mnpo", "td_mnpo", "ipo", "dpo")
+METHODS: tuple[Method, ...] = get_args(Method)
 
 
 class MnpoGameConfig(StrictModel):

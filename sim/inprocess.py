@@ -63,7 +63,7 @@ class CountingTransport(Transport):
         self.inner = inner
         self.fetch_cap = fetch_cap
         self.rng = random.Random(seed)
-        self._last = (0, 0)
+        self._last: tuple[float, float] = (0, 0)
         self.bytes_fetched = 0
         self.records_fetched = 0
         self.bytes_published = 0
@@ -280,7 +280,7 @@ async def run_seed(
                 ident = derived_identity(seed, f"adversary-{adv.type}", k)
                 inner = MemoryTransport(network, ident.peer_id, protocol=pcfg, seed=seed * 1000 + k)
                 swarm_id = base.swarm_id if adv.type != "wrong_swarm" else f"not-{base.swarm_id}"[:64]
-                transport = wrap_transport(
+                hostile_transport = wrap_transport(
                     adv.type,
                     inner,
                     identity=ident,
@@ -290,9 +290,9 @@ async def run_seed(
                     window_seconds=pcfg.window_seconds,
                     seed=seed * 1000 + k,
                 )
-                channel = await _open_channel(ident, transport, swarm_id, pcfg, clock)
-                if hasattr(transport, "list_as"):  # what the attack injects is listed in the attacker's own entry
-                    transport.list_as(channel.index_writer)
+                channel = await _open_channel(ident, hostile_transport, swarm_id, pcfg, clock)
+                if hasattr(hostile_transport, "list_as"):  # what the attack injects is listed in its own entry
+                    hostile_transport.list_as(channel.index_writer)
                 adversaries.append(
                     Adversary(adv.type, channel, adversary_refs, base.rollout.group_size, seed * 1000 + k)
                 )
@@ -321,8 +321,8 @@ async def run_seed(
                 await nodes[i].publish(own[i])
                 t_gen[i] = time.perf_counter() - w0
                 result.costs[i].cpu_s += time.process_time() - c0
-            for adv in adversaries:
-                await adv.act()
+            for hostile in adversaries:
+                await hostile.act()
             for i in range(len(nodes)):
                 if online[i]:
                     c0 = time.process_time()
@@ -362,8 +362,8 @@ async def run_seed(
             for node in nodes:
                 node.evaluate_end()
         for i, t in enumerate(transports):
-            c = result.costs[i]
-            c.bytes_fetched, c.records_fetched, c.bytes_published = (
+            cost = result.costs[i]
+            cost.bytes_fetched, cost.records_fetched, cost.bytes_published = (
                 t.bytes_fetched,
                 t.records_fetched,
                 t.bytes_published,
@@ -374,8 +374,8 @@ async def run_seed(
     finally:
         for node in nodes:
             await node.close()
-        for adv in adversaries:
-            await adv.close()
+        for hostile in adversaries:
+            await hostile.close()
     result.wall_s = time.perf_counter() - t_start
     logger.debug("%s seed %d: %d nodes x %d rounds in %.1fs", variant, seed, len(nodes), sim.steps, result.wall_s)
     return result

@@ -276,7 +276,11 @@ def node_rows(out: Path, order: list[str]) -> list[dict[str, Any]]:
     """Per configuration (method on the real tiny model): reward at start / end, gain, opponents per pair."""
     rows = []
     for res in collect(out, order):
-        starts, ends, peer, own, pairs = [], [], [], [], []
+        starts: list[float] = []
+        ends: list[float] = []
+        peer: list[float] = []
+        own: list[float] = []
+        pairs: list[float] = []
         for run in res.runs:
             for series in run.nodes.values():
                 if not series:

@@ -120,7 +120,7 @@ def collect(run_dir: Path) -> dict[str, list[SeedResult]]:
             for node_dir in sorted(seed_dir.iterdir()):
                 n = _NODE_RE.match(node_dir.name)
                 metrics = read_jsonl(node_dir / "metrics.jsonl") if n else []
-                if metrics:  # a node that has not finished a step yet (a run in progress) is left out
+                if n and metrics:  # a node that has not finished a step yet (a run in progress) is left out
                     res.nodes[int(n.group(1))] = NodeRun(
                         metrics,
                         read_jsonl(node_dir / "eval.jsonl"),
@@ -135,7 +135,7 @@ def collect(run_dir: Path) -> dict[str, list[SeedResult]]:
 
 def window_reward(runs: list[SeedResult], first: bool, width: int = 10) -> float:
     """Mean own-rollout reward over the first (or last) ``width`` steps, over nodes and seeds."""
-    vals = []
+    vals: list[float] = []
     for r in runs:
         for n in r.nodes.values():
             rows = n.metrics[:width] if first else n.metrics[-width:]
