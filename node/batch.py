@@ -16,30 +16,12 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from node.seams import Generation, PolicyLike, TasksLike
+from node.seams import Generation, PolicyLike, TasksLike, TrainSample
 from protocol.types import TaskRef
 from swarm.sapo import SapoBatch
 
 #: Behaviour log-prob hints from peers are clamped to this range (per-token mean, nats).
 HINT_RANGE = (-30.0, 0.0)
-
-
-@dataclass
-class TrainSample:
-    """One scored completion, ready for the learner."""
-
-    prompt_ids: list[int]
-    """Prompt tokens (local tokenizer)."""
-    completion_ids: list[int]
-    """Completion tokens (local tokenizer); the loss covers these only."""
-    advantage: float
-    """Group-relative advantage of this completion."""
-    behaviour_logprobs: list[float] | None = None
-    """Per-token logprobs of the policy that sampled the completion (local rollouts), one per completion token."""
-    behaviour_logprob_mean: float | None = None
-    """Mean per-token behaviour logprob, an untrusted hint a peer may send with its rollouts."""
-    external: bool = False
-    """True for a peer's completion (its behaviour information is untrusted and clamped)."""
 
 
 @dataclass

@@ -24,9 +24,9 @@ from typing import Literal, overload
 import torch
 from torch import Tensor, nn
 
-from node.batch import TrainSample
 from node.config import LearnerConfig
 from node.losses import LossSpec, get_loss, sequence_is_weights, truncated_is_weights
+from node.seams import TrainSample
 
 logger = logging.getLogger(__name__)
 

@@ -5,6 +5,8 @@ Each is a :class:`typing.Protocol`, satisfied structurally by the real parts (``
 the simulator's scripted stand-ins (``sim.scripted``), so mypy checks both against one description and a reader sees
 the path a step takes without opening the implementations.
 
+:class:`TrainSample` is the one concrete type here: what crosses the learner seam.
+
 Knows nothing about how any part works; imports nothing heavy.
 """
 
@@ -12,13 +14,31 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from protocol.types import Envelope, Group, TaskRef
 
 if TYPE_CHECKING:
-    from node.batch import TrainSample
     from node.tasks import TaskItem
+
+
+@dataclass
+class TrainSample:
+    """One scored completion, ready for the learner."""
+
+    prompt_ids: list[int]
+    """Prompt tokens (local tokenizer)."""
+    completion_ids: list[int]
+    """Completion tokens (local tokenizer); the loss covers these only."""
+    advantage: float
+    """Group-relative advantage of this completion."""
+    behaviour_logprobs: list[float] | None = None
+    """Per-token logprobs of the policy that sampled the completion (local rollouts), one per completion token."""
+    behaviour_logprob_mean: float | None = None
+    """Mean per-token behaviour logprob, an untrusted hint a peer may send with its rollouts."""
+    external: bool = False
+    """True for a peer's completion (its behaviour information is untrusted and clamped)."""
 
 
 class Generation(Protocol):

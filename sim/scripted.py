@@ -6,7 +6,7 @@ regenerable from them (the gold answer is a hash of the question), and completio
 project's ``<answer>...</answer>`` format scored by a trivial verifier, so everything between the parts -- the
 runtime, the wire records, the receivers' re-scoring, SAPO's zero-advantage drops -- is the real code path.
 
-The learner is honest about what it is given: it decodes each :class:`~node.batch.TrainSample` (prompt ->
+The learner is honest about what it is given: it decodes each :class:`~node.seams.TrainSample` (prompt ->
 family and gold answer, completion -> right or wrong) and takes the REINFORCE step of the Bernoulli policy,
 ``theta_f += lr * sum_samples(A * d log pi(y) / d theta_f) / B`` with ``d log pi / d theta = 1 - p`` for a right
 answer and ``-p`` for a wrong one, where ``B = G * (I + J)`` is the *nominal* batch (a constant normaliser, as in
@@ -26,9 +26,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from node.batch import TrainSample
 from node.config import NodeConfig, TaskConfig
 from node.runtime import NodeParts
+from node.seams import TrainSample
 from node.tasks import TaskError, TaskItem, extract_answer, format_answer
 from protocol.types import TaskRef
 
