@@ -37,15 +37,17 @@ from protocol.records import (
     RecordDecodeError,
     RecordSignatureError,
     canonical_packb,
+    check_version,
     expect_bytes,
     expect_int,
-    expect_map,
+    expect_keys,
     expect_str,
     record_digest,
     require_canonical,
     split_signed,
     strict_unpackb,
 )
+from protocol.version import INCOMPATIBLE, format_version, local_version, parse_version
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +68,7 @@ ANCHOR_POLLS = 16
 #: Entries the top-level samples must have met before they count: one lucky hit in a small swarm would otherwise
 #: read as ``fanout ** top`` senders and push readers (and writers) to levels nobody else uses.
 ANCHOR_MIN_HITS = 4
-INDEX_KEYS = frozenset({"digests", "public_key", "sender", "swarm", "window"})
+INDEX_KEYS = frozenset({"digests", "public_key", "sender", "swarm", "version", "window"})
 
 
 def record_digest_hex(data: bytes) -> str:
@@ -128,6 +130,7 @@ def encode_index_entry(identity: Identity, swarm: str, window: int, digests: Seq
             "public_key": identity.public_bytes,
             "sender": identity.peer_id,
             "swarm": swarm,
+            "version": format_version(local_version()),
             "window": window,
         }
     )
@@ -136,8 +139,8 @@ def encode_index_entry(identity: Identity, swarm: str, window: int, digests: Seq
 
 def decode_index_entry(data: bytes, *, verify_signature: bool = True) -> IndexEntry:
     """Decode (and by default authenticate) an index entry; raises ``RecordDecodeError``/``RecordSignatureError``
-    with the reasons of SPEC.md section 6 (``oversize``, ``malformed``, ``non_canonical``, ``schema``,
-    ``sender_mismatch``, ``bad_signature``)."""
+    with the reasons of SPEC.md section 6 (``oversize``, ``malformed``, ``non_canonical``, ``unsupported_version``,
+    ``incompatible_version``, ``schema``, ``sender_mismatch``, ``bad_signature``). The version is checked first."""
     if type(data) is not bytes:
         raise RecordDecodeError("malformed", f"expected bytes, got {type(data).__name__}")
     outer, body_bytes, sig = split_signed(data, MAX_INDEX_ENTRY_BYTES, "index entry")
@@ -146,7 +149,15 @@ def decode_index_entry(data: bytes, *, verify_signature: bool = True) -> IndexEn
     body = strict_unpackb(body_bytes, max_bytes=MAX_INDEX_ENTRY_BYTES)
     if verify_signature:
         require_canonical(body, body_bytes, "index body")
-    expect_map(body, "index", INDEX_KEYS)
+    if type(body) is not dict:
+        raise RecordDecodeError("schema", "index: expected map")
+    version = body.get("version", "1.x")  # 1.x entries had no version key
+    try:
+        major, minor = (1, -1) if version == "1.x" else parse_version(version)
+    except (TypeError, AttributeError, ValueError):
+        major = minor = None
+    newer = check_version(major, minor, body.get("sender"))
+    expect_keys(body, "index", INDEX_KEYS, newer=newer)
     raw = expect_bytes(body["digests"], "index.digests", max_len=DIGEST_BYTES * MAX_INDEX_DIGESTS)
     if not raw or len(raw) % DIGEST_BYTES:
         raise RecordDecodeError("schema", f"index.digests: {len(raw)} bytes is not 1..{MAX_INDEX_DIGESTS} digests")
@@ -386,7 +397,7 @@ class ShardReader:
             # needs their fields. Records are validated in full by the channel.
             entry = decode_index_entry(raw, verify_signature=False)
         except (RecordDecodeError, RecordSignatureError) as e:
-            self._drop(f"index_{e.reason}")
+            self._drop(e.reason if e.reason == INCOMPATIBLE else f"index_{e.reason}")
             return
         if self.swarm is not None and entry.swarm != self.swarm:
             self._drop("index_wrong_swarm")

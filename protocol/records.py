@@ -1,7 +1,7 @@
 """Records on the wire: canonical MessagePack, signed envelopes, a registry of payload kinds, seq and windows.
 
 A record is ``packb({"body": <bin>, "sig": <bin 64>})`` where ``body`` is the canonical MessagePack of the
-header map (schema_version, kind, swarm, sender, public_key, seq, window, created, payload) and ``sig`` is
+header map (schema_version, minor, kind, swarm, sender, public_key, seq, window, created, payload) and ``sig`` is
 the sender's Ed25519 signature of ``SIGNING_DOMAIN + body``. Receivers verify the exact body bytes they got
 (no re-encoding before verification) and additionally require the body to be canonical, so one logical
 record has exactly one byte form. ``protocol/SPEC.md`` is the normative description.
@@ -29,10 +29,13 @@ import msgpack
 from protocol.errors import DecodeError, SignatureError, SwarmError
 from protocol.identity import PEER_ID_LEN, PUBLIC_KEY_LEN, SIGNATURE_LEN, Identity, peer_id_from_public, verify
 from protocol.types import FINISH_REASONS, Completion, Envelope, Group, RolloutBatch, TaskRef
+from protocol.version import PROTOCOL_VERSION, format_version, local_version, report_incompatible
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+#: The record's ``schema_version`` is the protocol's major version; its ``minor`` key the minor (SPEC.md 15).
+SCHEMA_VERSION = PROTOCOL_VERSION[0]
+MAX_VERSION_PART = 9999
 #: Prepended to the body bytes before signing, so a record signature can never be replayed as a signature of
 #: anything else this key signs (and vice versa).
 SIGNING_DOMAIN = b"rl-swarm/record/v1\x00"
@@ -48,11 +51,19 @@ MAX_KIND_LEN = 32
 _KIND_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 _PEER_ID_RE = re.compile(rf"^[0-9a-f]{{{PEER_ID_LEN}}}$")
 HEADER_KEYS = frozenset(
-    {"schema_version", "kind", "swarm", "sender", "public_key", "seq", "window", "created", "payload"}
+    {"schema_version", "minor", "kind", "swarm", "sender", "public_key", "seq", "window", "created", "payload"}
 )
 
 #: Rejection reasons decode_record can give (``RecordDecodeError.reason`` / ``RecordSignatureError.reason``).
-DECODE_REASONS = ("oversize", "malformed", "non_canonical", "unsupported_version", "schema", "unknown_kind")
+DECODE_REASONS = (
+    "oversize",
+    "malformed",
+    "non_canonical",
+    "unsupported_version",
+    "incompatible_version",
+    "schema",
+    "unknown_kind",
+)
 SIGNATURE_REASONS = ("sender_mismatch", "bad_signature")
 
 
@@ -451,10 +462,12 @@ def encode_record(
     spec = _KINDS.get(kind)
     if spec is None:
         raise EncodeError(f"unknown record kind {kind!r} (registered: {registered_kinds()})")
+    major, minor = local_version()
     try:
         wire_payload = spec.encode(payload)
         body_map = {
-            "schema_version": SCHEMA_VERSION,
+            "schema_version": major,
+            "minor": minor,
             "kind": kind,
             "swarm": swarm,
             "sender": identity.peer_id,
@@ -476,13 +489,39 @@ def encode_record(
     return data
 
 
+def check_version(major: Any, minor: Any, who: Any) -> bool:
+    """Check the version a peer's signed value claims, before any other field (another major may differ in all of
+    them). Returns whether it is a newer minor of our major, whose extra body keys a reader ignores.
+
+    Raises :class:`RecordDecodeError`: ``unsupported_version`` if the major is not an int of 0..9999,
+    ``incompatible_version`` if it is another major (reported once per remote version in one log line naming both
+    versions; ``who`` is the claimed sender, unverified at this point), ``schema`` if the minor is not an int.
+    """
+    if type(major) is not int or not 0 <= major <= MAX_VERSION_PART:
+        raise RecordDecodeError("unsupported_version", f"major version {major!r}"[:60])
+    ours = local_version()
+    if major != ours[0]:
+        theirs = (major, minor if type(minor) is int and 0 <= minor <= MAX_VERSION_PART else -1)
+        label = f"peer {who[:16]}" if isinstance(who, str) and who.isalnum() else "a peer"
+        report_incompatible(theirs, label, ours)
+        raise RecordDecodeError("incompatible_version", f"{format_version(theirs)}, this node {format_version(ours)}")
+    return expect_int(minor, "minor", lo=0, hi=MAX_VERSION_PART) > ours[1]
+
+
+def expect_keys(obj: Any, where: str, keys: frozenset[str], *, newer: bool) -> dict[str, Any]:
+    """Like :func:`expect_map`, but a value of a newer minor version may carry keys this reader does not know."""
+    if not newer:
+        return expect_map(obj, where, keys)
+    if type(obj) is not dict or not keys <= set(obj):
+        return expect_map(obj, where, keys)  # raises with the missing keys
+    return obj
+
+
 def _check_header(body: Any) -> dict[str, Any]:
     if type(body) is not dict:
         raise _schema("body", f"expected map, got {type(body).__name__}")
-    version = body.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise RecordDecodeError("unsupported_version", f"schema_version {version!r} (this client: {SCHEMA_VERSION})")
-    expect_map(body, "body", HEADER_KEYS)
+    newer = check_version(body.get("schema_version"), body.get("minor"), body.get("sender"))
+    expect_keys(body, "body", HEADER_KEYS, newer=newer)
     expect_str(body["kind"], "kind", min_len=1, max_len=MAX_KIND_LEN)
     expect_str(body["swarm"], "swarm", min_len=1, max_len=MAX_SWARM_LEN)
     sender = expect_str(body["sender"], "sender", min_len=PEER_ID_LEN, max_len=PEER_ID_LEN)
@@ -543,6 +582,7 @@ def decode_record(data: bytes, max_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> Env
         raise RecordDecodeError("schema", f"payload: {e.__class__.__name__}: {e}"[:200]) from None
     return Envelope(
         schema_version=body["schema_version"],
+        minor=body["minor"],
         kind=body["kind"],
         swarm=body["swarm"],
         sender=body["sender"],

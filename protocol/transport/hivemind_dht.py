@@ -65,6 +65,7 @@ from protocol.layout import (
 from protocol.records import RecordDecodeError, RecordSignatureError, decode_record, strict_unpackb
 from protocol.transport.base import Transport
 from protocol.transport.config import HivemindTransportConfig, ProtocolConfig
+from protocol.version import INCOMPATIBLE
 
 logger = logging.getLogger(__name__)
 
@@ -198,7 +199,7 @@ class DHTRecordGuard(RecordValidatorBase):
         try:
             entry = decode_index_entry(data)
         except (RecordDecodeError, RecordSignatureError) as e:
-            return None, f"index_{e.reason}"
+            return None, e.reason if e.reason == INCOMPATIBLE else f"index_{e.reason}"
         if entry.swarm != self.swarm:
             return None, "wrong_swarm"
         return entry, None

@@ -34,6 +34,7 @@ from protocol.records import (
     wrap_record,
 )
 from protocol.types import Completion, Group, RolloutBatch, TaskRef
+from protocol.version import PROTOCOL_VERSION
 
 SPEC = Path(__file__).resolve().parents[2] / "protocol" / "SPEC.md"
 ALICE = Identity.from_private_bytes(bytes(range(32)))
@@ -97,7 +98,7 @@ def test_round_trip():
         100,
         1500.0,
     )
-    assert env.public_key == ALICE.public_bytes and env.schema_version == 1
+    assert env.public_key == ALICE.public_bytes and (env.schema_version, env.minor) == PROTOCOL_VERSION
     assert env.size == len(encode(batch))
 
 
@@ -212,7 +213,7 @@ def test_non_canonical_outer_map():
 
 def test_unsupported_version():
     body = body_of(encode())
-    body["schema_version"] = 2
+    body["schema_version"] = "2"
     assert reason_of(resign(body)) == "unsupported_version"
 
 

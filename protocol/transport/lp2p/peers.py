@@ -79,7 +79,7 @@ def verify_ad(raw: bytes, *, swarm: str, now: float, ttl_s: float) -> PeerAd:
         outer = msgpack.unpackb(raw, raw=False, max_bin_len=MAX_AD_BYTES, max_str_len=64, max_map_len=2)
         body, sig = outer["body"], outer["sig"]
         m = msgpack.unpackb(
-            body, raw=False, max_bin_len=64, max_str_len=MAX_ADDR_CHARS, max_array_len=MAX_AD_ADDRS, max_map_len=5
+            body, raw=False, max_bin_len=64, max_str_len=MAX_ADDR_CHARS, max_array_len=MAX_AD_ADDRS, max_map_len=16
         )
         peer_bytes, addrs, ad_swarm, t, version = m["peer"], m["addrs"], m["swarm"], m["time"], m["version"]
         if not (isinstance(body, bytes) and isinstance(sig, bytes) and len(sig) == 64 and isinstance(t, int)):
