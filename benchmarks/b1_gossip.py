@@ -61,7 +61,7 @@ async def worker(args: dict) -> None:
     own: dict[int, list[str]] = {}  # this peer's digests per window: its signed index entry lists them
 
     cfg = HivemindTransportConfig(initial_peers=[boot] if boot else [], request_timeout_s=20)
-    guard = validator.is_storable if mode == "hivemind" else None
+    guard = validator.verdict if mode == "hivemind" else None
     transport = await HivemindTransport.create(cfg, swarm=SWARM, validate=guard, protocol=pc)
     addr = transport.addresses()[0]
     print("READY", addr, flush=True)

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from protocol.errors import ConfigError
-from protocol.transport.base import Transport
+from protocol.transport.base import RecordCheck, Transport
 from protocol.transport.config import ProtocolConfig
 
 Builder = Callable[..., Awaitable[Transport]]
@@ -52,7 +52,7 @@ async def create_transport(
     *,
     swarm: str,
     peer_id: str,
-    validate: Callable[[bytes], bool] | None = None,
+    validate: RecordCheck | None = None,
     protocol: ProtocolConfig | None = None,
     network: Any = None,
 ) -> Transport:

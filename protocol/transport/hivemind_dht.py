@@ -41,7 +41,7 @@ import logging
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Collection, Coroutine, Sequence
+from collections.abc import Collection, Coroutine, Sequence
 from typing import Any, TypeVar
 
 import msgpack
@@ -63,7 +63,7 @@ from protocol.layout import (
     shard_of,
 )
 from protocol.records import RecordDecodeError, RecordSignatureError, decode_record, strict_unpackb
-from protocol.transport.base import Transport
+from protocol.transport.base import RecordCheck, Transport
 from protocol.transport.config import HivemindTransportConfig, ProtocolConfig
 from protocol.version import INCOMPATIBLE
 
@@ -115,7 +115,7 @@ class DHTRecordGuard(RecordValidatorBase):
         *,
         max_bytes: int,
         max_ttl_s: float,
-        validate: Callable[[bytes], bool] | None = None,
+        validate: RecordCheck | None = None,
         params: ShardParams | None = None,
     ):
         self.swarm = swarm
@@ -182,17 +182,19 @@ class DHTRecordGuard(RecordValidatorBase):
         return reason
 
     def _check_record(self, record: DHTRecord, data: bytes) -> str | None:
+        hook = self.hook
         try:
-            env = decode_record(data, self.max_bytes)
+            # The hook (the receiver's RecordValidator) decodes and verifies once for the guard and the channel.
+            got = hook(data) if hook is not None else decode_record(data, self.max_bytes)
         except (RecordDecodeError, RecordSignatureError) as e:
             return e.reason
+        if isinstance(got, str):
+            return got
+        env = got
         if env.swarm != self.swarm:
             return "wrong_swarm"
         if key_id(record_key(self.swarm, env.window, env.sender, record_digest_hex(data))) != record.key:
             return "key_mismatch"
-        hook = self.hook
-        if hook is not None and not hook(data):
-            return "invalid_record"
         return None
 
     def _entry(self, data: bytes) -> tuple[Any, str | None]:
@@ -323,12 +325,12 @@ class HivemindTransport(Transport):
         cfg: HivemindTransportConfig,
         *,
         swarm: str,
-        validate: Callable[[bytes], bool] | None = None,
+        validate: RecordCheck | None = None,
         protocol: ProtocolConfig | None = None,
     ) -> HivemindTransport:
         """Start a DHT node (and its p2pd), bootstrapping from ``cfg.initial_peers`` or starting a new swarm.
 
-        ``validate`` is the store-time hook (e.g. ``RecordValidator.is_storable``); it must be stateless, since
+        ``validate`` is the store-time hook (e.g. ``RecordValidator.verdict``); it must be stateless, since
         hivemind validates the same entry many times. ``protocol`` gives the window length and record size cap
         (defaults: ``ProtocolConfig()``); every node of a swarm must use the same window length.
         """
@@ -466,7 +468,7 @@ class HivemindTransport(Transport):
             self._kill_p2pd()
             self._runner.stop()
 
-    def set_record_validator(self, validate: Callable[[bytes], bool] | None) -> None:
+    def set_record_validator(self, validate: RecordCheck | None) -> None:
         """Swap the store-time hook; takes effect at once (the guard runs in this process)."""
         self._record_validator = validate
         if self.guard is not None:

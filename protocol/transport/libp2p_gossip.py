@@ -150,7 +150,7 @@ class Libp2pTransport(Transport):
     ) -> Libp2pTransport:
         """Start a libp2p host, join the swarm's topic and connect to ``cfg.initial_peers`` (if any).
 
-        ``validate`` is the stateless edge check (``RecordValidator.is_storable``). ``validate_own=False`` lets
+        ``validate`` is the stateless edge check (``RecordValidator.verdict``). ``validate_own=False`` lets
         this node publish messages its own validator would refuse (fault injection in tests only).
         """
         protocol = protocol if protocol is not None else ProtocolConfig()

@@ -29,10 +29,10 @@ from pathlib import Path
 
 from protocol.channel import Channel
 from protocol.identity import Identity
-from protocol.layout import IndexWriter, encode_index_entry, peer_key, shard_key, shard_of
+from protocol.layout import IndexWriter, encode_index_entry, peer_key, record_digest_hex, shard_key, shard_of
 from protocol.records import encode_record, sign_body, window_of
 from protocol.transport.config import HivemindTransportConfig, ProtocolConfig
-from protocol.transport.hivemind_dht import HivemindTransport, record_digest, record_key
+from protocol.transport.hivemind_dht import HivemindTransport, record_key
 from protocol.types import Completion, Group, RolloutBatch, TaskRef
 from protocol.validation import RecordValidator
 
@@ -70,7 +70,7 @@ async def honest(a: argparse.Namespace, stop: asyncio.Event) -> None:
     identity = Identity.load_or_create(a.key) if a.key else Identity.generate()
     validator = RecordValidator.from_config(a.swarm, pc)
     cfg = HivemindTransportConfig(initial_peers=a.bootstrap, client_mode=a.client_mode, request_timeout_s=5)
-    transport = await HivemindTransport.create(cfg, swarm=a.swarm, validate=validator.is_storable, protocol=pc)
+    transport = await HivemindTransport.create(cfg, swarm=a.swarm, validate=validator.verdict, protocol=pc)
     channel = await Channel.create(identity, transport, validator, fetch_past_windows=2, timeout_s=20)
     print("ADDR", transport.addresses()[0], identity.peer_id, flush=True)
     out = a.out.open("a")
@@ -126,7 +126,7 @@ async def hostile(a: argparse.Namespace, stop: asyncio.Event) -> None:
 
     async def put(data: bytes, window: int = w, sender: str = me.peer_id) -> None:
         """Store ``data`` under the record key of (window, sender) and list it in our own signed index entry."""
-        d = record_digest(data)
+        d = record_digest_hex(data)
         await dht.store_raw(record_key(a.swarm, window, sender, d), data, exp)
         entry = writer.add(data, window)
         if entry is not None:
@@ -159,7 +159,7 @@ async def hostile(a: argparse.Namespace, stop: asyncio.Event) -> None:
     listed = writer.add(good, w)
     assert listed is not None
     await dht.store_raw(shard_key(a.swarm, w, 0, 0), listed, exp, subkey="0" * 32)
-    forged = bytearray(encode_index_entry(me, a.swarm, w, [record_digest(good)]))
+    forged = bytearray(encode_index_entry(me, a.swarm, w, [record_digest_hex(good)]))
     forged[-1] ^= 1
     await dht.store_raw(peer_key(a.swarm, w, me.peer_id), bytes(forged), exp + 1)
     print("HOSTILE DONE", flush=True)
