@@ -32,21 +32,10 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from protocol.codec import RecordDecodeError, RecordSignatureError, canonical_packb, require_canonical, strict_unpackb
 from protocol.identity import PEER_ID_LEN, PUBLIC_KEY_LEN, Identity, peer_id_from_public, verify
-from protocol.records import (
-    RecordDecodeError,
-    RecordSignatureError,
-    canonical_packb,
-    check_version,
-    expect_bytes,
-    expect_int,
-    expect_keys,
-    expect_str,
-    record_digest,
-    require_canonical,
-    split_signed,
-    strict_unpackb,
-)
+from protocol.records import check_version, expect_keys, record_digest, split_signed
+from protocol.schema import expect_bytes, expect_int, expect_str
 from protocol.version import INCOMPATIBLE, format_version, local_version, parse_version
 
 logger = logging.getLogger(__name__)

@@ -23,14 +23,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from protocol.records import (
-    DECODE_REASONS,
-    SIGNATURE_REASONS,
-    RecordDecodeError,
-    RecordSignatureError,
-    decode_record,
-    window_of,
-)
+from protocol.codec import DECODE_REASONS, SIGNATURE_REASONS, RecordDecodeError, RecordSignatureError
+from protocol.records import decode_record, window_of
 from protocol.types import Envelope
 
 if TYPE_CHECKING:

@@ -50,6 +50,7 @@ from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 from hivemind.utils import get_dht_time
 
+from protocol.codec import RecordDecodeError, RecordSignatureError, strict_unpackb
 from protocol.errors import TransportError
 from protocol.layout import (
     MAX_INDEX_ENTRY_BYTES,
@@ -62,7 +63,7 @@ from protocol.layout import (
     shard_key,
     shard_of,
 )
-from protocol.records import RecordDecodeError, RecordSignatureError, decode_record, strict_unpackb
+from protocol.records import decode_record
 from protocol.transport.base import RecordCheck, Transport
 from protocol.transport.config import HivemindTransportConfig, ProtocolConfig
 from protocol.version import INCOMPATIBLE

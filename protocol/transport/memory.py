@@ -30,9 +30,9 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
+from protocol.codec import RecordDecodeError, RecordSignatureError
 from protocol.errors import TransportError
 from protocol.layout import ShardParams, ShardReader, decode_index_entry, record_digest_hex, shard_of
-from protocol.records import RecordDecodeError, RecordSignatureError
 from protocol.transport.base import RecordCheck, Transport
 from protocol.transport.config import MemoryTransportConfig, ProtocolConfig
 

@@ -14,7 +14,8 @@ import logging
 import time
 from collections.abc import Callable
 
-from protocol.records import RecordDecodeError, RecordSignatureError, decode_record, window_of
+from protocol.codec import RecordDecodeError, RecordSignatureError
+from protocol.records import decode_record, window_of
 from protocol.transport.base import RecordCheck
 from protocol.transport.config import ProtocolConfig
 from protocol.transport.lp2p.store import Counters, RecordStore, digest_of
