@@ -95,7 +95,8 @@ _PACKER_OPTS = {"use_bin_type": True, "use_single_float": False, "strict_types":
 def canonical_packb(obj: Any) -> bytes:
     """Canonical MessagePack: maps with str keys sorted by code point (= UTF-8 byte order), floats as float64,
     ints and lengths in their shortest form, str as UTF-8 ``str``, bytes as ``bin``, no ext types."""
-    return msgpack.packb(_canon(obj), **_PACKER_OPTS)
+    data: bytes = msgpack.packb(_canon(obj), **_PACKER_OPTS)
+    return data
 
 
 def _reject_ext(code: int, data: bytes) -> Any:

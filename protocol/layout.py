@@ -28,7 +28,7 @@ import hashlib
 import logging
 import random
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,7 +88,7 @@ def shard_hash(window: int, sender: str) -> int:
 
 def shard_of(window: int, sender: str, level: int, fanout: int) -> int:
     """The sender's shard at ``level``: ``shard_hash mod fanout**level`` (level l+1 splits each shard of level l)."""
-    return shard_hash(window, sender) % (fanout**level)
+    return shard_hash(window, sender) % int(fanout**level)
 
 
 # -- signed index entries -------------------------------------------------------------------------------------
@@ -141,6 +141,8 @@ def decode_index_entry(data: bytes, *, verify_signature: bool = True) -> IndexEn
     if type(body) is not dict:
         raise RecordDecodeError("schema", "index: expected map")
     version = body.get("version", "1.x")  # 1.x entries had no version key
+    major: int | None
+    minor: int | None
     try:
         major, minor = (1, -1) if version == "1.x" else parse_version(version)
     except (TypeError, AttributeError, ValueError):
@@ -228,7 +230,7 @@ class ShardParams:
         return self.levels - 1
 
     def shards(self, level: int) -> int:
-        return self.fanout**level
+        return int(self.fanout**level)
 
     def level_for(self, n_senders: float) -> int:
         """The lowest level where reading ``poll_shards`` shards means at most ``poll_senders`` entries."""
@@ -345,15 +347,15 @@ class ShardReader:
         self.stats["index_reads"] += len(keys) + len(plan.peers)
         entries: dict[tuple[int, str], IndexEntry] = {}
         seen_per_window: dict[int, int] = {}
-        for addr in plan.shards:
-            values = shard_values.get(addr, [])
-            seen_per_window[addr[0]] = seen_per_window.get(addr[0], 0) + len(values)
+        for shard in plan.shards:
+            values = shard_values.get(shard, [])
+            seen_per_window[shard[0]] = seen_per_window.get(shard[0], 0) + len(values)
             for raw in values:
-                self._take(raw, addr[0], entries)
-        for addr in plan.peers:
-            raw = peer_values.get(addr)
+                self._take(raw, shard[0], entries)
+        for peer in plan.peers:
+            raw = peer_values.get(peer)
             if raw is not None:
-                self._take(raw, addr[0], entries)
+                self._take(raw, peer[0], entries)
         if plan.anchor is not None:
             self._anchors.append(len(shard_values.get(plan.anchor, [])))
         self._update_estimate(plan, windows, seen_per_window)
@@ -408,7 +410,7 @@ class ShardReader:
         poll (``follow_senders <= poll_records - poll_newcomer_records``) however much anyone else lists."""
         todo: dict[str, list[RecordAddr]] = {}
         for (w, sender), entry in sorted(entries.items()):
-            have = self.cache.get(w, {})
+            have: Mapping[str, bytes] = self.cache.get(w, {})
             todo.setdefault(sender, []).extend(
                 (w, sender, d)
                 for d in entry.digests
@@ -448,7 +450,7 @@ class ShardReader:
             del self.misses[k]
 
 
-async def _nothing() -> dict:
+async def _nothing() -> dict[Any, Any]:
     return {}
 
 

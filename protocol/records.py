@@ -162,7 +162,7 @@ def _check_header(body: Any) -> dict[str, Any]:
     return body
 
 
-def split_signed(data: bytes, max_bytes: int, what: str) -> tuple[dict, bytes, bytes]:
+def split_signed(data: bytes, max_bytes: int, what: str) -> tuple[dict[str, Any], bytes, bytes]:
     """The outer map ``{"body": bin, "sig": bin(64)}`` of a signed value (a record, an index entry), checked for
     size and shape: ``(outer, body_bytes, sig)``; :class:`RecordDecodeError` (``oversize``/``malformed``)."""
     if len(data) > max_bytes:

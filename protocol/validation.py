@@ -121,7 +121,8 @@ class RecordValidator:
             verdict, detail = e.reason, str(e)
         self.decodes += 1
         if isinstance(verdict, Envelope) and verdict.swarm != self.swarm_id:
-            verdict, detail = "wrong_swarm", verdict.swarm[:64]
+            detail = verdict.swarm[:64]
+            verdict = "wrong_swarm"
         size = len(data) if isinstance(verdict, Envelope) else 0  # a refusal keeps no bytes alive
         with self._verdict_lock:
             if key not in self._verdicts:

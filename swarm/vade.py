@@ -121,8 +121,10 @@ class VadeSelector:
         if p is None:
             return self.a0, self.b0
         idle = step - p.step
-        kw = {"stale_steps": self.stale_steps, "gamma": self.gamma}
-        return global_decay(p.a, self.a0, idle, **kw), global_decay(p.b, self.b0, idle, **kw)
+        return (
+            global_decay(p.a, self.a0, idle, stale_steps=self.stale_steps, gamma=self.gamma),
+            global_decay(p.b, self.b0, idle, stale_steps=self.stale_steps, gamma=self.gamma),
+        )
 
     def mean(self, key: str, step: int) -> float:
         """Posterior mean success probability ``a / (a + b)`` (DART's success rate)."""

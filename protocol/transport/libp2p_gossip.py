@@ -49,6 +49,7 @@ import multiaddr
 import trio
 from libp2p import new_host
 from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.tools.anyio_service import background_trio_service
@@ -296,7 +297,7 @@ class Libp2pTransport(Transport):
         ):
             try:
                 with trio.fail_after(cfg.startup_timeout_s):
-                    host.set_stream_handler(SYNC_PROTOCOL, server.handle)
+                    host.set_stream_handler(TProtocol(SYNC_PROTOCOL), server.handle)
                     await pubsub.wait_until_ready()
                     pubsub.set_topic_validator(self.topic, self._t_validate, True)
                     subscription = await pubsub.subscribe(self.topic)
