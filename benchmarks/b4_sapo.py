@@ -11,7 +11,7 @@ Rows are named ``<population>-<budget>-<I>-<J>[-<ablation>]`` (``configs/sim/sap
   peers' completions), and ``8-0-keep0`` (a baseline that also trains on its zero-advantage groups).
 
 Metrics (``sim.experiments.sapo``): own-rollout reward (primary), held-out accuracy per family, training-batch
-reward; each ratio is paired by seed with the row's ``8-0``. Target (BENCHMARKS.md): 4/4 >= 1.94x 8/0 and the
+reward; each ratio is paired by seed with the row's ``8-0``. Target: 4/4 >= 1.94x 8/0 and the
 paper's ordering 4/4 > 2/6 > 6/2 > 8/0 (paper totals 1093.31, 945.87, 854.43, 561.79).
 
     python benchmarks/b4_sapo.py                      # configs/sim/sapo.yaml (hours on CPU; see --only)

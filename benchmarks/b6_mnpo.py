@@ -2,7 +2,7 @@
 
 The game (``sim.experiments.mnpo.run_game``): a population of categorical players over a fixed response set, each
 with its own heterogeneous, rock-paper-scissors-like preference oracle; the real MNPO / DPO loss code and the real
-``swarm.mnpo`` opponent bookkeeping. Same budget for every method. Target (BENCHMARKS.md): MNPO's duality gap lower
+``swarm.mnpo`` opponent bookkeeping. Same budget for every method. Target: MNPO's duality gap lower
 and its win rate against the population higher than the two-player (n = 2) baselines'.
 
     python benchmarks/b6_mnpo.py               # configs/sim/mnpo.yaml game, 3 seeds, plus part (a): real tiny-model

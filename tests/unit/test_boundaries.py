@@ -122,3 +122,31 @@ def test_no_import_cycles_between_modules():
     mods = set(graph.modules)
     edges = {m: set(graph.find_modules_directly_imported_by(m)) & mods for m in mods}
     assert _import_cycles(edges) == []
+
+
+def _private_uses(source: str) -> list[str]:
+    """``from node... import _x`` and ``obj._x`` (on anything but ``self``/``cls``) in ``source``."""
+    import ast
+
+    found = []
+    for n in ast.walk(ast.parse(source)):
+        if isinstance(n, ast.ImportFrom) and n.module and n.module.split(".")[0] == "node":
+            found += [f"import {a.name}" for a in n.names if a.name.startswith("_")]
+        elif isinstance(n, ast.Attribute) and n.attr.startswith("_") and not n.attr.startswith("__"):
+            if not (isinstance(n.value, ast.Name) and n.value.id in ("self", "cls")):
+                found.append(ast.unparse(n))
+    return found
+
+
+def test_private_use_finder_finds_one():
+    assert _private_uses("from node.runtime import _x\nnode._finish_step()\nself._ok = 1") == [
+        "import _x",
+        "node._finish_step",
+    ]
+
+
+def test_simulator_drives_nodes_through_public_names_only():
+    """The simulator runs nodes with the same public step pipeline as the runtime: no private name of another
+    object, no private import from node/."""
+    uses = {str(p.relative_to(ROOT)): _private_uses(p.read_text()) for p in (ROOT / "sim").rglob("*.py")}
+    assert {k: v for k, v in uses.items() if v} == {}
