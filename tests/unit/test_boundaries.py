@@ -132,9 +132,13 @@ def _private_uses(source: str) -> list[str]:
     for n in ast.walk(ast.parse(source)):
         if isinstance(n, ast.ImportFrom) and n.module and n.module.split(".")[0] == "node":
             found += [f"import {a.name}" for a in n.names if a.name.startswith("_")]
-        elif isinstance(n, ast.Attribute) and n.attr.startswith("_") and not n.attr.startswith("__"):
-            if not (isinstance(n.value, ast.Name) and n.value.id in ("self", "cls")):
-                found.append(ast.unparse(n))
+        elif (
+            isinstance(n, ast.Attribute)
+            and n.attr.startswith("_")
+            and not n.attr.startswith("__")
+            and not (isinstance(n.value, ast.Name) and n.value.id in ("self", "cls"))
+        ):
+            found.append(ast.unparse(n))
     return found
 
 
