@@ -89,6 +89,41 @@ def _canon(obj: Any, depth: int = 0) -> Any:
     raise TypeError(f"type {t.__name__} is not part of the canonical data model")
 
 
+def _check_decoded(obj: Any, depth: int = 0) -> None:
+    """:func:`_canon`'s checks on a value fresh from :func:`strict_unpackb`, without rebuilding it: its maps keep
+    the wire's key order, so when every map's keys are sorted str keys, packing it as it is gives the canonical
+    bytes. Raises ValueError/TypeError on anything outside the data model, ``_Unsorted`` on unsorted keys."""
+    if depth > MAX_DEPTH:
+        raise ValueError(f"nesting deeper than {MAX_DEPTH}")
+    t = type(obj)
+    if t is dict:
+        prev = None
+        for k, v in obj.items():
+            if type(k) is not str:
+                raise TypeError(f"map keys must be str, got {type(k).__name__}")
+            if prev is not None and k <= prev:
+                raise _Unsorted
+            prev = k
+            tv = type(v)
+            if tv is dict or tv is list:
+                _check_decoded(v, depth + 1)
+            elif tv is float and not math.isfinite(v):
+                raise ValueError("NaN and infinities are not allowed")
+    elif t is list:
+        for v in obj:
+            tv = type(v)
+            if tv is dict or tv is list:
+                _check_decoded(v, depth + 1)
+            elif tv is float and not math.isfinite(v):
+                raise ValueError("NaN and infinities are not allowed")
+    elif t is float and not math.isfinite(obj):
+        raise ValueError("NaN and infinities are not allowed")
+
+
+class _Unsorted(Exception):
+    """A map whose keys are not in canonical (sorted) order: the bytes are not canonical."""
+
+
 _PACKER_OPTS = {"use_bin_type": True, "use_single_float": False, "strict_types": True, "datetime": False}
 
 
@@ -135,8 +170,11 @@ def require_canonical(obj: Any, raw: bytes, where: str) -> None:
     "non_canonical".
     """
     try:
-        again = canonical_packb(obj)
-    except (TypeError, ValueError) as e:
+        _check_decoded(obj)
+        again: bytes = msgpack.packb(obj, **_PACKER_OPTS)
+    except _Unsorted:
+        raise RecordDecodeError("non_canonical", f"{where}: map keys out of order") from None
+    except (TypeError, ValueError, OverflowError) as e:
         raise RecordDecodeError("malformed", f"{where}: {e}"[:200]) from None
     if again != raw:
         raise RecordDecodeError("non_canonical", where)
