@@ -45,8 +45,20 @@ def measure(n: int, rounds: int, warmup: int, workdir: Path) -> dict:
 
     cfg = load_sim_config(str(ROOT / "configs" / "sim" / "scale.yaml"), [f"nodes={n}", f"steps={rounds}"])
     t0 = time.perf_counter()
+
+    def progress(done: int) -> None:  # one line per round, so a run in the background shows where it is
+        print(f"N={n}: round {done}/{rounds}, {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+
     res = asyncio.run(
-        run_seed(cfg, cfg.configurations[0].name, cfg.seeds[0], workdir / f"n{n}", track_reach=True, reach_round=warmup)
+        run_seed(
+            cfg,
+            cfg.configurations[0].name,
+            cfg.seeds[0],
+            workdir / f"n{n}",
+            on_step=progress,
+            track_reach=True,
+            reach_round=warmup,
+        )
     )
     wall = time.perf_counter() - t0
     before = res.rounds[warmup - 1] if warmup > 0 else {"cpu_s": 0.0, "bytes_fetched": 0, "records_fetched": 0}

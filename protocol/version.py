@@ -42,6 +42,7 @@ _reported: set[tuple[int, int]] = set()
 _reported_lock = threading.Lock()
 
 
+@functools.lru_cache(maxsize=64)  # every index entry a reader decodes names one of a few versions
 def parse_version(text: str) -> tuple[int, int]:
     """``"1.2"`` -> ``(1, 2)``; ``ValueError`` for anything else."""
     m = _VERSION_RE.match(text.strip())
@@ -53,13 +54,7 @@ def parse_version(text: str) -> tuple[int, int]:
 def local_version() -> tuple[int, int]:
     """The version this node speaks: :data:`PROTOCOL_VERSION` unless the test override is set."""
     override = os.environ.get(ENV_OVERRIDE)
-    return _parse_cached(override) if override else PROTOCOL_VERSION
-
-
-@functools.lru_cache(maxsize=8)
-def _parse_cached(text: str) -> tuple[int, int]:
-    # read on every record encoded or decoded: parse each distinct value once
-    return parse_version(text)
+    return parse_version(override) if override else PROTOCOL_VERSION
 
 
 def format_version(version: tuple[int, int]) -> str:
