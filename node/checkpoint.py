@@ -82,7 +82,49 @@ def save_checkpoint(
     name = f"step-{step:08d}"
     tmp = ckpt_dir / f".tmp-{name}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
+    try:
+        _write_files(tmp, learner, step, extra)
+    except BaseException:
+        # A half-written temporary (a full disk, an I/O error) goes at once: it holds the space the node needs.
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
+    final = ckpt_dir / name
+    if final.exists():  # the same step written again (e.g. after a resume): replace it
+        _discard(final)
+    os.rename(tmp, final)
+    _fsync_dir(ckpt_dir)
+    _write_atomic(ckpt_dir / LATEST, name)
+    _prune(ckpt_dir, keep)
+    logger.info("checkpoint %s written (policy_version %d)", final, learner.policy_version)
+    return final
+
+
+def save_or_report(
+    ckpt_dir: str | Path,
+    learner: Learner,
+    *,
+    step: int,
+    extra: dict[str, Any] | None = None,
+    keep: int = 2,
+) -> Path | None:
+    """:func:`save_checkpoint`, except that a write the filesystem refuses (disk full, quota, I/O error) is one
+    warning line naming the checkpoint that is still loadable, and None: the node keeps training and tries again
+    at its next checkpoint. Nothing of the previous checkpoint is touched before the new one is complete."""
+    try:
+        return save_checkpoint(ckpt_dir, learner, step=step, extra=extra, keep=keep)
+    except OSError as e:
+        try:
+            prev = load_latest(ckpt_dir)
+        except OSError:
+            prev = None
+        kept = f"step {prev.step} is still the latest, verified loadable" if prev else "there is no earlier one"
+        logger.warning("checkpoint of step %d failed (%s); %s; training goes on", step, e.strerror or e, kept)
+        return None
+
+
+def _write_files(tmp: Path, learner: Learner, step: int, extra: dict[str, Any] | None) -> None:
+    """Every file of a checkpoint into ``tmp``, manifest last, all fsynced."""
     tensors, aliases = _dedupe_shared(learner.model.state_dict())
     save_file(tensors, str(tmp / "model.safetensors"))
     opt_tensors, opt_meta = _flatten_optimizer(learner.optimizer.state_dict())
@@ -104,16 +146,6 @@ def save_checkpoint(
     for f in tmp.iterdir():
         _fsync_file(f)
     _fsync_dir(tmp)
-
-    final = ckpt_dir / name
-    if final.exists():  # the same step written again (e.g. after a resume): replace it
-        _discard(final)
-    os.rename(tmp, final)
-    _fsync_dir(ckpt_dir)
-    _write_atomic(ckpt_dir / LATEST, name)
-    _prune(ckpt_dir, keep)
-    logger.info("checkpoint %s written (policy_version %d)", final, learner.policy_version)
-    return final
 
 
 def load_latest(ckpt_dir: str | Path) -> Checkpoint | None:
