@@ -20,6 +20,7 @@ about what ``extra`` means.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 if TYPE_CHECKING:
@@ -123,14 +125,30 @@ def save_or_report(
         return None
 
 
+_OS_ERROR = re.compile(r"os error (\d+)")
+
+
+def _save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """``safetensors.torch.save_file``, with its I/O failures raised as the ``OSError`` they are (safetensors
+    reports a full disk as ``SafetensorError: ... No space left on device (os error 28)``)."""
+    try:
+        save_file(tensors, str(path))
+    except SafetensorError as e:
+        m = _OS_ERROR.search(str(e))
+        if m is None and "I/O error" not in str(e):
+            raise
+        code = int(m.group(1)) if m else errno.EIO
+        raise OSError(code, os.strerror(code), str(path)) from e
+
+
 def _write_files(tmp: Path, learner: Learner, step: int, extra: dict[str, Any] | None) -> None:
     """Every file of a checkpoint into ``tmp``, manifest last, all fsynced."""
     tensors, aliases = _dedupe_shared(learner.model.state_dict())
-    save_file(tensors, str(tmp / "model.safetensors"))
+    _save_tensors(tensors, tmp / "model.safetensors")
     opt_tensors, opt_meta = _flatten_optimizer(learner.optimizer.state_dict())
-    save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
+    _save_tensors(opt_tensors, tmp / "optimizer.safetensors")
     rng_tensors, rng_meta = _capture_rng()
-    save_file(rng_tensors, str(tmp / "rng.safetensors"))
+    _save_tensors(rng_tensors, tmp / "rng.safetensors")
     state = {
         "format_version": FORMAT_VERSION,
         "step": step,
