@@ -239,12 +239,12 @@ class Node:
         if dropped:
             logger.info("dropped %d metric lines written after that checkpoint", dropped)
 
-    def checkpoint(self) -> Path:
-        """Write a checkpoint of the learner and the node's counters (atomic)."""
-        from node.checkpoint import save_checkpoint
+    def checkpoint(self) -> Path | None:
+        """Write a checkpoint of the learner and the node's counters (atomic); None when the disk refused it."""
+        from node.checkpoint import save_or_report
 
         plan = self.planner.state_dict()
-        path = save_checkpoint(
+        path = save_or_report(
             self.run_dir / "checkpoints",
             self._torch_learner("checkpointing"),
             step=self.step,
@@ -255,6 +255,8 @@ class Node:
             },
             keep=self.cfg.checkpoint.keep,
         )
+        if path is None:  # logged; the previous checkpoint stands and the next one is tried as usual
+            return None
         self._checkpointed_step = self.step
         if self._metrics is not None:
             self._metrics.sync()
@@ -539,6 +541,7 @@ class Node:
             **batch.sapo.metrics(),
             "peers": self.recent_peers(),
             "connections": len(self._peers),
+            "transport_restarts": int((chan.get("transport") or {}).get("restarts", 0)),
             "published": chan.get("published", 0),
             "received": chan.get("received", 0),
             "rejected": sum(reasons.values()),

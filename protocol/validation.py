@@ -40,6 +40,11 @@ VERDICT_CACHE_BYTES = 32 * 2**20
 REJECT_REASONS = (*DECODE_REASONS, *SIGNATURE_REASONS, "wrong_swarm", "future", "stale", "replay", "quota")
 
 
+def _offset_clock(offset: float) -> Callable[[], float]:
+    """The system clock plus ``offset`` seconds."""
+    return lambda: time.time() + offset
+
+
 class RecordValidator:
     """Stateful receive-path checks for one swarm; memory is bounded by the acceptance horizon and a cap."""
 
@@ -84,7 +89,11 @@ class RecordValidator:
     def from_config(
         cls, swarm_id: str, config: ProtocolConfig, clock: Callable[[], float] = time.time
     ) -> RecordValidator:
-        """A validator with the limits of a :class:`~protocol.transport.config.ProtocolConfig`."""
+        """A validator with the limits of a :class:`~protocol.transport.config.ProtocolConfig`; the system clock
+        is shifted by ``config.clock_offset_s`` (a deliberately skewed test peer)."""
+        offset = getattr(config, "clock_offset_s", 0.0)
+        if offset and clock is time.time:
+            clock = _offset_clock(offset)
         return cls(
             swarm_id,
             window_seconds=config.window_seconds,

@@ -27,6 +27,11 @@ child process). That sidesteps hivemind's ``DHT`` process wrapper, whose pipe br
 (hivemind PR #660), and it keeps peer bytes out of that wrapper's pickled pipe. Callers' coroutines never run
 hivemind code on their own loop; every call into the DHT has a timeout.
 
+If the daemon dies under a running node (killed, out of memory, crashed: any exit but the clean exit 0 that
+SIGINT/SIGTERM give it when the node is being stopped too), the next call restarts the DHT node on the same port
+with the same libp2p key and DHT id, bootstrapping from the configured peers and the peers it was last connected
+to, so peers' routing tables stay valid; a failed restart is retried with a growing delay.
+
 This is the only module of the project that imports hivemind. It knows nothing about what a record means
 beyond its signed header (``protocol.records`` decodes it), nor about replay, quotas or dedup by sequence
 number: the channel's validator does those on the receive path.
@@ -38,6 +43,9 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import os
+import shutil
+import tempfile
 import threading
 import time
 from collections import Counter, OrderedDict
@@ -80,6 +88,10 @@ _NO_SUBKEY = msgpack.packb(None)
 P2PD_EXIT_TIMEOUT_S = 5.0
 #: An index entry listing one more digest expires this much later (hivemind keeps the later-expiring value).
 ENTRY_EXPIRATION_STEP_S = 0.01
+#: Delay before retrying a failed DHT restart, doubled per failure up to the maximum (seconds).
+RESTART_BACKOFF_S = (2.0, 60.0)
+#: Peers' addresses remembered to bootstrap from after a restart.
+MAX_KNOWN_PEERS = 16
 
 
 def key_id(key: str) -> bytes:
@@ -89,6 +101,31 @@ def key_id(key: str) -> bytes:
 
 
 _key_id = key_id
+
+
+def _write_daemon_key(path: str) -> None:
+    """A fresh Ed25519 libp2p key for p2pd (protobuf ``PrivateKey{Type: Ed25519, Data: seed || public}``), the
+    kind p2pd makes for itself (``12D3KooW...`` peer ids); written by us so a restarted daemon can reuse it."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    raw = serialization.Encoding.Raw
+    seed = key.private_bytes(raw, serialization.PrivateFormat.Raw, serialization.NoEncryption())
+    public = key.public_key().public_bytes(raw, serialization.PublicFormat.Raw)
+    data = seed + public
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(bytes([0x08, 0x01, 0x12, len(data)]) + data)
+
+
+def _port_of(addresses: list[str]) -> int:
+    """The TCP port of the first ``/ip4/.../tcp/PORT/...`` address (0 when there is none)."""
+    for addr in addresses:
+        parts = addr.split("/")
+        if "tcp" in parts and parts.index("tcp") + 1 < len(parts) and parts[parts.index("tcp") + 1].isdigit():
+            return int(parts[parts.index("tcp") + 1])
+    return 0
 
 
 def _is_index_entry(value: bytes) -> bool:
@@ -118,8 +155,10 @@ class DHTRecordGuard(RecordValidatorBase):
         max_ttl_s: float,
         validate: RecordCheck | None = None,
         params: ShardParams | None = None,
+        clock_offset_s: float = 0.0,
     ):
         self.swarm = swarm
+        self.clock_offset_s = clock_offset_s
         self.params = params or ShardParams()
         self.max_bytes = max_bytes
         self.max_ttl_s = max_ttl_s
@@ -152,7 +191,7 @@ class DHTRecordGuard(RecordValidatorBase):
 
     def check(self, record: DHTRecord) -> str | None:
         """The reason to refuse ``record``, or None to accept it."""
-        if record.expiration_time > get_dht_time() + self.max_ttl_s:
+        if record.expiration_time > get_dht_time() + self.clock_offset_s + self.max_ttl_s:
             return "expiration_too_far"
         if len(record.value) > self.max_bytes + 16:
             return "oversize"
@@ -306,6 +345,8 @@ class HivemindTransport(Transport):
         node: DHTNode,
         guard: DHTRecordGuard | None,
         addresses: list[str],
+        create_kwargs: dict[str, Any] | None = None,
+        key_dir: str | None = None,
     ):
         self.cfg = cfg
         self.protocol = protocol
@@ -319,6 +360,15 @@ class HivemindTransport(Transport):
         self.reader = ShardReader(swarm, self.params, keep_windows=cfg.expiration_windows + 2)
         self._closed = False
         self._fetch_lock = asyncio.Lock()
+        # What a restart needs: the DHTNode.create arguments, the daemon's key file, peers' addresses.
+        self._create_kwargs = dict(create_kwargs or {})
+        self._key_dir = key_dir
+        self._known_peers: OrderedDict[str, str] = OrderedDict()  # libp2p peer id -> a multiaddr with /p2p/
+        self._restart_lock = asyncio.Lock()
+        self._restart_after = 0.0  # monotonic time before which a failed restart is not retried
+        self._restart_failures = 0
+        #: DHT restarts after the daemon died (``stats()['restarts']``).
+        self.restarts = 0
 
     @classmethod
     async def create(
@@ -344,16 +394,21 @@ class HivemindTransport(Transport):
                 max_ttl_s=(cfg.expiration_windows + protocol.max_future_windows + 2) * protocol.window_seconds,
                 validate=validate,
                 params=ShardParams.from_config(protocol),
+                clock_offset_s=protocol.clock_offset_s,
             )
         runner = _LoopThread(name=f"hivemind-dht-{swarm}")
+        key_dir = tempfile.mkdtemp(prefix="rl-swarm-p2pd-")
+        _write_daemon_key(os.path.join(key_dir, "p2pd.key"))
         kwargs: dict[str, Any] = dict(
             initial_peers=list(cfg.initial_peers) or None,
             host_maddrs=[f"/ip4/{cfg.host}/tcp/{cfg.port}"],
             client_mode=cfg.client_mode,
             record_validator=guard,
             wait_timeout=cfg.request_timeout_s,
-            # A fresh p2pd per node has its own libp2p key (peer id): never a key shared by DHTs in one process.
-            identity_path=None,
+            # A fresh key per transport (never one shared by DHTs in one process), kept in a private file so that a
+            # restarted daemon comes back with the same peer id; no identity check: the key was made just now.
+            identity_path=os.path.join(key_dir, "p2pd.key"),
+            check_if_identity_free=False,
         )
         if cfg.announce_maddrs:
             kwargs["announce_maddrs"] = list(cfg.announce_maddrs)
@@ -362,19 +417,20 @@ class HivemindTransport(Transport):
             maddrs = await runner.call(node.get_visible_maddrs(), timeout=cfg.request_timeout_s)
         except BaseException as e:
             runner.stop()
+            shutil.rmtree(key_dir, ignore_errors=True)
             if isinstance(e, asyncio.CancelledError):
                 raise
             raise TransportError(f"hivemind DHT could not start ({e.__class__.__name__}: {e})") from e
         addresses = [str(m) for m in maddrs]
         logger.info("hivemind DHT up for swarm %r at %s", swarm, ", ".join(addresses))
-        return cls(cfg, protocol, swarm, runner, node, guard, addresses)
+        return cls(cfg, protocol, swarm, runner, node, guard, addresses, create_kwargs=kwargs, key_dir=key_dir)
 
     # -- Transport interface -------------------------------------------------------------------------------------
 
     async def publish(self, data: bytes, *, window: int, sender: str, index: bytes | None = None) -> None:
         """Store the record under its content-addressed key and its sender's index entry under the peer key and the
         shard of each level this node writes; without ``index`` the record is stored but nobody can find it."""
-        self._check_open()
+        await self._ensure_daemon()
         if len(data) > self.protocol.max_record_bytes:
             cap = self.protocol.max_record_bytes
             raise TransportError(f"record of {len(data)} bytes exceeds max_record_bytes={cap}")
@@ -424,7 +480,7 @@ class HivemindTransport(Transport):
     async def fetch_recent(self, windows: Sequence[int], *, prefer: Collection[str] = ()) -> list[bytes]:
         """A bounded sample of the records of ``windows`` (those of ``prefer`` first) plus what earlier polls fetched;
         never hangs, never raises on network faults: on a timeout it returns what it has."""
-        self._check_open()
+        await self._ensure_daemon()
         async with self._fetch_lock:
             try:
                 return await self.reader.poll(windows, prefer, self._get_shards, self._get_peers, self._get_records)
@@ -436,11 +492,23 @@ class HivemindTransport(Transport):
         """libp2p peer ids (base58) of the DHT nodes in this node's routing table."""
         if self._closed:
             return []
+        await self._ensure_daemon()
+        node = self._node
 
         async def read() -> list[str]:
-            return [str(pid) for pid in self._node.protocol.routing_table.peer_id_to_uid]
+            # Remember where connected peers listen: a restarted DHT bootstraps from them (the node that started
+            # the swarm has no initial peers of its own).
+            with contextlib.suppress(Exception):
+                for info in await asyncio.wait_for(node.p2p.list_peers(), self.cfg.request_timeout_s):
+                    addrs = [str(a) for a in info.addrs if "/ip4/" in str(a) or "/ip6/" in str(a)]
+                    if addrs:
+                        self._known_peers.pop(str(info.peer_id), None)
+                        self._known_peers[str(info.peer_id)] = f"{addrs[0]}/p2p/{info.peer_id}"
+                while len(self._known_peers) > MAX_KNOWN_PEERS:
+                    self._known_peers.popitem(last=False)
+            return [str(pid) for pid in node.protocol.routing_table.peer_id_to_uid]
 
-        return await self._runner.call(read(), timeout=self.cfg.request_timeout_s)
+        return await self._runner.call(read(), timeout=self.cfg.request_timeout_s * 2)
 
     def addresses(self) -> list[str]:
         """Full multiaddrs other peers can bootstrap from (``/ip4/HOST/tcp/PORT/p2p/PEERID``)."""
@@ -468,6 +536,8 @@ class HivemindTransport(Transport):
         finally:
             self._kill_p2pd()
             self._runner.stop()
+            if self._key_dir is not None:
+                shutil.rmtree(self._key_dir, ignore_errors=True)
 
     def set_record_validator(self, validate: RecordCheck | None) -> None:
         """Swap the store-time hook; takes effect at once (the guard runs in this process)."""
@@ -502,6 +572,7 @@ class HivemindTransport(Transport):
             **self.reader.stats,
             "swarm_estimate": self.reader.estimate or 0.0,
             "read_level": self.reader.read_level(),
+            "restarts": self.restarts,
         }
         if self.guard is None:
             return {**out, "accepted": 0, "guard_seconds": 0.0}
@@ -509,6 +580,80 @@ class HivemindTransport(Transport):
             return {**out, "accepted": self.guard.accepted, "guard_seconds": self.guard.seconds}
 
     # -- internals ------------------------------------------------------------------------------------------------
+
+    def _daemon_exit(self) -> int | None:
+        """The p2pd daemon's exit code, or None while it runs (or when this node has no daemon of its own)."""
+        child = getattr(getattr(self._node, "p2p", None), "_child", None)
+        return None if child is None else child.returncode
+
+    async def _ensure_daemon(self) -> None:
+        """Raise if closed; restart the DHT if its daemon died under us (see the module docstring)."""
+        if self._closed:
+            raise TransportError("hivemind transport is closed")
+        code = self._daemon_exit()
+        if code is None:
+            return
+        if code == 0:
+            # SIGINT/SIGTERM (Ctrl-C reaches the whole process group): the node is stopping too; fail at once,
+            # since a request would wait for its full timeout.
+            raise TransportError("hivemind's p2pd daemon exited (code 0)")
+        async with self._restart_lock:
+            if self._daemon_exit() is None:  # restarted by a concurrent call meanwhile
+                return
+            if time.monotonic() < self._restart_after:
+                raise TransportError(f"hivemind's p2pd daemon exited (code {code}); restart pending")
+            await self._restart(code)
+
+    async def _restart(self, code: int) -> None:
+        old = self._node
+        port = self.cfg.port or _port_of(self._addresses)
+        peers = list(dict.fromkeys([*self.cfg.initial_peers, *self._known_peers.values()]))
+        logger.warning(
+            "hivemind's p2pd daemon exited (code %s); restarting the DHT on port %s with %d known peers",
+            code,
+            port,
+            len(peers),
+        )
+        kwargs = {
+            **self._create_kwargs,
+            "initial_peers": peers or None,
+            "host_maddrs": [f"/ip4/{self.cfg.host}/tcp/{port}"],
+            "node_id": old.node_id,
+        }
+
+        async def drop_old() -> None:
+            old.is_alive = False
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(old.p2p.shutdown(), 2.0)
+
+        with contextlib.suppress(Exception):
+            await self._runner.call(drop_old(), timeout=3.0)
+        try:
+            try:
+                node = await self._runner.call(DHTNode.create(**kwargs), timeout=self.cfg.startup_timeout_s)
+            except Exception as e:
+                if port == 0:
+                    raise
+                # The port may still be held (e.g. by a stray daemon): any port beats none, peers are dialled by us.
+                logger.warning("DHT restart on port %s failed (%s); trying a free port", port, e)
+                kwargs["host_maddrs"] = [f"/ip4/{self.cfg.host}/tcp/0"]
+                node = await self._runner.call(DHTNode.create(**kwargs), timeout=self.cfg.startup_timeout_s)
+            maddrs = await self._runner.call(node.get_visible_maddrs(), timeout=self.cfg.request_timeout_s)
+        except Exception as e:
+            self._restart_failures += 1
+            delay = min(RESTART_BACKOFF_S[0] * 2 ** (self._restart_failures - 1), RESTART_BACKOFF_S[1])
+            self._restart_after = time.monotonic() + delay
+            logger.warning("DHT restart failed (%s: %s); retrying in %.0fs", e.__class__.__name__, e, delay)
+            raise TransportError(f"hivemind DHT restart failed ({e.__class__.__name__}: {e})") from e
+        if self._closed:  # closed while restarting: the new daemon must not outlive the transport
+            with contextlib.suppress(Exception):
+                await self._runner.call(node.p2p.shutdown(), timeout=P2PD_EXIT_TIMEOUT_S)
+            raise TransportError("hivemind transport is closed")
+        self._node = node
+        self._addresses = [str(m) for m in maddrs]
+        self._restart_failures = 0
+        self.restarts += 1
+        logger.warning("DHT restarted (restart %d) at %s", self.restarts, ", ".join(self._addresses))
 
     async def _call(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
         """A DHT request on the private loop that ends as soon as p2pd exits (it would otherwise wait out its

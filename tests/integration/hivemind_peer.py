@@ -11,6 +11,11 @@ Hostile role (``--hostile``): a node whose own DHT does not validate; it writes 
 oversized, malformed, wrong-swarm and misfiled entries straight into the DHT (``store_raw``), bypassing the
 transport's layout, and prints ``HOSTILE DONE`` once it has tried them all.
 
+Sybil role (``--sybils N``): every ``--publish-interval`` seconds, N fresh throwaway identities each publish one
+valid, *informative* rollouts record (one group on a real training task of the node's default families, half the
+completions right and half wrong, so a node's re-scoring keeps it) through the real transport, each listed in its
+own signed index entry (``sim.adversary.SybilSwarm``). It prints ``SYBILS <rounds> <identities>`` after each round.
+
 Knows nothing about pytest; the tests read its stdout and files.
 """
 
@@ -57,6 +62,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-record-kb", type=int, default=512)
     ap.add_argument("--client-mode", action="store_true")
     ap.add_argument("--hostile", action="store_true")
+    ap.add_argument("--sybils", type=int, default=0, help="sybil role: fresh identities per round")
     ap.add_argument("--out", type=Path)
     return ap.parse_args(argv)
 
@@ -168,6 +174,42 @@ async def hostile(a: argparse.Namespace, stop: asyncio.Event) -> None:
     await dht.close()
 
 
+async def sybils(a: argparse.Namespace, stop: asyncio.Event) -> None:
+    """Publish ``--sybils`` valid informative records per round under fresh identities until stopped."""
+    import random
+
+    from node.config import NodeConfig
+    from node.tasks import TaskSource
+    from sim.adversary import SybilSwarm
+
+    pc = _protocol(a)
+    validator = RecordValidator.from_config(a.swarm, pc)
+    cfg = HivemindTransportConfig(initial_peers=a.bootstrap, request_timeout_s=5)
+    transport = await HivemindTransport.create(cfg, swarm=a.swarm, validate=validator.is_storable, protocol=pc)
+    print("ADDR", transport.addresses()[0], "sybils", flush=True)
+    tasks = TaskSource(NodeConfig().tasks)  # the families and seed a default node regenerates and trains on
+    swarm = SybilSwarm(
+        transport,
+        count=a.sybils,
+        swarm_id=a.swarm,
+        refs=lambda rng: tasks.sample(rng, 1),
+        solve=lambda ref: str(tasks.materialize(ref).answer),
+        group_size=4,
+        clock=time.time,
+        window_seconds=pc.window_seconds,
+        seed=random.randrange(2**31),
+    )
+    end = time.monotonic() + a.duration
+    try:
+        while not stop.is_set() and time.monotonic() < end:
+            await swarm.act()
+            print("SYBILS", swarm.rounds, len(swarm.senders), flush=True)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), a.publish_interval)
+    finally:
+        await transport.close()
+
+
 async def main(argv: list[str] | None = None) -> None:
     a = _args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
@@ -175,7 +217,10 @@ async def main(argv: list[str] | None = None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await (hostile(a, stop) if a.hostile else honest(a, stop))
+    if a.sybils:
+        await sybils(a, stop)
+    else:
+        await (hostile(a, stop) if a.hostile else honest(a, stop))
 
 
 if __name__ == "__main__":
