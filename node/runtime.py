@@ -36,15 +36,16 @@ from node.planner import Planner, RolloutPlanner, UniformPlanner, planner_enable
 from node.rollouts import OwnRollouts, own_rollouts
 from node.seams import EngineLike, Generation, LearnerLike, NoPhase, PolicyLike, StepPhase, TasksLike
 from node.tasks import TaskItem
-
-if TYPE_CHECKING:
-    from node.learner import Learner
+from node.trackers import open_metrics
 from protocol.channel import Channel
 from protocol.types import Group, RolloutBatch, TaskRef
 from swarm.evals import EVAL as _EVAL  # noqa: F401  (registers "eval": nodes store and relay it, never train on it)
-from swarm.pool import RolloutPool
+from swarm.pool import RolloutPool, rollout_stats
 from swarm.sapo import SapoSampler, ingest_rollouts
 from swarm.scores import SCORES as _SCORES  # noqa: F401  (registers the MNPO "scores" record kind)
+
+if TYPE_CHECKING:
+    from node.learner import Learner
 
 logger = logging.getLogger(__name__)
 
@@ -217,7 +218,9 @@ class Node:
         node = cls(cfg, run_dir, parts, channel, name=name, live=live)
         if resume:
             await asyncio.to_thread(node._restore)
-        node._metrics = JsonlWriter(node.metrics_path, fsync_every=10 if durable else NO_FSYNC)
+        node._metrics = await asyncio.to_thread(
+            open_metrics, node.metrics_path, cfg, start_step=node.step, fsync_every=10 if durable else NO_FSYNC
+        )
         if keep_rollouts:
             node._rollouts = JsonlWriter(node.run_dir / "rollouts.jsonl", fsync_every=50 if durable else NO_FSYNC)
         return node
@@ -538,6 +541,7 @@ class Node:
             "time": time.time(),
             "reward_mean": math.fsum(rewards) / len(rewards) if rewards else 0.0,
             "solve_rate": sum(1 for g in own.groups if max(g.rewards) > 0.5) / len(own.groups) if own.groups else 0.0,
+            **rollout_stats(own.groups),
             **batch.sapo.metrics(),
             "peers": self.recent_peers(),
             "connections": len(self._peers),

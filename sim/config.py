@@ -349,6 +349,14 @@ class SimConfig(StrictModel):
     def speed(self, index: int) -> int:
         return self.heterogeneity.speed.get(index, 1)
 
+    def trackers(self) -> list[str]:
+        """The trackers any node asks for (``report_to``); nodes open none unless their config names one."""
+        names: dict[str, None] = {}
+        for v in self.configurations:
+            for i in sorted({0, *self.heterogeneity.node_overrides, *v.node_overrides}):
+                names.update(dict.fromkeys(self.node_config(v.name, i, self.seeds[0]).report_to))
+        return list(names)
+
 
 def apply_quick(data: dict[str, Any]) -> dict[str, Any]:
     """The raw experiment mapping with its ``quick:`` overrides applied (dotted keys allowed)."""

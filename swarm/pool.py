@@ -58,6 +58,30 @@ class PooledGroup:
         return math.fsum(self.rewards) / len(self.rewards) if self.rewards else 0.0
 
 
+def rollout_stats(groups: list[PooledGroup]) -> dict[str, float]:
+    """Reward spread and completion lengths of a step's own groups, as TRL's GRPOTrainer logs them per step.
+
+    ``reward_std`` is the sample standard deviation over all completions (Bessel-corrected, as TRL's ``nanstd``);
+    ``frac_reward_zero_std``: share of groups whose rewards are all equal (no advantage); lengths in tokens;
+    ``completion_clipped_frac``: share of completions cut at the token budget (``finish_reason == "length"``).
+    """
+    rewards = [r for g in groups for r in g.rewards]
+    comps = [c for g in groups for c in g.group.completions]
+    if not rewards or not comps:
+        return {}
+    mean = math.fsum(rewards) / len(rewards)
+    var = math.fsum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1) if len(rewards) > 1 else 0.0
+    lengths = [c.n_tokens for c in comps]
+    return {
+        "reward_std": math.sqrt(var),
+        "frac_reward_zero_std": sum(1 for g in groups if _spread(g.rewards) <= 1e-9) / len(groups),
+        "completion_len_mean": math.fsum(lengths) / len(lengths),
+        "completion_len_min": float(min(lengths)),
+        "completion_len_max": float(max(lengths)),
+        "completion_clipped_frac": sum(1 for c in comps if c.finish_reason == "length") / len(comps),
+    }
+
+
 class RolloutPool:
     """Bounded FIFO of groups keyed by swarm-wide id; the oldest group is evicted first.
 

@@ -22,10 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.getbasetemp() / "tiny-cache"  # shared with the other modules
-    tiny.ensure_built(path, tiny.SMALL_RECIPE)
-    return path
+def cache(tiny_cache: Path) -> Path:
+    return tiny_cache  # holds the reduced model, shared with the other modules (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -15,10 +15,10 @@ def _load(name: str):
     return module
 
 
-def test_b2_quick(tmp_path: Path, tmp_path_factory) -> None:
+def test_b2_quick(tmp_path: Path, tiny_cache: Path) -> None:
     b2 = _load("b2_rollout")
-    cache = tmp_path_factory.getbasetemp() / "tiny-cache"  # the reduced model other tests build too
-    assert b2.main(["--quick", "--out", str(tmp_path), "--cache-dir", str(cache)]) == 0
+    # the cache of the reduced model the other tests share (tests/conftest.py)
+    assert b2.main(["--quick", "--out", str(tmp_path), "--cache-dir", str(tiny_cache)]) == 0
     text = (tmp_path / "b2_rollout.md").read_text()
     assert "| batch |" in text and "cores" in text and "GPU" in text
 

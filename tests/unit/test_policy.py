@@ -17,8 +17,8 @@ from node.tasks import ANSWER_INSTRUCTION, PLAIN_TEMPLATE
 
 
 @pytest.fixture(scope="module")
-def small_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny.ensure_built(tmp_path_factory.getbasetemp() / "tiny-cache", tiny.SMALL_RECIPE)  # shared by modules
+def small_dir(tiny_cache: Path) -> Path:
+    return tiny.ensure_built(tiny_cache, tiny.SMALL_RECIPE)  # shared by modules
 
 
 def test_load_local_dir(small_dir: Path) -> None:

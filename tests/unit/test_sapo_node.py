@@ -15,8 +15,8 @@ from swarm.sapo import SapoBatch
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny.ensure_built(tmp_path_factory.getbasetemp() / "tiny-cache", tiny.SMALL_RECIPE)
+def model_dir(tiny_cache: Path) -> Path:
+    return tiny.ensure_built(tiny_cache, tiny.SMALL_RECIPE)
 
 
 def _peer_group(node, ref: TaskRef) -> PooledGroup:
