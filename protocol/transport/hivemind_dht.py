@@ -97,7 +97,8 @@ MAX_KNOWN_PEERS = 16
 def key_id(key: str) -> bytes:
     """The DHT id of a key string, as hivemind derives it: SHA-1 of the MessagePack encoding of the string (20
     bytes, big endian). SPEC.md 9 gives test vectors."""
-    return DHTID.generate(source=key).to_bytes()
+    data: bytes = DHTID.generate(source=key).to_bytes()
+    return data
 
 
 _key_id = key_id
@@ -140,7 +141,7 @@ def _is_index_entry(value: bytes) -> bool:
         return False
 
 
-class DHTRecordGuard(RecordValidatorBase):
+class DHTRecordGuard(RecordValidatorBase):  # type: ignore[misc]  # hivemind ships no type information
     """Store-time and fetch-time check of every DHT entry; refuses anything that is not ours, counted by reason.
 
     Stateless by design (no replay or quota memory): hivemind validates the same entry on every store, every
@@ -167,7 +168,7 @@ class DHTRecordGuard(RecordValidatorBase):
         self.accepted = 0
         # hivemind re-validates one record on every store, lookup response and cache refresh: remember records
         # that passed (by key and content hash) for a short while so each node verifies each record about once.
-        self._passed: OrderedDict[tuple[bytes, bytes], float] = OrderedDict()
+        self._passed: OrderedDict[tuple[bytes, bytes, bytes], float] = OrderedDict()
         self._pass_ttl_s = max(1.0, max_ttl_s / 8)
         self.seconds = 0.0  # CPU spent validating (for the benchmark's codec share)
         self._lock = threading.Lock()
@@ -195,7 +196,7 @@ class DHTRecordGuard(RecordValidatorBase):
             return "expiration_too_far"
         if len(record.value) > self.max_bytes + 16:
             return "oversize"
-        memo = (record.key, record.subkey, hashlib.sha256(record.value).digest())
+        memo: tuple[bytes, bytes, bytes] = (record.key, record.subkey, hashlib.sha256(record.value).digest())
         now = time.monotonic()
         with self._lock:
             passed_at = self._passed.get(memo)
@@ -687,13 +688,13 @@ class HivemindTransport(Transport):
             # e.g. Ctrl-C reached the daemon too: a request would wait for its full timeout, so fail at once
             raise TransportError(f"hivemind's p2pd daemon exited (code {child.returncode})")
 
-    async def _get_shards(self, addrs: list) -> dict:
+    async def _get_shards(self, addrs: list[Any]) -> dict[Any, Any]:
         keys = {shard_key(self.swarm, *a): a for a in addrs}
         # latest: a cached shard would hide entries announced since; force a lookup across the key's replicas.
         found = await self._call(
             self._node.get_many(list(keys), sufficient_expiration_time=float("inf")), self.cfg.request_timeout_s
         )
-        out: dict = {}
+        out: dict[Any, Any] = {}
         for key, addr in keys.items():
             entry = found.get(key)
             value = entry.value if entry is not None else None
@@ -701,23 +702,23 @@ class HivemindTransport(Transport):
                 out[addr] = [v.value for v in value.values() if isinstance(getattr(v, "value", None), bytes)]
         return out
 
-    async def _get_peers(self, addrs: list) -> dict:
+    async def _get_peers(self, addrs: list[Any]) -> dict[Any, Any]:
         keys = {peer_key(self.swarm, *a): a for a in addrs}
         found = await self._call(
             self._node.get_many(list(keys), sufficient_expiration_time=float("inf")), self.cfg.request_timeout_s
         )
-        out: dict = {}
+        out: dict[Any, Any] = {}
         for key, addr in keys.items():
             entry = found.get(key)
             if entry is not None and isinstance(entry.value, bytes):
                 out[addr] = entry.value
         return out
 
-    async def _get_records(self, addrs: list) -> dict:
+    async def _get_records(self, addrs: list[Any]) -> dict[Any, Any]:
         keys = {record_key(self.swarm, *a): a for a in addrs}
         # Content addressing makes every unexpired copy identical: any replica's answer will do.
         found = await self._call(self._node.get_many(list(keys)), self.cfg.request_timeout_s)
-        out: dict = {}
+        out: dict[Any, Any] = {}
         for key, addr in keys.items():
             entry = found.get(key)
             if entry is not None and isinstance(entry.value, bytes):
