@@ -8,12 +8,7 @@ groups trained on: the newcomer slots are theirs to compete for), or the test pr
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
-import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
@@ -21,7 +16,7 @@ import pytest
 
 from node.metrics import read_jsonl
 from protocol.identity import Identity
-from tests.integration.procs import FAST_JOIN
+from tests.integration.procs import FAST_JOIN, HivemindPeerProc
 
 pytestmark = [pytest.mark.network]
 
@@ -37,47 +32,19 @@ B_JOIN = [*JOIN, "--set", "rollout.prompts_per_step=8"]
 SYBILS_PER_ROUND = 10
 
 
-class Sybils:
-    """The ``hivemind_peer --sybils`` process, ended by pid."""
+class Sybils(HivemindPeerProc):
+    """The ``hivemind_peer --sybils`` process: a fresh identity for every valid record it publishes."""
 
     def __init__(self, tmp: Path, bootstrap: str) -> None:
-        self.log = (tmp / "sybils.log").open("w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.integration.hivemind_peer", "--swarm", "rl-swarm-demo",
-             "--bootstrap", bootstrap, "--sybils", str(SYBILS_PER_ROUND), "--publish-interval", "1.0",
-             "--duration", "600", "--out", str(tmp / "sybils.jsonl")],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=self.log, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        super().__init__(
+            ["--swarm", "rl-swarm-demo", "--bootstrap", bootstrap, "--sybils", str(SYBILS_PER_ROUND),
+             "--publish-interval", "1.0", "--duration", "600", "--out", str(tmp / "sybils.jsonl")],
+            tmp / "sybils.log",
         )  # fmt: skip
-        self.lines: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
 
     def identities(self) -> int:
         rounds = [line for line in self.lines if line.startswith("SYBILS")]
         return int(rounds[-1].split()[2]) if rounds else 0
-
-    def stop(self) -> None:
-        import psutil
-
-        try:
-            kids = [p.pid for p in psutil.Process(self.proc.pid).children(recursive=True)]
-        except psutil.NoSuchProcess:
-            kids = []
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        for pid in kids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        self.log.close()
 
 
 @pytest.mark.timeout(420)
