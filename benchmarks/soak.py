@@ -93,8 +93,11 @@ def probe_node(node: Any) -> dict[str, int | None]:
     tr = getattr(ch, "transport", None) if ch is not None else None
     inner = getattr(tr, "inner", tr)
     reader = getattr(inner, "reader", None)
-    mn = node.mnpo
-    plan = node.planner
+    from node.planner import RolloutPlanner
+    from node.seams import NoPhase
+
+    mn = None if isinstance(node.phase, NoPhase) else node.phase
+    plan = node.planner if isinstance(node.planner, RolloutPlanner) else None
     out: dict[str, int | None] = {
         "pool": len(node.pool),
         "pool_sources": _len(node.pool, "_sources"),

@@ -74,6 +74,7 @@ from protocol.layout import (
 from protocol.records import decode_record
 from protocol.transport.base import RecordCheck, Transport
 from protocol.transport.config import HivemindTransportConfig, ProtocolConfig
+from protocol.types import Envelope
 from protocol.version import INCOMPATIBLE
 
 logger = logging.getLogger(__name__)
@@ -229,8 +230,8 @@ class DHTRecordGuard(RecordValidatorBase):  # type: ignore[misc]  # hivemind shi
             got = hook(data) if hook is not None else decode_record(data, self.max_bytes)
         except (RecordDecodeError, RecordSignatureError) as e:
             return e.reason
-        if isinstance(got, str):
-            return got
+        if not isinstance(got, Envelope):  # a reason, or a hook that broke its contract
+            return got if isinstance(got, str) else "invalid_record"
         env = got
         if env.swarm != self.swarm:
             return "wrong_swarm"

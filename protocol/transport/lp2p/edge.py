@@ -19,6 +19,7 @@ from protocol.records import decode_record, window_of
 from protocol.transport.base import RecordCheck
 from protocol.transport.config import ProtocolConfig
 from protocol.transport.lp2p.store import Counters, RecordStore, digest_of
+from protocol.types import Envelope
 
 logger = logging.getLogger(__name__)
 
@@ -72,8 +73,8 @@ class EdgeValidator:
         except Exception:  # the receive path never raises
             logger.debug("unexpected decode failure", exc_info=True)
             return "malformed"
-        if isinstance(got, str):
-            return got
+        if not isinstance(got, Envelope):  # a reason, or a hook that broke its contract
+            return got if isinstance(got, str) else "invalid_record"
         env = got
         if env.swarm != self.swarm:
             return "wrong_swarm"
