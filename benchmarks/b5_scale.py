@@ -6,7 +6,7 @@ memory transport with the real sharded layout and bounded reads of ``protocol.la
 plus new records), the new records it fetched and the CPU seconds it spent (generate, publish, poll + validate +
 re-score, sample, train). It also measures how many of the other nodes fetched a record within k rounds of its
 publication and compares that with the arithmetic of ``protocol/SPEC.md`` 7.5 (``protocol.layout.expected_reach``).
-Target (BENCHMARKS.md): per-node cost at N = 10,000 at most 1.5x the cost at N = 10.
+Target: per-node cost at N = 10,000 at most 1.5x the cost at N = 10.
 
     python benchmarks/b5_scale.py            # N = 10, 100, 1000, 10000
     python benchmarks/b5_scale.py --quick    # N = 5, 40 (a smoke run for the tests)
@@ -45,8 +45,20 @@ def measure(n: int, rounds: int, warmup: int, workdir: Path) -> dict:
 
     cfg = load_sim_config(str(ROOT / "configs" / "sim" / "scale.yaml"), [f"nodes={n}", f"steps={rounds}"])
     t0 = time.perf_counter()
+
+    def progress(done: int) -> None:  # one line per round, so a run in the background shows where it is
+        print(f"N={n}: round {done}/{rounds}, {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+
     res = asyncio.run(
-        run_seed(cfg, cfg.configurations[0].name, cfg.seeds[0], workdir / f"n{n}", track_reach=True, reach_round=warmup)
+        run_seed(
+            cfg,
+            cfg.configurations[0].name,
+            cfg.seeds[0],
+            workdir / f"n{n}",
+            on_step=progress,
+            track_reach=True,
+            reach_round=warmup,
+        )
     )
     wall = time.perf_counter() - t0
     before = res.rounds[warmup - 1] if warmup > 0 else {"cpu_s": 0.0, "bytes_fetched": 0, "records_fetched": 0}

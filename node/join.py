@@ -73,12 +73,11 @@ async def _in_daemon_thread(fn, *args):  # type: ignore[no-untyped-def]
             fut.set_result(result)
 
     def run() -> None:
+        error: BaseException | None = None
         try:
             result = fn(*args)
         except BaseException as e:  # handed to the awaiting coroutine
             result, error = None, e
-        else:
-            error = None
         with contextlib.suppress(RuntimeError):  # the loop is already closed: nobody waits for it any more
             loop.call_soon_threadsafe(settle, result, error)
 

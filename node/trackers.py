@@ -261,10 +261,11 @@ def open_trackers(
     return opened
 
 
-def open_metrics(path: Path, cfg: NodeConfig, *, start_step: int = 0) -> JsonlWriter:
+def open_metrics(path: Path, cfg: NodeConfig, *, start_step: int = 0, fsync_every: int = 10) -> JsonlWriter:
     """The node's metrics writer: plain ``metrics.jsonl``, plus the trackers in ``cfg.report_to`` (each gets the
     resolved config). Blocking: a tracker's start-up can take seconds."""
     if not cfg.report_to:
-        return JsonlWriter(path)
+        return JsonlWriter(path, fsync_every=fsync_every)
     config = cfg.model_dump(mode="json")
-    return TrackedMetrics(path, open_trackers(cfg.report_to, Path(path).parent, config=config, start_step=start_step))
+    trackers = open_trackers(cfg.report_to, Path(path).parent, config=config, start_step=start_step)
+    return TrackedMetrics(path, trackers, fsync_every=fsync_every)

@@ -18,10 +18,11 @@ from typing import Any
 
 from protocol.identity import Identity
 from protocol.layout import IndexWriter
-from protocol.records import SCHEMA_VERSION, SequenceCounter, encode_record, record_digest
+from protocol.records import SequenceCounter, encode_record, record_digest
 from protocol.transport.base import Transport
 from protocol.types import Envelope
 from protocol.validation import RecordValidator
+from protocol.version import INCOMPATIBLE, local_version
 
 logger = logging.getLogger(__name__)
 
@@ -142,8 +143,10 @@ class Channel:
             max_bytes=self.validator.max_bytes,
         )
         self._seen[record_digest(data)] = window
+        major, minor = local_version()
         env = Envelope(
-            schema_version=SCHEMA_VERSION,
+            schema_version=major,
+            minor=minor,
             kind=kind,
             swarm=self.swarm_id,
             sender=self.peer_id,
@@ -202,7 +205,7 @@ class Channel:
                 self._metrics["duplicates"] += 1
                 continue
             self._seen[digest] = now_window
-            env = self.validator.check(data)
+            env = self.validator.check(data, digest)
             if env is None:
                 continue
             if env.sender == self.peer_id:
@@ -244,7 +247,8 @@ class Channel:
         """Counters: published/received records, errors, duplicates, own, bytes in/out, rejections by reason.
 
         ``rejected`` holds the receive-path reasons plus the transport's store-time refusals, prefixed ``store_``
-        (what the DHT guard refused to store for peers or in their responses), so both reach ``metrics.jsonl``.
+        (what the DHT guard refused to store for peers or in their responses), so both reach ``metrics.jsonl``;
+        ``incompatible_version`` (a peer of another major, SPEC.md 15) keeps its name wherever it was counted.
         ``transport`` holds the transport's cost counters (index and record reads).
         """
         v = self.validator.metrics()
@@ -255,7 +259,10 @@ class Channel:
         except Exception:  # a metrics read must never break a step
             logger.debug("transport counters unavailable", exc_info=True)
             store, stats = {}, {}
-        rejected.update({f"store_{k}": int(n) for k, n in store.items()})
+        for k, n in store.items():
+            # a peer of another major is one condition whichever check met it first: one name in the metrics
+            name = k if k == INCOMPATIBLE else f"store_{k}"
+            rejected[name] = rejected.get(name, 0) + int(n)
         return {
             **self._metrics,
             "accepted": v["accepted"],
@@ -307,7 +314,7 @@ async def open_channel(
         transport_cfg,
         swarm=swarm_id,
         peer_id=identity.peer_id,
-        validate=validator.is_storable,
+        validate=validator.verdict,
         protocol=protocol_cfg,
         network=network,
     )

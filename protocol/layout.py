@@ -28,23 +28,15 @@ import hashlib
 import logging
 import random
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from protocol.codec import RecordDecodeError, RecordSignatureError, canonical_packb, require_canonical, strict_unpackb
 from protocol.identity import PEER_ID_LEN, PUBLIC_KEY_LEN, Identity, peer_id_from_public, verify
-from protocol.records import (
-    RecordDecodeError,
-    RecordSignatureError,
-    canonical_packb,
-    expect_bytes,
-    expect_int,
-    expect_map,
-    expect_str,
-    require_canonical,
-    split_signed,
-    strict_unpackb,
-)
+from protocol.records import check_version, expect_keys, record_digest, split_signed
+from protocol.schema import expect_bytes, expect_int, expect_str
+from protocol.version import INCOMPATIBLE, format_version, local_version, parse_version
 
 logger = logging.getLogger(__name__)
 
@@ -65,12 +57,13 @@ ANCHOR_POLLS = 16
 #: Entries the top-level samples must have met before they count: one lucky hit in a small swarm would otherwise
 #: read as ``fanout ** top`` senders and push readers (and writers) to levels nobody else uses.
 ANCHOR_MIN_HITS = 4
-INDEX_KEYS = frozenset({"digests", "public_key", "sender", "swarm", "window"})
+INDEX_KEYS = frozenset({"digests", "public_key", "sender", "swarm", "version", "window"})
 
 
 def record_digest_hex(data: bytes) -> str:
-    """The digest a record is listed and stored under: SHA-256, first 16 bytes, lowercase hex."""
-    return hashlib.sha256(data).hexdigest()[: 2 * DIGEST_BYTES]
+    """The id a record is listed and stored under: the first 16 bytes of :func:`protocol.records.record_digest`
+    (SHA-256 of the record bytes), lowercase hex. The same digest, shortened for keys."""
+    return record_digest(data)[:DIGEST_BYTES].hex()
 
 
 def record_key(swarm: str, window: int, sender: str, digest: str) -> str:
@@ -95,7 +88,7 @@ def shard_hash(window: int, sender: str) -> int:
 
 def shard_of(window: int, sender: str, level: int, fanout: int) -> int:
     """The sender's shard at ``level``: ``shard_hash mod fanout**level`` (level l+1 splits each shard of level l)."""
-    return shard_hash(window, sender) % (fanout**level)
+    return shard_hash(window, sender) % int(fanout**level)
 
 
 # -- signed index entries -------------------------------------------------------------------------------------
@@ -126,6 +119,7 @@ def encode_index_entry(identity: Identity, swarm: str, window: int, digests: Seq
             "public_key": identity.public_bytes,
             "sender": identity.peer_id,
             "swarm": swarm,
+            "version": format_version(local_version()),
             "window": window,
         }
     )
@@ -134,8 +128,8 @@ def encode_index_entry(identity: Identity, swarm: str, window: int, digests: Seq
 
 def decode_index_entry(data: bytes, *, verify_signature: bool = True) -> IndexEntry:
     """Decode (and by default authenticate) an index entry; raises ``RecordDecodeError``/``RecordSignatureError``
-    with the reasons of SPEC.md section 6 (``oversize``, ``malformed``, ``non_canonical``, ``schema``,
-    ``sender_mismatch``, ``bad_signature``)."""
+    with the reasons of SPEC.md section 6 (``oversize``, ``malformed``, ``non_canonical``, ``unsupported_version``,
+    ``incompatible_version``, ``schema``, ``sender_mismatch``, ``bad_signature``). The version is checked first."""
     if type(data) is not bytes:
         raise RecordDecodeError("malformed", f"expected bytes, got {type(data).__name__}")
     outer, body_bytes, sig = split_signed(data, MAX_INDEX_ENTRY_BYTES, "index entry")
@@ -144,7 +138,17 @@ def decode_index_entry(data: bytes, *, verify_signature: bool = True) -> IndexEn
     body = strict_unpackb(body_bytes, max_bytes=MAX_INDEX_ENTRY_BYTES)
     if verify_signature:
         require_canonical(body, body_bytes, "index body")
-    expect_map(body, "index", INDEX_KEYS)
+    if type(body) is not dict:
+        raise RecordDecodeError("schema", "index: expected map")
+    version = body.get("version", "1.x")  # 1.x entries had no version key
+    major: int | None
+    minor: int | None
+    try:
+        major, minor = (1, -1) if version == "1.x" else parse_version(version)
+    except (TypeError, AttributeError, ValueError):
+        major = minor = None
+    newer = check_version(major, minor, body.get("sender"))
+    expect_keys(body, "index", INDEX_KEYS, newer=newer)
     raw = expect_bytes(body["digests"], "index.digests", max_len=DIGEST_BYTES * MAX_INDEX_DIGESTS)
     if not raw or len(raw) % DIGEST_BYTES:
         raise RecordDecodeError("schema", f"index.digests: {len(raw)} bytes is not 1..{MAX_INDEX_DIGESTS} digests")
@@ -226,7 +230,7 @@ class ShardParams:
         return self.levels - 1
 
     def shards(self, level: int) -> int:
-        return self.fanout**level
+        return int(self.fanout**level)
 
     def level_for(self, n_senders: float) -> int:
         """The lowest level where reading ``poll_shards`` shards means at most ``poll_senders`` entries."""
@@ -343,15 +347,15 @@ class ShardReader:
         self.stats["index_reads"] += len(keys) + len(plan.peers)
         entries: dict[tuple[int, str], IndexEntry] = {}
         seen_per_window: dict[int, int] = {}
-        for addr in plan.shards:
-            values = shard_values.get(addr, [])
-            seen_per_window[addr[0]] = seen_per_window.get(addr[0], 0) + len(values)
+        for shard in plan.shards:
+            values = shard_values.get(shard, [])
+            seen_per_window[shard[0]] = seen_per_window.get(shard[0], 0) + len(values)
             for raw in values:
-                self._take(raw, addr[0], entries)
-        for addr in plan.peers:
-            raw = peer_values.get(addr)
+                self._take(raw, shard[0], entries)
+        for peer in plan.peers:
+            raw = peer_values.get(peer)
             if raw is not None:
-                self._take(raw, addr[0], entries)
+                self._take(raw, peer[0], entries)
         if plan.anchor is not None:
             self._anchors.append(len(shard_values.get(plan.anchor, [])))
         self._update_estimate(plan, windows, seen_per_window)
@@ -384,7 +388,7 @@ class ShardReader:
             # needs their fields. Records are validated in full by the channel.
             entry = decode_index_entry(raw, verify_signature=False)
         except (RecordDecodeError, RecordSignatureError) as e:
-            self._drop(f"index_{e.reason}")
+            self._drop(e.reason if e.reason == INCOMPATIBLE else f"index_{e.reason}")
             return
         if self.swarm is not None and entry.swarm != self.swarm:
             self._drop("index_wrong_swarm")
@@ -406,7 +410,7 @@ class ShardReader:
         poll (``follow_senders <= poll_records - poll_newcomer_records``) however much anyone else lists."""
         todo: dict[str, list[RecordAddr]] = {}
         for (w, sender), entry in sorted(entries.items()):
-            have = self.cache.get(w, {})
+            have: Mapping[str, bytes] = self.cache.get(w, {})
             todo.setdefault(sender, []).extend(
                 (w, sender, d)
                 for d in entry.digests
@@ -446,7 +450,7 @@ class ShardReader:
             del self.misses[k]
 
 
-async def _nothing() -> dict:
+async def _nothing() -> dict[Any, Any]:
     return {}
 
 

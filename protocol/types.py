@@ -101,3 +101,4 @@ class Envelope:
     created: float
     payload: Any
     size: int = 0  # bytes on the wire, for metrics
+    minor: int = 0  # the sender's minor protocol version (``schema_version`` is the major)

@@ -1,11 +1,12 @@
 """The protocol version (major.minor), the compatibility rule, and the one-line report of an incompatible peer.
 
 Rule (``protocol/SPEC.md`` 15): two nodes interoperate exactly when their major versions are equal. A minor
-version only adds what an older reader of the same major may ignore (a new optional field, a new record kind,
-a new sync op that an older server refuses); anything else bumps the major. Signed libp2p peer advertisements
-carry the version; a node that meets a peer of another major drops what that peer sends, counts it by reason
-(``incompatible_version``) and says so once per remote version, in one line that names both versions. Records
-carry only the envelope's ``schema_version`` (the major) so far.
+version only adds what an older reader of the same major may ignore (a new key in a record's or index entry's
+body, a new record kind, a new sync op that an older server refuses); anything else bumps the major. Everything a
+peer signs carries the version: records (``schema_version`` = the major, ``minor``), index entries and libp2p
+peer advertisements (``version`` = ``"MAJOR.MINOR"``). A node that meets a peer of another major drops what that
+peer sends, counts it by reason (``incompatible_version``) and says so once per remote version, in one line that
+names both versions.
 
 The version a node advertises can be overridden with the environment variable ``RL_SWARM_PROTOCOL_VERSION``
 (``MAJOR.MINOR``), read at each use. It exists for tests that run two real processes of different versions;
@@ -16,6 +17,7 @@ Knows nothing about records, transports or peers beyond the version they claim.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -24,18 +26,23 @@ import threading
 logger = logging.getLogger(__name__)
 
 #: This code's protocol version. 1.0 was the first signed wire format (``schema_version`` 1); 1.1 added signed
-#: peer advertisements (the ``peers`` op) on the libp2p sync protocol.
-PROTOCOL_VERSION: tuple[int, int] = (1, 1)
+#: peer advertisements (the ``peers`` op) on the libp2p sync protocol; 2.0 put the version into records (``minor``)
+#: and index entries (``version``), which 1.x readers refuse.
+PROTOCOL_VERSION: tuple[int, int] = (2, 0)
 #: Test-only override of the advertised version (``MAJOR.MINOR``).
 ENV_OVERRIDE = "RL_SWARM_PROTOCOL_VERSION"
 #: Rejection reason of records and advertisements of another major version.
 INCOMPATIBLE = "incompatible_version"
+
+#: Distinct remote versions reported at most (a hostile peer could otherwise claim a new one per message).
+MAX_REPORTED = 16
 
 _VERSION_RE = re.compile(r"^(\d{1,4})\.(\d{1,4})$")
 _reported: set[tuple[int, int]] = set()
 _reported_lock = threading.Lock()
 
 
+@functools.lru_cache(maxsize=64)  # every index entry a reader decodes names one of a few versions
 def parse_version(text: str) -> tuple[int, int]:
     """``"1.2"`` -> ``(1, 2)``; ``ValueError`` for anything else."""
     m = _VERSION_RE.match(text.strip())
@@ -45,13 +52,14 @@ def parse_version(text: str) -> tuple[int, int]:
 
 
 def local_version() -> tuple[int, int]:
-    """The version this node advertises: :data:`PROTOCOL_VERSION` unless the test override is set."""
+    """The version this node speaks: :data:`PROTOCOL_VERSION` unless the test override is set."""
     override = os.environ.get(ENV_OVERRIDE)
     return parse_version(override) if override else PROTOCOL_VERSION
 
 
 def format_version(version: tuple[int, int]) -> str:
-    return f"{version[0]}.{version[1]}"
+    """``(1, 2)`` -> ``"1.2"``; a negative minor (not stated by the peer, e.g. a 1.x record) -> ``"1.x"``."""
+    return f"{version[0]}.{version[1] if version[1] >= 0 else 'x'}"
 
 
 def compatible(theirs: tuple[int, int], ours: tuple[int, int] | None = None) -> bool:
@@ -65,7 +73,7 @@ def report_incompatible(theirs: tuple[int, int], who: str = "a peer", ours: tupl
     Returns True the first time (the line was written). Callers count every occurrence themselves.
     """
     with _reported_lock:
-        if theirs in _reported:
+        if theirs in _reported or len(_reported) >= MAX_REPORTED:
             return False
         _reported.add(theirs)
     ours = ours if ours is not None else local_version()

@@ -11,7 +11,7 @@ import logging
 import math
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from protocol.types import Group
 
@@ -43,7 +43,6 @@ class PooledGroup:
     policy_version: int = 0
     tokenizer: str = ""
     uses: int = 0
-    extra: dict = field(default_factory=dict)
 
     @property
     def local(self) -> bool:

@@ -12,8 +12,8 @@ import torch
 from node import policy as policy_mod
 from node import tiny
 from node.config import ModelConfig
-from node.policy import PLAIN_TEMPLATE, ModelLoadError, load_policy, resolve_device, resolve_dtype
-from node.tasks import ANSWER_INSTRUCTION
+from node.policy import ModelLoadError, load_policy, resolve_device, resolve_dtype
+from node.tasks import ANSWER_INSTRUCTION, PLAIN_TEMPLATE
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
-"""Issue 6 extras: the APRIL and VADE benchmarks' quick modes run; the default path never imports vllm; the vLLM
-engine on a GPU (marker ``gpu``: same interface, per-token logprobs, weight sync without a restart)."""
+"""Rollout-efficiency extras: the APRIL and VADE benchmarks' quick modes run; the default path never imports vllm;
+the vLLM engine on a GPU (marker ``gpu``: same interface, per-token logprobs, weight sync without a restart)."""
 
 from __future__ import annotations
 

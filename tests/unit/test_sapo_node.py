@@ -47,7 +47,7 @@ def test_peer_importance_weights_switch(model_dir: Path, tmp_path: Path, weights
             import random
 
             ref = node.tasks.sample(random.Random(0), 1)[0]
-            samples = node.build_samples(SapoBatch(external=[_peer_group(node, ref)]))
+            samples = node.samples.build(SapoBatch(external=[_peer_group(node, ref)]), {})
         finally:
             await node.close()
         return samples

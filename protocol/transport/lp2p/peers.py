@@ -55,10 +55,13 @@ class AdError(ValueError):
 
 
 def _packb(obj: Any) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True)
+    data: bytes = msgpack.packb(obj, use_bin_type=True)
+    return data
 
 
-def make_ad(key_pair: Any, peer: ID, *, swarm: str, addrs: Collection[str], version: tuple[int, int], now: float):
+def make_ad(
+    key_pair: Any, peer: ID, *, swarm: str, addrs: Collection[str], version: tuple[int, int], now: float
+) -> bytes:
     """Sign an advertisement of ``peer`` (whose key pair is ``key_pair``) listening at ``addrs``."""
     suffix = f"/p2p/{peer.to_base58()}"
     full = [a if a.endswith(suffix) else a + suffix for a in addrs][:MAX_AD_ADDRS]
@@ -79,7 +82,7 @@ def verify_ad(raw: bytes, *, swarm: str, now: float, ttl_s: float) -> PeerAd:
         outer = msgpack.unpackb(raw, raw=False, max_bin_len=MAX_AD_BYTES, max_str_len=64, max_map_len=2)
         body, sig = outer["body"], outer["sig"]
         m = msgpack.unpackb(
-            body, raw=False, max_bin_len=64, max_str_len=MAX_ADDR_CHARS, max_array_len=MAX_AD_ADDRS, max_map_len=5
+            body, raw=False, max_bin_len=64, max_str_len=MAX_ADDR_CHARS, max_array_len=MAX_AD_ADDRS, max_map_len=16
         )
         peer_bytes, addrs, ad_swarm, t, version = m["peer"], m["addrs"], m["swarm"], m["time"], m["version"]
         if not (isinstance(body, bytes) and isinstance(sig, bytes) and len(sig) == 64 and isinstance(t, int)):
