@@ -315,7 +315,7 @@ def render(transport: str, machine: str, description: str, rows: list[dict], not
             f"| {fmt(r.get('pair_p95_s', float('nan')))} | {fmt(r.get('rss_mb_median', float('nan')), 0)} "
             f"| {fmt(r.get('rss_mb_max', float('nan')), 0)} |"
         )
-    lines += [*notes, "", "Targets (BENCHMARKS.md): 8 peers p50 <= 2 s; 32 peers p50 <= 10 s; codec share <= 5%.", ""]
+    lines += [*notes, "", "Targets: 8 peers p50 <= 2 s; 32 peers p50 <= 10 s; codec share <= 5%.", ""]
     return "\n".join(lines)
 
 

@@ -43,8 +43,7 @@ from benchmarks.b1_common import SWARM, make_batch  # noqa: E402
 
 async def worker(args: dict) -> None:
     from protocol.identity import Identity
-    from protocol.layout import encode_index_entry
-    from protocol.layout import record_digest_hex as record_digest
+    from protocol.layout import encode_index_entry, record_digest_hex
     from protocol.records import encode_record, window_of
     from protocol.transport.config import HivemindTransportConfig, ProtocolConfig
     from protocol.transport.hivemind_dht import HivemindTransport
@@ -62,7 +61,7 @@ async def worker(args: dict) -> None:
     own: dict[int, list[str]] = {}  # this peer's digests per window: its signed index entry lists them
 
     cfg = HivemindTransportConfig(initial_peers=[boot] if boot else [], request_timeout_s=20)
-    guard = validator.is_storable if mode == "hivemind" else None
+    guard = validator.verdict if mode == "hivemind" else None
     transport = await HivemindTransport.create(cfg, swarm=SWARM, validate=guard, protocol=pc)
     addr = transport.addresses()[0]
     print("READY", addr, flush=True)
@@ -85,7 +84,7 @@ async def worker(args: dict) -> None:
             )
             t1 = time.time()
             timing["encode"] += t1 - start
-            digest = record_digest(data)
+            digest = record_digest_hex(data)
             published[digest] = start
             sizes.append(len(data))
             own.setdefault(window, []).append(digest)
@@ -106,7 +105,7 @@ async def worker(args: dict) -> None:
             now = time.time()
             timing["fetch"] += now - t1
             for data in datas:
-                rid = record_digest(data)
+                rid = record_digest_hex(data)
                 if rid in seen:
                     continue
                 if mode == "hivemind":

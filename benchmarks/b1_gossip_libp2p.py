@@ -80,7 +80,7 @@ async def worker(args: dict) -> None:
         peer_exchange=discovery == "exchange",
         gossipsub_px=discovery == "gossipsub-px",
     )
-    transport = await Libp2pTransport.create(cfg, swarm=SWARM, validate=validator.is_storable, protocol=pc)
+    transport = await Libp2pTransport.create(cfg, swarm=SWARM, validate=validator.verdict, protocol=pc)
     print("READY", transport.addresses()[0], flush=True)
     t0 = float((await asyncio.to_thread(sys.stdin.readline)).split()[1])
     end = t0 + args["steps"] * args["interval"] + args["settle_s"]

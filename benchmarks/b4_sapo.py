@@ -10,8 +10,8 @@ Rows are named ``<population>-<budget>-<I>-<J>[-<ablation>]`` (``configs/sim/sap
 * ablations of 4/4: ``fresh1`` (peers' groups from the latest round only), ``noIS`` (no importance weights on
   peers' completions), and ``8-0-keep0`` (a baseline that also trains on its zero-advantage groups).
 
-Metrics (``sim.sapo_analysis``): own-rollout reward (primary), held-out accuracy per family, training-batch
-reward; each ratio is paired by seed with the row's ``8-0``. Target (BENCHMARKS.md): 4/4 >= 1.94x 8/0 and the
+Metrics (``sim.experiments.sapo``): own-rollout reward (primary), held-out accuracy per family, training-batch
+reward; each ratio is paired by seed with the row's ``8-0``. Target: 4/4 >= 1.94x 8/0 and the
 paper's ordering 4/4 > 2/6 > 6/2 > 8/0 (paper totals 1093.31, 945.87, 854.43, 561.79).
 
     python benchmarks/b4_sapo.py                      # configs/sim/sapo.yaml (hours on CPU; see --only)
@@ -46,7 +46,7 @@ PAPER_ORDER = ("4-4", "2-6", "6-2", "8-0")
 
 def headroom(results: dict, rows: list[dict]) -> list[str]:
     """For each 8-0 row: how much faster than it a sharing row would have to learn for 1.94x (linear growth)."""
-    from sim.sapo_analysis import needed_speedup
+    from sim.experiments.sapo import needed_speedup
 
     out = []
     for r in rows:
@@ -134,8 +134,8 @@ def main() -> int:
     args = ap.parse_args()
 
     from protocol.config import write_resolved
-    from sim import sapo_analysis as sa
     from sim.config import load_sim_config
+    from sim.experiments import sapo as sa
     from sim.runner import run_experiment
 
     suffix = "_quick" if args.quick else "_smoke" if args.smoke else ""

@@ -6,7 +6,7 @@ memory transport with the real sharded layout and bounded reads of ``protocol.la
 plus new records), the new records it fetched and the CPU seconds it spent (generate, publish, poll + validate +
 re-score, sample, train). It also measures how many of the other nodes fetched a record within k rounds of its
 publication and compares that with the arithmetic of ``protocol/SPEC.md`` 7.5 (``protocol.layout.expected_reach``).
-Target (BENCHMARKS.md): per-node cost at N = 10,000 at most 1.5x the cost at N = 10.
+Target: per-node cost at N = 10,000 at most 1.5x the cost at N = 10.
 
     python benchmarks/b5_scale.py            # N = 10, 100, 1000, 10000
     python benchmarks/b5_scale.py --quick    # N = 5, 40 (a smoke run for the tests)

@@ -1,8 +1,8 @@
 """B6 MNPO: HT-MNPO / TD-MNPO vs the two-player baselines (IPO, DPO) on a non-transitive population game.
 
-The game (``sim.mnpo.run_game``): a population of categorical players over a fixed response set, each with its own
-heterogeneous, rock-paper-scissors-like preference oracle; the real MNPO / DPO loss code and the real
-``swarm.mnpo`` opponent bookkeeping. Same budget for every method. Target (BENCHMARKS.md): MNPO's duality gap lower
+The game (``sim.experiments.mnpo.run_game``): a population of categorical players over a fixed response set, each
+with its own heterogeneous, rock-paper-scissors-like preference oracle; the real MNPO / DPO loss code and the real
+``swarm.mnpo`` opponent bookkeeping. Same budget for every method. Target: MNPO's duality gap lower
 and its win rate against the population higher than the two-player (n = 2) baselines'.
 
     python benchmarks/b6_mnpo.py               # configs/sim/mnpo.yaml game, 3 seeds, plus part (a): real tiny-model
@@ -63,7 +63,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from sim.config import load_sim_config
-    from sim.mnpo import game_rows, game_table, node_rows, node_table, plot_game, run_game
+    from sim.experiments.mnpo import game_rows, game_table, node_rows, node_table, plot_game, run_game
     from sim.runner import run_experiment
 
     suffix = "_quick" if args.quick else ""

@@ -169,9 +169,9 @@ def run_round(
     incomplete = [g for g in groups if not g.complete]
     version = engine.policy_version
     for g in complete:
-        for c in g.completions:
-            assert c is not None
-            versions = c.token_versions or [c.policy_version] * len(c.token_ids)
+        for done in g.completions:
+            assert done is not None
+            versions = done.token_versions or [done.policy_version] * len(done.token_ids)
             stats.completed_tokens += len(versions)
             stats.offpolicy_tokens += sum(1 for v in versions if v < version)
     stats.completed = len(complete)

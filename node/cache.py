@@ -19,7 +19,7 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 
-def build_once(target: Path, done_file: str, build: Callable[[Path], None], what: str) -> Path:
+def build_once(target: Path, done_file: str, build: Callable[[Path], object], what: str) -> Path:
     """``target``, after ``build(tmp_dir)`` has filled it (``build`` writes ``done_file`` last), unless a complete
     one is already there; ``what`` names it in the one log line a build prints."""
     from filelock import FileLock

@@ -20,6 +20,7 @@ about what ``extra`` means.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 if TYPE_CHECKING:
@@ -82,13 +84,71 @@ def save_checkpoint(
     name = f"step-{step:08d}"
     tmp = ckpt_dir / f".tmp-{name}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
+    try:
+        _write_files(tmp, learner, step, extra)
+    except BaseException:
+        # A half-written temporary (a full disk, an I/O error) goes at once: it holds the space the node needs.
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
+    final = ckpt_dir / name
+    if final.exists():  # the same step written again (e.g. after a resume): replace it
+        _discard(final)
+    os.rename(tmp, final)
+    _fsync_dir(ckpt_dir)
+    _write_atomic(ckpt_dir / LATEST, name)
+    _prune(ckpt_dir, keep)
+    logger.info("checkpoint %s written (policy_version %d)", final, learner.policy_version)
+    return final
+
+
+def save_or_report(
+    ckpt_dir: str | Path,
+    learner: Learner,
+    *,
+    step: int,
+    extra: dict[str, Any] | None = None,
+    keep: int = 2,
+) -> Path | None:
+    """:func:`save_checkpoint`, except that a write the filesystem refuses (disk full, quota, I/O error) is one
+    warning line naming the checkpoint that is still loadable, and None: the node keeps training and tries again
+    at its next checkpoint. Nothing of the previous checkpoint is touched before the new one is complete."""
+    try:
+        return save_checkpoint(ckpt_dir, learner, step=step, extra=extra, keep=keep)
+    except OSError as e:
+        try:
+            prev = load_latest(ckpt_dir)
+        except OSError:
+            prev = None
+        kept = f"step {prev.step} is still the latest, verified loadable" if prev else "there is no earlier one"
+        logger.warning("checkpoint of step %d failed (%s); %s; training goes on", step, e.strerror or e, kept)
+        return None
+
+
+_OS_ERROR = re.compile(r"os error (\d+)")
+
+
+def _save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """``safetensors.torch.save_file``, with its I/O failures raised as the ``OSError`` they are (safetensors
+    reports a full disk as ``SafetensorError: ... No space left on device (os error 28)``)."""
+    try:
+        save_file(tensors, str(path))
+    except SafetensorError as e:
+        m = _OS_ERROR.search(str(e))
+        if m is None and "I/O error" not in str(e):
+            raise
+        code = int(m.group(1)) if m else errno.EIO
+        raise OSError(code, os.strerror(code), str(path)) from e
+
+
+def _write_files(tmp: Path, learner: Learner, step: int, extra: dict[str, Any] | None) -> None:
+    """Every file of a checkpoint into ``tmp``, manifest last, all fsynced."""
     tensors, aliases = _dedupe_shared(learner.model.state_dict())
-    save_file(tensors, str(tmp / "model.safetensors"))
+    _save_tensors(tensors, tmp / "model.safetensors")
     opt_tensors, opt_meta = _flatten_optimizer(learner.optimizer.state_dict())
-    save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
+    _save_tensors(opt_tensors, tmp / "optimizer.safetensors")
     rng_tensors, rng_meta = _capture_rng()
-    save_file(rng_tensors, str(tmp / "rng.safetensors"))
+    _save_tensors(rng_tensors, tmp / "rng.safetensors")
     state = {
         "format_version": FORMAT_VERSION,
         "step": step,
@@ -104,16 +164,6 @@ def save_checkpoint(
     for f in tmp.iterdir():
         _fsync_file(f)
     _fsync_dir(tmp)
-
-    final = ckpt_dir / name
-    if final.exists():  # the same step written again (e.g. after a resume): replace it
-        _discard(final)
-    os.rename(tmp, final)
-    _fsync_dir(ckpt_dir)
-    _write_atomic(ckpt_dir / LATEST, name)
-    _prune(ckpt_dir, keep)
-    logger.info("checkpoint %s written (policy_version %d)", final, learner.policy_version)
-    return final
 
 
 def load_latest(ckpt_dir: str | Path) -> Checkpoint | None:
@@ -187,7 +237,7 @@ def _dedupe_shared(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tens
     aliases: dict[str, str] = {}
     seen: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], str] = {}
     for name, t in state.items():
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+        key = (t.untyped_storage().data_ptr(), int(t.storage_offset()), tuple(t.shape), tuple(t.stride()))
         if t.numel() > 0 and key in seen:
             aliases[name] = seen[key]
             continue
@@ -231,7 +281,7 @@ def _capture_rng() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         import numpy as np
 
         kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
-        meta["numpy"] = [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)]
+        meta["numpy"] = [kind, np.asarray(keys).tolist(), int(pos), int(has_gauss), float(cached)]
     except ImportError:  # numpy is optional for this module
         pass
     return tensors, meta

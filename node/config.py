@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from protocol.config import StrictModel
 from protocol.transport.config import HivemindTransportConfig, ProtocolConfig, TransportConfig
@@ -461,6 +461,20 @@ class NodeConfig(StrictModel):
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     seed: int = 0
     """Seed of this node's own randomness (which prompts it draws, sampling)."""
+    report_to: list[Literal["tensorboard", "wandb", "trackio"]] = Field(default_factory=list)
+    """Experiment trackers that get every step's metrics beside ``metrics.jsonl`` under TRL's names
+    (``node.trackers``); each is an optional extra (``pip install -e ".[wandb]"``). None by default; W&B runs offline
+    unless ``WANDB_MODE`` is set."""
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _tracker_list(cls, value: Any) -> Any:
+        # ``--set report_to=tensorboard,wandb`` or ``none`` as well as a YAML list; each tracker once, in order
+        if isinstance(value, str):
+            value = [] if value.strip().lower() in ("", "none") else [v.strip() for v in value.split(",")]
+        if isinstance(value, list):
+            value = list(dict.fromkeys(value))
+        return value
 
     @model_validator(mode="before")
     @classmethod

@@ -354,7 +354,9 @@ class TransformersEngine(RolloutEngine):
         return out, stopped
 
 
-def _prefill(model, inputs: list[list[int]], width: int, pad: int, device: torch.device) -> tuple[Any, torch.Tensor]:
+def _prefill(
+    model: Any, inputs: list[list[int]], width: int, pad: int, device: torch.device
+) -> tuple[Any, torch.Tensor]:
     """Run the prompt (+ prefix) of every row through ``model`` into one left-padded KV cache of ``width``.
 
     Identical inputs (the G rows of a fresh group) are computed once and their cache rows copied, and distinct
@@ -373,9 +375,10 @@ def _prefill(model, inputs: list[list[int]], width: int, pad: int, device: torch
             buckets[-1].append(u)
         else:
             buckets.append([u])
-    keys: list[list[torch.Tensor | None]] = []
-    values: list[list[torch.Tensor | None]] = []
-    logits = [None] * len(seqs)
+    # Filled slot by slot (every unique input gets its row), then stacked.
+    keys: list[list[Any]] = []
+    values: list[list[Any]] = []
+    logits: list[Any] = [None] * len(seqs)
     for bucket in buckets:
         w = len(seqs[bucket[0]])
         ids = torch.full((len(bucket), w), pad, dtype=torch.long)
@@ -396,7 +399,8 @@ def _prefill(model, inputs: list[list[int]], width: int, pad: int, device: torch
         last = out.logits[:, -1, :].float()  # (b, V)
         for j, u in enumerate(bucket):
             logits[u] = last[j]
-        for layer_idx, layer in enumerate(cache.layers):
+        layers: list[Any] = list(cache.layers)  # full-attention layers: ``keys``/``values`` (b, heads, w, d)
+        for layer_idx, layer in enumerate(layers):
             if len(keys) <= layer_idx:
                 keys.append([None] * len(seqs))
                 values.append([None] * len(seqs))

@@ -28,10 +28,11 @@ import logging
 import os
 import urllib.request
 from abc import abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from node.engine import GeneratedCompletion, RolloutEngine, RolloutRequest, StopFn
+from node.engine import FinishReason, GeneratedCompletion, RolloutEngine, RolloutRequest, StopFn
 
 logger = logging.getLogger(__name__)
 
@@ -116,6 +117,16 @@ class VllmBackend:
         self.llm.reset_prefix_cache()  # cached KV was computed by the old weights
 
 
+@dataclass
+class _Progress:
+    """One request's tokens so far: ids, behaviour logprobs, the version that sampled each, and why it ended."""
+
+    ids: list[int]
+    lps: list[float]
+    ver: list[int]
+    reason: FinishReason | None = None
+
+
 class _ChunkedEngine(RolloutEngine):
     """The engine logic shared by both modes: prompts -> token ids, chunked APRIL generation, weight sync."""
 
@@ -148,25 +159,22 @@ class _ChunkedEngine(RolloutEngine):
         seed: int | None = None,
         should_stop: StopFn | None = None,
     ) -> list[GeneratedCompletion]:
-        state = [
-            {"ids": list(r.token_ids), "lps": list(r.logprobs), "ver": list(r.token_versions), "reason": None}
-            for r in requests
-        ]
+        state = [_Progress(list(r.token_ids), list(r.logprobs), list(r.token_versions)) for r in requests]
         eos = set(self.policy.eos_token_ids)
         for i, r in enumerate(requests):
             if r.token_ids and r.token_ids[-1] in eos:
-                state[i]["reason"] = "stop"
+                state[i].reason = "stop"
             elif len(r.token_ids) >= r.max_new_tokens:
-                state[i]["reason"] = "length"
+                state[i].reason = "length"
         chunk = self.chunk_tokens if should_stop is not None else None
         round_no = 0
         while True:
-            active = [i for i, s in enumerate(state) if s["reason"] is None]
-            if not active or (should_stop is not None and should_stop([s["reason"] is not None for s in state])):
+            active = [i for i, s in enumerate(state) if s.reason is None]
+            if not active or (should_stop is not None and should_stop([s.reason is not None for s in state])):
                 break
-            budgets = [requests[i].max_new_tokens - len(state[i]["ids"]) for i in active]
+            budgets = [requests[i].max_new_tokens - len(state[i].ids) for i in active]
             outs = self._complete(
-                [requests[i].prompt_ids + state[i]["ids"] for i in active],
+                [requests[i].prompt_ids + state[i].ids for i in active],
                 [b if chunk is None else min(b, chunk) for b in budgets],
                 temperature,
                 top_p,
@@ -175,25 +183,25 @@ class _ChunkedEngine(RolloutEngine):
             round_no += 1
             for i, b, o in zip(active, budgets, outs, strict=True):
                 s = state[i]
-                s["ids"] += o["token_ids"]
-                s["lps"] += o["logprobs"]
-                s["ver"] += [self.policy_version] * len(o["token_ids"])
+                s.ids += o["token_ids"]
+                s.lps += o["logprobs"]
+                s.ver += [self.policy_version] * len(o["token_ids"])
                 if o["finish_reason"] == "stop":
-                    s["reason"] = "stop"
+                    s.reason = "stop"
                 elif len(o["token_ids"]) >= b:
-                    s["reason"] = "length"
+                    s.reason = "length"
         out = []
         for r, s in zip(requests, state, strict=True):
-            mixed = any(v != self.policy_version for v in s["ver"])
+            mixed = any(v != self.policy_version for v in s.ver)
             out.append(
                 GeneratedCompletion(
-                    text=self.policy.tokenizer.decode(s["ids"], skip_special_tokens=True),
+                    text=self.policy.tokenizer.decode(s.ids, skip_special_tokens=True),
                     prompt_ids=list(r.prompt_ids),
-                    token_ids=s["ids"],
-                    logprobs=s["lps"],
-                    finish_reason=s["reason"] or "abort",
-                    policy_version=min(s["ver"]) if s["ver"] else self.policy_version,
-                    token_versions=s["ver"] if mixed else None,
+                    token_ids=s.ids,
+                    logprobs=s.lps,
+                    finish_reason=s.reason or "abort",
+                    policy_version=min(s.ver) if s.ver else self.policy_version,
+                    token_versions=s.ver if mixed else None,
                 )
             )
         return out

@@ -73,12 +73,11 @@ async def _in_daemon_thread(fn, *args):  # type: ignore[no-untyped-def]
             fut.set_result(result)
 
     def run() -> None:
+        error: BaseException | None = None
         try:
             result = fn(*args)
         except BaseException as e:  # handed to the awaiting coroutine
             result, error = None, e
-        else:
-            error = None
         with contextlib.suppress(RuntimeError):  # the loop is already closed: nobody waits for it any more
             loop.call_soon_threadsafe(settle, result, error)
 
@@ -169,12 +168,13 @@ def run_join(
     resume: bool,
 ) -> int:
     """Validate everything that can be validated before starting anything, then run the node to the end."""
-    from node.preflight import check_model_name, check_output_dir, check_peers, make_output_dir
+    from node.preflight import check_model_name, check_output_dir, check_peers, check_trackers, make_output_dir
 
     cfg = resolve_config(config_path, overrides, peers=peers, host=host, port=port)
     # Cheap checks first, creating nothing, so a typo costs a second and leaves no half-made run dir behind.
     check_model_name(cfg.model.name)
     check_peers(getattr(cfg.transport, "initial_peers", []), cfg.transport.type)
+    check_trackers(cfg.report_to)
     check_output_dir(run_dir)
     if identity_path is not None and not identity_path.exists():
         check_output_dir(identity_path.expanduser().absolute().parent, "identity key's directory")

@@ -4,8 +4,10 @@ It turns :class:`TrainSample` s (own rollouts and re-tokenized peer rollouts) in
 completion logprobs under the current policy micro-batch by micro-batch, weights off-policy tokens with
 truncated importance sampling (DART), applies the loss preset named by ``LearnerConfig.loss`` (see
 ``node.losses``), clips the gradient and steps AdamW. It is synchronous: the runtime calls :meth:`Learner.step`
-through ``asyncio.to_thread``. It knows nothing about rollouts, peers, rewards or checkpoint files; advantages
-arrive already computed (``node.losses.group_advantages``).
+through ``asyncio.to_thread``. The learner is the one owner of the optimizer: every update (policy gradient, or
+MNPO's preference loss through :meth:`Learner.preference_step`) zeroes, clips, steps and bumps ``policy_version``
+here. It knows nothing about rollouts, peers, rewards or checkpoint files; advantages arrive already computed
+(``node.batch``).
 """
 
 from __future__ import annotations
@@ -15,13 +17,16 @@ import inspect
 import logging
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal, overload
 
 import torch
 from torch import Tensor, nn
 
 from node.config import LearnerConfig
 from node.losses import LossSpec, get_loss, sequence_is_weights, truncated_is_weights
+from node.seams import TrainSample
 
 logger = logging.getLogger(__name__)
 
@@ -33,24 +38,28 @@ BEHAVIOUR_LOGPROB_FLOOR = -20.0
 below about -20 (probability 2e-9) a hint carries no information, only leverage over the weight."""
 
 
-@dataclass
-class TrainSample:
-    """One scored completion, ready for the learner."""
-
-    prompt_ids: list[int]
-    """Prompt tokens (local tokenizer)."""
-    completion_ids: list[int]
-    """Completion tokens (local tokenizer); the loss covers these only."""
-    advantage: float
-    """Group-relative advantage of this completion."""
-    behaviour_logprobs: list[float] | None = None
-    """Per-token logprobs of the policy that sampled the completion (local rollouts), one per completion token."""
-    behaviour_logprob_mean: float | None = None
-    """Mean per-token behaviour logprob, an untrusted hint a peer may send with its rollouts."""
-    external: bool = False
-    """True for a peer's completion (its behaviour information is untrusted and clamped)."""
-
-
+@overload
+def completion_logprobs(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    prompt_lens: Tensor,
+    completion_lens: Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: Literal[False] = False,
+) -> Tensor: ...
+@overload
+def completion_logprobs(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    prompt_lens: Tensor,
+    completion_lens: Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool,
+) -> Tensor | tuple[Tensor, Tensor]: ...
 def completion_logprobs(
     model: nn.Module,
     input_ids: Tensor,
@@ -207,6 +216,46 @@ class Learner:
             policy_version=float(self.policy_version),
         )
         return metrics
+
+    def preference_step(self, loss_fn: Callable[[nn.Module], tuple[Tensor, dict[str, Tensor]]]) -> dict[str, float]:
+        """One optimizer update on a loss the caller builds from the trained model (MNPO's pairs).
+
+        ``loss_fn(model) -> (loss, metrics)`` runs the forward passes it needs; this method owns the rest, as
+        :meth:`step` does: zero the gradients, backward, clip to ``max_grad_norm``, step, bump ``policy_version``.
+        """
+        self.optimizer.zero_grad(set_to_none=True)
+        loss, metrics = loss_fn(self.model)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.policy_version += 1
+        out = {k: float(v) for k, v in metrics.items() if v.numel() == 1}
+        out.update(loss=float(loss.detach()), grad_norm=float(grad_norm))
+        return out
+
+    def mean_logprobs(
+        self,
+        rows: Sequence[tuple[list[int], list[int]]],
+        *,
+        model: nn.Module | None = None,
+        grad: bool = False,
+        micro_batch_size: int | None = None,
+    ) -> Tensor:
+        """Length-averaged logprobs ``(n,)`` of ``(prompt_ids, completion_ids)`` rows under ``model`` (default: the
+        trained model), micro-batched; an empty completion is scored on one pad token so it still has a value."""
+        model = self.model if model is None else model
+        outs = []
+        mb = micro_batch_size or self.cfg.micro_batch_size
+        for lo in range(0, len(rows), mb):
+            chunk = [TrainSample(p, c if c else [self.pad_token_id], 0.0) for p, c in rows[lo : lo + mb]]
+            batch = self._collate(chunk)
+            with torch.set_grad_enabled(grad):
+                logp = completion_logprobs(
+                    model, batch.input_ids, batch.attention_mask, batch.prompt_lens, batch.completion_lens
+                )  # (b, T)
+                outs.append(logp.sum(-1) / batch.completion_lens.to(logp.dtype))  # (b,)
+        return torch.cat(outs) if outs else torch.zeros(0, device=self.device)
 
     def accumulate_gradients(self, samples: list[TrainSample]) -> dict[str, Tensor]:
         """Forward + backward over micro-batches, leaving the full batch's gradient in ``.grad``; no update.

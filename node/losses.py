@@ -14,7 +14,7 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor
@@ -38,7 +38,7 @@ def group_advantages(rewards: Tensor, scale: AdvantageScale = "std", eps: float 
 
     ``std`` is the *unbiased* sample standard deviation (Bessel's correction, divisor ``G - 1``), which is what
     TRL's ``GRPOTrainer`` uses (``trl.trainer.utils.nanstd``) and what ``torch.std`` does by default. TRL adds
-    ``eps = 1e-4``; this project's default is ``1e-8`` (DESIGN.md); pass ``eps=1e-4`` to reproduce TRL.
+    ``eps = 1e-4``; this project's default is ``1e-8``; pass ``eps=1e-4`` to reproduce TRL.
     A group of one has no baseline: its advantage is 0.
 
     Args:
@@ -241,8 +241,13 @@ def policy_gradient_loss(
         per_token = pg + beta * kl
     else:
         kl = torch.zeros_like(logp)
-    norm = dict(max_tokens=max_tokens, batch_tokens=batch_tokens, batch_sequences=batch_sequences)
-    loss = aggregate(per_token, mask, aggregation, **norm)
+
+    def agg(x: Tensor) -> Tensor:
+        return aggregate(
+            x, mask, aggregation, max_tokens=max_tokens, batch_tokens=batch_tokens, batch_sequences=batch_sequences
+        )
+
+    loss = agg(per_token)
 
     with torch.no_grad():
         n = fmask.sum().clamp(min=1.0)
@@ -252,7 +257,7 @@ def policy_gradient_loss(
 
         weights = torch.ones_like(logp) if is_weights is None else is_weights
         metrics = {
-            "pg_loss": aggregate(pg.detach(), mask, aggregation, **norm),
+            "pg_loss": agg(pg.detach()),
             "clip_low_frac": mean((ratio < 1.0 - eps_low) & (adv < 0)),
             "clip_high_frac": mean((ratio > 1.0 + eps_high) & (adv > 0)),
             "ratio_mean": mean(ratio),
@@ -289,6 +294,13 @@ class LossSpec:
     """Use ``eps_high`` for the upper clip; False clips symmetrically at ``1 +- eps_low``."""
     citation: str = ""
     """Paper the preset follows."""
+    settings: Callable[[Any], dict[str, Any]] | None = None
+    """Builds the loss's keyword arguments from a config object (preference kinds: ``eta``/``ratio``/... from an
+    MNPO config), so callers pass ``**spec.kwargs(cfg)`` and never branch on the loss's name."""
+
+    def kwargs(self, cfg: Any) -> dict[str, Any]:
+        """The keyword arguments this loss takes from ``cfg`` (none for presets without ``settings``)."""
+        return self.settings(cfg) if self.settings is not None else {}
 
 
 LOSSES: dict[str, LossSpec] = {}
@@ -359,7 +371,7 @@ def _opponent_lambdas(opp_mask: Tensor, opp_weights: Tensor | None, max_opponent
     if opp_weights is None:
         w = torch.ones(mask.shape, dtype=torch.float64, device=mask.device)  # (P, J)
     else:
-        w = opp_weights.to(torch.float64).expand(mask.shape)  # (J,) or (P, J) -> (P, J)
+        w = opp_weights.to(device=mask.device, dtype=torch.float64).expand(mask.shape)  # (J,) or (P, J) -> (P, J)
     w = torch.where(mask, w, torch.zeros_like(w))  # (P, J)
     total = w.sum(-1, keepdim=True)  # (P, 1)
     return torch.where(total > 0, w / total.clamp(min=1e-300), torch.zeros_like(w))  # (P, J)
@@ -481,5 +493,40 @@ def dpo_loss(
     return loss, metrics
 
 
-register_loss(LossSpec("mnpo", "mnpo", mnpo_loss, citation="Wu et al. 2025, MNPO, arXiv 2509.23102"))
-register_loss(LossSpec("dpo", "mnpo", dpo_loss, citation="Rafailov et al. 2023, DPO, arXiv 2305.18290"))
+def opponent_tensors(
+    opponents: Sequence[Sequence[tuple[float, float]]], slots: int, dtype: torch.dtype = torch.float32
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Pack each pair's opponents' ``(log pi_j(y_w), log pi_j(y_l))`` into the ``(P, J)`` tensors the preference
+    losses take: ``opp_w``, ``opp_l`` and the boolean ``opp_mask`` of filled slots (at most ``slots`` per pair)."""
+    n = len(opponents)
+    opp_w = torch.zeros((n, slots), dtype=dtype)  # (P, J)
+    opp_l = torch.zeros((n, slots), dtype=dtype)  # (P, J)
+    mask = torch.zeros((n, slots), dtype=torch.bool)  # (P, J)
+    for i, row in enumerate(opponents):
+        for j, (lp_w, lp_l) in enumerate(row[:slots]):
+            opp_w[i, j], opp_l[i, j], mask[i, j] = lp_w, lp_l, True
+    return opp_w, opp_l, mask
+
+
+def _mnpo_settings(cfg: Any) -> dict[str, Any]:
+    weights = getattr(cfg, "opponent_weights", None)
+    return {
+        "eta": cfg.eta,
+        "ratio": cfg.ratio,
+        "opp_weights": None if weights is None else torch.tensor(weights),
+        "max_opponents": cfg.max_opponents,
+    }
+
+
+register_loss(
+    LossSpec("mnpo", "mnpo", mnpo_loss, citation="Wu et al. 2025, MNPO, arXiv 2509.23102", settings=_mnpo_settings)
+)
+register_loss(
+    LossSpec(
+        "dpo",
+        "mnpo",
+        dpo_loss,
+        citation="Rafailov et al. 2023, DPO, arXiv 2305.18290",
+        settings=lambda cfg: {"beta": cfg.dpo_beta},
+    )
+)

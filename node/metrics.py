@@ -11,6 +11,7 @@ import logging
 import math
 import os
 import sys
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +27,28 @@ def _clean(value: Any) -> Any:
 
 
 class JsonlWriter:
-    """Append JSON objects, one per line; flush every line, fsync every ``fsync_every`` lines."""
+    """Append JSON objects, one per line; each line is written as it comes, fsynced every ``fsync_every`` lines.
+
+    A full disk (or quota, or an I/O error) does not stop the node: lines that cannot be written wait in memory,
+    oldest first (at most ``MAX_BACKLOG_BYTES``; past that the oldest are dropped and counted), and are written
+    before the next line once space is back. One warning line when writing starts failing, one when it recovers.
+    """
+
+    #: Lines kept in memory while the disk refuses them (then the oldest are dropped).
+    MAX_BACKLOG_BYTES = 16 << 20
 
     def __init__(self, path: str | Path, fsync_every: int = 10) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._repair_tail()
-        self._f = self.path.open("a", encoding="utf-8")
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._fsync_every = fsync_every
         self._since_sync = 0
+        self._backlog: deque[bytes] = deque()
+        self._backlog_bytes = 0
+        self._failing = False
+        #: Lines dropped because the backlog was full while the disk refused writes.
+        self.dropped = 0
 
     def _repair_tail(self) -> None:
         """A SIGKILL mid-write can leave a partial last line; cut it so every line parses."""
@@ -48,27 +62,75 @@ class JsonlWriter:
             f.truncate(cut)
         logger.warning("%s: dropped a partial last line left by an interrupted write", self.path)
 
+    @property
+    def closed(self) -> bool:
+        return self._fd < 0
+
+    @property
+    def pending(self) -> int:
+        """Lines waiting in memory for the disk."""
+        return len(self._backlog)
+
     def write(self, record: dict[str, Any]) -> None:
-        self._f.write(json.dumps(_clean(record), separators=(",", ":")) + "\n")
-        self._f.flush()
-        self._since_sync += 1
-        if self._since_sync >= self._fsync_every:
-            self.sync()
+        line = (json.dumps(_clean(record), separators=(",", ":")) + "\n").encode("utf-8")
+        self._backlog.append(line)
+        self._backlog_bytes += len(line)
+        while self._backlog_bytes > self.MAX_BACKLOG_BYTES and len(self._backlog) > 1:
+            self._backlog_bytes -= len(self._backlog.popleft())
+            self.dropped += 1
+        if self._drain():
+            self._since_sync += 1
+            if self._since_sync >= self._fsync_every:
+                self.sync()
+
+    def _drain(self) -> bool:
+        """Write the backlog; False (logged once) while the disk refuses it. A partial write keeps the rest of its
+        line at the head of the backlog, so the file only ever gains whole lines once writing succeeds."""
+        try:
+            while self._backlog:
+                data = self._backlog[0]
+                n = os.write(self._fd, data)
+                self._backlog_bytes -= n
+                if n < len(data):
+                    self._backlog[0] = data[n:]
+                else:
+                    self._backlog.popleft()
+        except OSError as e:
+            if not self._failing:
+                logger.warning(
+                    "%s: cannot write (%s); keeping new lines in memory until the disk accepts them",
+                    self.path,
+                    e.strerror or e,
+                )
+            self._failing = True
+            return False
+        if self._failing:
+            logger.warning("%s: writing again (%d lines dropped meanwhile)", self.path, self.dropped)
+            self._failing = False
+        return True
 
     def sync(self) -> None:
-        self._f.flush()
-        os.fsync(self._f.fileno())
+        if self.closed or not self._drain():
+            return
+        try:
+            os.fsync(self._fd)
+        except OSError as e:
+            logger.warning("%s: fsync failed (%s)", self.path, e.strerror or e)
         self._since_sync = 0
 
     def close(self) -> None:
-        if not self._f.closed:
-            self.sync()
-            self._f.close()
+        if self.closed:
+            return
+        self.sync()
+        if self._backlog:
+            logger.warning("%s: %d lines could not be written before closing", self.path, len(self._backlog))
+        os.close(self._fd)
+        self._fd = -1
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """Read a JSONL file written by :class:`JsonlWriter` (skips a trailing partial line)."""
-    out = []
+    out: list[dict[str, Any]] = []
     path = Path(path)
     if not path.exists():
         return out

@@ -1,7 +1,9 @@
 """The node's MNPO phase: shared-prompt responses, cross-scoring, pairs with opponents, and the MNPO update.
 
 Multiplayer Nash Preference Optimization (Wu et al. 2025, arXiv 2509.23102) with the swarm as the population.
-The :class:`node.runtime.Node` calls four hooks, each a few lines there:
+:class:`MnpoPhase` is the node's :class:`node.seams.StepPhase`; it receives what it uses (the learner, the task
+source, the sample builder's tokenizer, a rollout callable, the node's step and the protocol window as callables,
+the channel's publish) and never the node. The runtime calls its hooks:
 
 * :meth:`MnpoPhase.generate` (blocking, after the node's own generation): answer this MNPO window's shared prompts
   (:func:`swarm.mnpo.window_rng`), then compute this player's length-averaged logprobs on a rendezvous-chosen
@@ -12,7 +14,8 @@ The :class:`node.runtime.Node` calls four hooks, each a few lines there:
   and peers' scores;
 * :meth:`MnpoPhase.train` (blocking): pairs from the node's preference oracle (``node.oracles``) over the pooled
   responses, opponents = peers whose scores cover the pair, else own history (``swarm.mnpo.select_opponents``), the
-  loss of ``node.losses`` (``mnpo`` or the ``dpo`` baseline), one optimizer step of the learner's optimizer.
+  loss of ``node.losses`` (``mnpo`` or the ``dpo`` baseline, with the arguments its registry entry builds), one
+  update through :meth:`node.learner.Learner.preference_step` (the learner steps, clips and bumps the version).
 
 Heterogeneous models and tokenizers work: every player re-tokenizes the texts with its own tokenizer, and only
 its own log-ratios (player, reference) plus each opponent's own log-ratio enter the loss. The reference is a frozen
@@ -30,15 +33,21 @@ import math
 import random
 import threading
 from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import torch
+from torch import Tensor, nn
 
+from node.batch import SampleBuilder
 from node.config import MnpoConfig
-from node.learner import completion_logprobs
-from node.losses import get_loss
+from node.learner import Learner
+from node.losses import get_loss, opponent_tensors
 from node.oracles import build_oracle
-from protocol.types import Completion, Envelope, Group, TaskRef
+from node.rollouts import group_of
+from node.seams import Generation, TasksLike
+from node.tasks import TaskItem
+from protocol.types import Envelope, Group, TaskRef
 from swarm.mnpo import (
     History,
     Pair,
@@ -60,13 +69,40 @@ from swarm.scores import MIN_LOGPROB, ScoreBatch, response_hash
 logger = logging.getLogger(__name__)
 
 
-class MnpoPhase:
-    """MNPO state and steps of one node (see the module docstring). ``node`` is the owning ``Node``."""
+#: ``rollout(refs, n, rng) -> (items, generations)``: the node's rollout engine with its sampling settings.
+RolloutFn = Callable[[list[TaskRef], int, random.Random], tuple[list[TaskItem], Sequence[Sequence[Generation]]]]
 
-    def __init__(self, node: Any) -> None:
-        self.node = node
-        self.cfg: MnpoConfig = node.cfg.mnpo
-        cfg = self.cfg
+
+class MnpoPhase:
+    """MNPO state and steps of one node (see the module docstring)."""
+
+    def __init__(
+        self,
+        cfg: MnpoConfig,
+        *,
+        learner: Learner,
+        tasks: TasksLike,
+        samples: SampleBuilder,
+        rollout: RolloutFn,
+        step: Callable[[], int],
+        window_base: Callable[[], int],
+        publish: Callable[[str, Any], Awaitable[object]] | None,
+        swarm_id: str,
+        task_seed: int,
+        model_name: str,
+        tokenizer_id: str,
+        rng_seed: str,
+    ) -> None:
+        self.cfg = cfg
+        self.learner = learner
+        self.tasks = tasks
+        self.samples = samples
+        self.rollout = rollout
+        self.step = step
+        self.window_base = window_base
+        self.publish_fn = publish
+        self.swarm_id, self.task_seed = swarm_id, task_seed
+        self.model_name, self.tokenizer_id = model_name, tokenizer_id
         self.spec = get_loss(cfg.loss)
         self.store = ResponseStore(
             keep_windows=cfg.keep_windows,
@@ -74,14 +110,15 @@ class MnpoPhase:
         )
         self.book = ScoreBook()
         self.history = History(cfg.history)
-        learner = node.learner
         self.device = learner.device
-        ref = getattr(learner, "ref_model", None)
-        self.ref_model = ref if ref is not None else copy.deepcopy(learner.model).eval().requires_grad_(False)
-        self.oracle = build_oracle(
-            cfg.oracle, node.tasks, prompt_of=lambda t: node.tasks.materialize(t).question, device=self.device
+        ref = learner.ref_model
+        self.ref_model: nn.Module = (
+            ref if ref is not None else copy.deepcopy(learner.model).eval().requires_grad_(False)
         )
-        self.rng = random.Random(f"mnpo:{node.cfg.seed}:{node.name}")
+        self.oracle = build_oracle(
+            cfg.oracle, tasks, prompt_of=lambda t: tasks.materialize(t).question, device=self.device
+        )
+        self.rng = random.Random(rng_seed)
         self._lock = threading.Lock()
         self._prompts: dict[int, list[TaskRef]] = {}
         self._ref_cache: dict[bytes, float] = {}
@@ -91,33 +128,31 @@ class MnpoPhase:
         self.counts: Counter[str] = Counter()
         self.last: dict[str, float] = {}
         self._own_rewards: list[float] = []
-        self._step_grpo = self.grpo_this_step()
-        self._step_mnpo = self.mnpo_this_step()
+        self._step_grpo = self.runs_grpo(step())
+        self._step_mnpo = self.runs_mnpo(step())
 
     # ------------------------------------------------------------------ schedule and windows
 
-    def grpo_this_step(self) -> bool:
-        """Whether the node's GRPO/SAPO update runs at its current step."""
+    def runs_grpo(self, step: int) -> bool:
+        """Whether the node's GRPO/SAPO update runs at ``step``."""
         s = self.cfg.schedule
-        return s == "side_by_side" or (s == "alternate" and self.node.step % 2 == 0)
+        return s == "side_by_side" or (s == "alternate" and step % 2 == 0)
 
-    def mnpo_this_step(self) -> bool:
-        """Whether the MNPO phase generates and trains at the node's current step."""
+    def runs_mnpo(self, step: int) -> bool:
+        """Whether the MNPO phase generates and trains at ``step``."""
         s = self.cfg.schedule
-        return s in ("only", "side_by_side") or (s == "alternate" and self.node.step % 2 == 1)
+        return s in ("only", "side_by_side") or (s == "alternate" and step % 2 == 1)
 
     def current_window(self) -> int:
-        """The MNPO window: the channel's protocol window // span, or the node's step // span without a network."""
-        ch = self.node.channel
-        base = ch.validator.current_window() if ch is not None else self.node.step
-        return mnpo_window(base, self.cfg.window_span)
+        """The MNPO window: the protocol window (or, without a network, the node's step) // span."""
+        return mnpo_window(self.window_base(), self.cfg.window_span)
 
     def prompts(self, window: int) -> list[TaskRef]:
         """Window ``window``'s shared prompt set (the same on every player with the same ``tasks`` config)."""
         got = self._prompts.get(window)
         if got is None:
-            rng = window_rng(self.node.cfg.swarm_id, self.node.cfg.tasks.seed, window)
-            got = self.node.tasks.sample(rng, self.cfg.prompts_per_window)
+            rng = window_rng(self.swarm_id, self.task_seed, window)
+            got = self.tasks.sample(rng, self.cfg.prompts_per_window)
             self._prompts[window] = got
             for w in [w for w in self._prompts if w < window - self.cfg.keep_windows - 1]:
                 del self._prompts[w]
@@ -140,39 +175,10 @@ class MnpoPhase:
 
     # ------------------------------------------------------------------ logprobs
 
-    def _tokens(self, r: Response) -> tuple[list[int], list[int]]:
-        policy = self.node.policy
-        item = self.node.tasks.materialize(r.task)
-        prompt_ids = policy.encode(policy.format_prompt(item.question))
-        max_new = self.node.cfg.rollout.max_new_tokens
-        ids = policy.encode(r.text)[:max_new]
-        eos = policy.tokenizer.eos_token_id
-        if r.finish_reason == "stop" and eos is not None and len(ids) < max_new:
-            ids.append(eos)
-        return prompt_ids, ids
-
-    def _mean_logprobs(self, model: Any, responses: list[Response], *, grad: bool) -> torch.Tensor:
-        """Length-averaged logprobs ``(n,)`` of ``responses`` under ``model`` (micro-batched)."""
-        pad = self.node.learner.pad_token_id
-        outs = []
-        mb = self.cfg.micro_batch_size
-        for lo in range(0, len(responses), mb):
-            rows = [self._tokens(r) for r in responses[lo : lo + mb]]
-            rows = [(p, c if c else [pad]) for p, c in rows]  # an empty text still scores its first token
-            length = max(len(p) + len(c) for p, c in rows)
-            ids = torch.full((len(rows), length), pad, dtype=torch.long)
-            att = torch.zeros((len(rows), length), dtype=torch.long)
-            for i, (p, c) in enumerate(rows):
-                ids[i, : len(p) + len(c)] = torch.tensor(p + c)
-                att[i, : len(p) + len(c)] = 1
-            plen = torch.tensor([len(p) for p, _ in rows])
-            clen = torch.tensor([len(c) for _, c in rows])
-            with torch.set_grad_enabled(grad):
-                logp = completion_logprobs(
-                    model, ids.to(self.device), att.to(self.device), plen.to(self.device), clen.to(self.device)
-                )  # (b, T)
-                outs.append(logp.sum(-1) / clen.to(self.device).to(logp.dtype))  # (b,)
-        return torch.cat(outs) if outs else torch.zeros(0, device=self.device)
+    def _mean_logprobs(self, model: nn.Module, responses: list[Response], *, grad: bool) -> Tensor:
+        """Length-averaged logprobs ``(n,)`` of ``responses`` under ``model``, re-tokenized with the local tokenizer."""
+        rows = [self.samples.tokenize(r.task, r.text, r.finish_reason) for r in responses]
+        return self.learner.mean_logprobs(rows, model=model, grad=grad, micro_batch_size=self.cfg.micro_batch_size)
 
     def _ref_logprobs(self, responses: list[Response]) -> torch.Tensor:
         # One dict for the whole call: ``_advance`` (on the event loop, as records arrive) may swap in a pruned
@@ -187,41 +193,25 @@ class MnpoPhase:
 
     # ------------------------------------------------------------------ hooks
 
-    def generate(self) -> None:
-        """Answer the window's prompts and cross-score the pool (blocking; run off the event loop)."""
-        self._step_grpo, self._step_mnpo = self.grpo_this_step(), self.mnpo_this_step()
+    def generate(self, step: int) -> None:
+        """Answer the window's prompts and cross-score the pool at node step ``step`` (blocking; off the loop)."""
+        self._step_grpo, self._step_mnpo = self.runs_grpo(step), self.runs_mnpo(step)
         self._own_rewards = []
         if not self._step_mnpo:
             return
-        node, cfg = self.node, self.cfg
+        cfg = self.cfg
         window = self.current_window()
         with self._lock:
             self._advance(window)
             tasks = self.prompts(window)
-        _, gens = node.rollout(list(tasks), cfg.responses_per_prompt, self.rng)
+        _, gens = self.rollout(list(tasks), cfg.responses_per_prompt, self.rng)
         groups = []
         own: list[Response] = []
         rewards: list[float] = []
         for task, comps in zip(tasks, gens, strict=True):
-            texts = [c.text for c in comps]
-            hint = self._pointwise(task, texts)
+            hint = self._pointwise(task, [c.text for c in comps])
             rewards.extend(hint or [])
-            groups.append(
-                Group(
-                    task=task,
-                    completions=tuple(
-                        Completion(
-                            text=c.text,
-                            n_tokens=len(c.token_ids),
-                            finish_reason=c.finish_reason,
-                            policy_version=c.policy_version,
-                            logprob_mean=(math.fsum(c.logprobs) / len(c.logprobs)) if c.logprobs else None,
-                            reward_hint=None if hint is None else hint[i],
-                        )
-                        for i, c in enumerate(comps)
-                    ),
-                )
-            )
+            groups.append(group_of(task, comps, hint))
             for c in comps:
                 own.append(
                     Response(response_hash(task, c.text), task, c.text, SELF, window, c.finish_reason, c.policy_version)
@@ -230,9 +220,9 @@ class MnpoPhase:
             for r in own:
                 self.counts["own_" + self.store.add(r)] += 1
             sample = score_sample(self.store.responses(), cfg.max_scores, salt=f"mnpo-score:{window}")
-        version = node.learner.policy_version
+        version = self.learner.policy_version
         with torch.no_grad():
-            lps = self._mean_logprobs(node.learner.model, sample, grad=False).tolist() if sample else []
+            lps = self._mean_logprobs(self.learner.model, sample, grad=False).tolist() if sample else []
         lps = [min(0.0, max(MIN_LOGPROB, v)) if math.isfinite(v) else MIN_LOGPROB for v in lps]
         scores = {r.hash: v for r, v in zip(sample, lps, strict=True)}
         with self._lock:
@@ -240,8 +230,8 @@ class MnpoPhase:
         self._own_rewards = rewards
         sb = ScoreBatch(
             window=window,
-            model=node.cfg.model.name,
-            tokenizer=node.policy.tokenizer_id,
+            model=self.model_name,
+            tokenizer=self.tokenizer_id,
             policy_version=version,
             hashes=tuple(scores),
             logprob_means=tuple(scores.values()),
@@ -271,13 +261,12 @@ class MnpoPhase:
     async def publish(self) -> None:
         """Publish the latest cross-scores as a ``scores`` record (the responses travel in the node's ``rollouts``
         record, :meth:`take_groups`); network errors are counted, never raised."""
-        channel = self.node.channel
         with self._lock:
             scores, self._pending_scores = self._pending_scores, None
-        if channel is None or scores is None:
+        if self.publish_fn is None or scores is None:
             return
         try:
-            await channel.publish(SCORES_KIND, scores)
+            await self.publish_fn(SCORES_KIND, scores)
             self.counts["published_scores"] += 1
         except Exception as e:  # the network failing must not stop training
             self.counts["publish_errors"] += 1
@@ -345,51 +334,40 @@ class MnpoPhase:
         if not pairs:
             self.last = stats
             return stats
-        cfg, learner = self.cfg, self.node.learner
+        cfg, learner = self.cfg, self.learner
         wins = [p.win for p in pairs]
         loses = [p.lose for p in pairs]
-        n_pairs, slots = len(pairs), cfg.max_opponents
-        opp_w = torch.zeros((n_pairs, slots))
-        opp_l = torch.zeros((n_pairs, slots))
-        mask = torch.zeros((n_pairs, slots), dtype=torch.bool)
-        for i, p in enumerate(pairs):
-            for j, o in enumerate(p.opponents[:slots]):
-                opp_w[i, j], opp_l[i, j], mask[i, j] = o.lp_w, o.lp_l, True
+        n_pairs = len(pairs)
+        opp_w, opp_l, mask = opponent_tensors(
+            [[(o.lp_w, o.lp_l) for o in p.opponents] for p in pairs], cfg.max_opponents
+        )  # (P, J) each
         ref = self._ref_logprobs(wins + loses)  # (2P,)
         version = learner.policy_version
-        learner.optimizer.zero_grad(set_to_none=True)
-        player = self._mean_logprobs(learner.model, wins + loses, grad=True)  # (2P,)
-        loss, metrics = self.spec.fn(
-            player[:n_pairs],
-            player[n_pairs:],
-            ref[:n_pairs],
-            ref[n_pairs:],
-            opp_w.to(self.device),
-            opp_l.to(self.device),
-            mask.to(self.device),
-            **self._loss_kwargs(),
-        )
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(learner.params, learner.cfg.max_grad_norm)
-        learner.optimizer.step()
-        learner.optimizer.zero_grad(set_to_none=True)
-        learner.policy_version += 1
-        own = {r.hash: float(v) for r, v in zip(wins + loses, player.detach().tolist(), strict=True)}
+        player_out: list[Tensor] = []
+
+        def loss_fn(model: nn.Module) -> tuple[Tensor, dict[str, Tensor]]:
+            player = self._mean_logprobs(model, wins + loses, grad=True)  # (2P,)
+            player_out.append(player.detach())
+            return self.spec.fn(
+                player[:n_pairs],
+                player[n_pairs:],
+                ref[:n_pairs],
+                ref[n_pairs:],
+                opp_w.to(self.device),
+                opp_l.to(self.device),
+                mask.to(self.device),
+                **self.spec.kwargs(cfg),
+            )
+
+        update = learner.preference_step(loss_fn)
+        own = {r.hash: float(v) for r, v in zip(wins + loses, player_out[0].tolist(), strict=True)}
         with self._lock:
             self.history.record(version, own)
-        stats.update({f"mnpo_{k}": float(v) for k, v in metrics.items() if k not in ("opponents", "covered_frac")})
-        stats.update(mnpo_loss=float(loss.detach()), mnpo_grad_norm=float(grad_norm))
+        loss, grad_norm = update.pop("loss"), update.pop("grad_norm")
+        stats.update({f"mnpo_{k}": v for k, v in update.items() if k not in ("opponents", "covered_frac")})
+        stats.update(mnpo_loss=loss, mnpo_grad_norm=grad_norm)
         self.last = stats
         return stats
-
-    def _loss_kwargs(self) -> dict[str, Any]:
-        cfg = self.cfg
-        if cfg.loss == "dpo":
-            return {"beta": cfg.dpo_beta}
-        weights = None
-        if cfg.opponent_weights is not None:
-            weights = torch.tensor(cfg.opponent_weights, device=self.device)
-        return {"eta": cfg.eta, "ratio": cfg.ratio, "opp_weights": weights, "max_opponents": cfg.max_opponents}
 
     def metrics(self) -> dict[str, Any]:
         """This step's MNPO metrics for the node's metrics line (``reward_mean`` too when GRPO did not run)."""

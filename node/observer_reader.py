@@ -56,7 +56,7 @@ async def _run(spec: dict[str, Any], stop: asyncio.Event) -> None:
     )
     validator = RecordValidator.from_config(cfg.swarm_id, cfg.protocol)
     transport = await create_transport(
-        cfg.transport, swarm=cfg.swarm_id, peer_id="observer", validate=validator.is_storable, protocol=cfg.protocol
+        cfg.transport, swarm=cfg.swarm_id, peer_id="observer", validate=validator.verdict, protocol=cfg.protocol
     )
     out = sys.stdout.buffer
     seen: dict[bytes, int] = {}

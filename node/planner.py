@@ -8,8 +8,9 @@ It composes three optional features (each on/off in the node config) around the 
 * **APRIL** partial rollouts (``node.april``): buffered groups first, over-provisioned, stopped early.
 
 The posteriors are updated from the node's own scored groups (:meth:`RolloutPlanner.observe`); the state (APRIL
-buffer and posteriors) is one JSON blob the runtime puts in its checkpoint. The runtime calls this object at two
-points (``generate`` and ``observe``); with every feature off the runtime does not create it at all.
+buffer and posteriors) is one JSON blob the runtime puts in its checkpoint. The runtime calls its planner at two
+points (``generate`` and ``observe``); with every feature off it is a :class:`UniformPlanner` (uniform prompts,
+``G`` completions each, no state, no metrics).
 
 Imports torch (through ``node.april`` and the engine) only when APRIL is on, so the scripted simulator's VADE runs
 stay light. Knows nothing about rewards' meaning, the swarm or the learner.
@@ -21,10 +22,14 @@ import logging
 import math
 import random
 import time
-from typing import Any
+from collections.abc import Callable, Collection, Sequence
+from typing import Any, Protocol
 
 from node.config import NodeConfig
+from node.seams import Generation
+from node.tasks import TaskItem
 from protocol.types import TaskRef
+from swarm.pool import PooledGroup
 from swarm.vade import VadeSelector, dart_rollouts
 
 logger = logging.getLogger(__name__)
@@ -33,6 +38,43 @@ logger = logging.getLogger(__name__)
 def planner_enabled(cfg: NodeConfig) -> bool:
     """Whether any feature the planner implements is switched on."""
     return cfg.april.enabled or cfg.vade.enabled or cfg.dart.enabled
+
+
+#: ``rollout(refs, n, rng) -> (items, generations)``: the node's engine with its sampling settings.
+RolloutFn = Callable[[list[TaskRef], int, random.Random], tuple[list[TaskItem], Sequence[Sequence[Generation]]]]
+
+
+class Planner(Protocol):
+    """What the runtime asks of a planner each step, and what it checkpoints."""
+
+    def generate(self, rng: random.Random, step: int) -> tuple[list[TaskItem], Sequence[Sequence[Generation]]]: ...
+    def observe(self, own: list[PooledGroup], step: int) -> None: ...
+    def metrics(self) -> dict[str, float]: ...
+    def state_dict(self) -> dict[str, Any] | None: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class UniformPlanner:
+    """The planner of a node with APRIL, VADE and DART off: ``prompts_per_step`` uniform prompts, ``G`` each."""
+
+    def __init__(self, cfg: NodeConfig, tasks: Any, rollout: RolloutFn) -> None:
+        self.n, self.group_size = cfg.rollout.prompts_per_step, cfg.rollout.group_size
+        self.tasks, self.rollout = tasks, rollout
+
+    def generate(self, rng: random.Random, step: int) -> tuple[list[TaskItem], Sequence[Sequence[Generation]]]:
+        return self.rollout(self.tasks.sample(rng, self.n), self.group_size, rng)
+
+    def observe(self, own: list[PooledGroup], step: int) -> None:
+        return None
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+    def state_dict(self) -> dict[str, Any] | None:
+        return None
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        return None
 
 
 class RolloutPlanner:
@@ -63,7 +105,7 @@ class RolloutPlanner:
         self.totals = {"completed_groups": 0, "gen_s": 0.0}
 
     # ---------------------------------------------------------------- selection
-    def select(self, rng: random.Random, k: int, step: int, exclude: set[str] = frozenset()) -> list[TaskRef]:
+    def select(self, rng: random.Random, k: int, step: int, exclude: Collection[str] = frozenset()) -> list[TaskRef]:
         """``k`` prompts: uniform from the task source, or VADE's top ``k`` of a candidate set."""
         if k <= 0:
             return []

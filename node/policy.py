@@ -26,14 +26,12 @@ from typing import Any
 import torch
 
 from node.config import ModelConfig
-from node.tasks import ANSWER_INSTRUCTION
+from node.tasks import ANSWER_INSTRUCTION, PLAIN_TEMPLATE
 from protocol.errors import SwarmError
 
 logger = logging.getLogger(__name__)
 
 BUILTIN_PREFIX = "builtin:"
-#: The prompt of tokenizers without a chat template (the built-in model's format).
-PLAIN_TEMPLATE = "{question}\n" + ANSWER_INSTRUCTION + "\n"
 #: One worked exchange shown to chat models before the question. Small instruct models rarely follow a format
 #: instruction alone: SmolLM2-135M-Instruct stated answers in the format 0-4% of the time without it and 12-29%
 #: with it (12 items x 2 samples per family), so RL has rewards to learn from.

@@ -10,6 +10,7 @@ transports still do their own, complete checks later.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 from collections.abc import Sequence
@@ -102,4 +103,21 @@ def check_peers(peers: Sequence[str], transport: str) -> None:
             raise ConfigError(
                 f"--peers {peer!r} has no /p2p/PEERID part; copy the whole 'listening on' address of that node, "
                 f"e.g. {example}"
+            )
+
+
+def check_trackers(report_to: Sequence[str]) -> None:
+    """Every tracker in ``report_to`` has its package installed (found, not imported: that stays instant)."""
+    from node.trackers import PACKAGES
+
+    for name in report_to:
+        package = PACKAGES[name]
+        try:
+            found = importlib.util.find_spec(package) is not None
+        except (ImportError, ValueError):  # a broken or half-removed install
+            found = False
+        if not found:
+            raise ConfigError(
+                f"report_to includes {name} but the {package} package is not installed; run: pip install {package} "
+                f'(or pip install -e ".[{name}]" in a clone), or remove {name} from report_to'
             )

@@ -2,8 +2,14 @@
 
 A node never waits for another node. Peers' records arrive through a :class:`protocol.channel.Channel` polled
 in the background; whatever has arrived when the learner is ready is mixed in, and a node with no peers (or no
-network) trains alone. The phases are also exposed one by one (:meth:`Node.generate`, :meth:`Node.sync`,
-:meth:`Node.train`) so the simulator can schedule many nodes deterministically.
+network) trains alone. One step is a pipeline of public methods, the same for the runtime's loop and the simulator
+(which schedules many nodes deterministically):
+
+    own = node.generate()                 # prompt -> rollout -> scored own groups   (node.planner, node.rollouts)
+    await node.publish(own) / node.sync()  # record out / peers' records in           (protocol.channel, swarm.sapo)
+    batch = node.make_batch(own)          # pool -> SAPO batch -> samples            (swarm.sapo, node.batch)
+    metrics = node.learn(batch)           # samples -> loss -> update                (node.learner)
+    node.finish_step(own, batch, metrics, times)   # metrics line, rollouts log, checkpoint
 
 This module wires parts together; it knows nothing about wire formats (``protocol``), sampling policy
 (``swarm``) or tensor maths (``node.losses`` / ``node.learner``).
@@ -18,32 +24,52 @@ import math
 import random
 import time
 from collections import Counter
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from node.batch import SampleBuilder, TrainBatch
 from node.config import NodeConfig
 from node.metrics import JsonlWriter, LiveView, truncate_after_step
-from protocol.types import Completion, Group, RolloutBatch, TaskRef
+from node.planner import Planner, RolloutPlanner, UniformPlanner, planner_enabled
+from node.rollouts import OwnRollouts, own_rollouts
+from node.seams import EngineLike, Generation, LearnerLike, NoPhase, PolicyLike, StepPhase, TasksLike
+from node.tasks import TaskItem
+from node.trackers import open_metrics
+from protocol.channel import Channel
+from protocol.types import Group, RolloutBatch, TaskRef
 from swarm.evals import EVAL as _EVAL  # noqa: F401  (registers "eval": nodes store and relay it, never train on it)
-from swarm.pool import SELF, PooledGroup, RolloutPool
-from swarm.sapo import SapoBatch, SapoSampler, ingest_rollouts
+from swarm.pool import RolloutPool, rollout_stats
+from swarm.sapo import SapoSampler, ingest_rollouts
 from swarm.scores import SCORES as _SCORES  # noqa: F401  (registers the MNPO "scores" record kind)
+
+if TYPE_CHECKING:
+    from node.learner import Learner
 
 logger = logging.getLogger(__name__)
 
-#: Behaviour log-prob hints from peers are clamped to this range (per-token mean, nats).
-HINT_RANGE = (-30.0, 0.0)
+#: An fsync cadence that never comes: the simulator's runs are reproducible from their seed, not from disk.
+NO_FSYNC = 1 << 30
 
 
 @dataclass
 class NodeParts:
     """The heavy components of a node, built once (see :func:`build_parts`)."""
 
-    policy: Any  # node.policy.Policy
-    tasks: Any  # node.tasks.TaskSource
-    engine: Any  # node.engine.RolloutEngine
-    learner: Any  # node.learner.Learner
+    policy: PolicyLike
+    tasks: TasksLike
+    engine: EngineLike
+    learner: LearnerLike
+
+
+@dataclass
+class StepTimes:
+    """Wall seconds of one step: generation, the learner update, and the whole step (evaluation excluded)."""
+
+    gen_s: float
+    train_s: float
+    step_s: float
 
 
 def build_parts(cfg: NodeConfig) -> NodeParts:
@@ -55,7 +81,8 @@ def build_parts(cfg: NodeConfig) -> NodeParts:
 
     policy = load_policy(cfg.model)
     tasks = TaskSource(cfg.tasks)
-    if cfg.rollout.engine == "vllm":  # issue 6: GPU rollout engine (node.engine_vllm, the only vllm importer)
+    engine: EngineLike
+    if cfg.rollout.engine == "vllm":  # node.engine_vllm is the only importer of vllm
         from node.engine_vllm import build_vllm_engine
 
         engine = build_vllm_engine(cfg, policy)
@@ -78,11 +105,13 @@ class Node:
         cfg: NodeConfig,
         run_dir: str | Path,
         parts: NodeParts,
-        channel: Any | None = None,
+        channel: Channel | None = None,
         *,
         name: str = "node",
         live: bool | None = None,
     ) -> None:
+        from node.losses import advantages_for
+
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -99,6 +128,13 @@ class Node:
             seed=cfg.seed,
             keep_zero_advantage=cfg.sapo.keep_zero_advantage,
         )
+        self.samples = SampleBuilder(
+            self.policy,
+            self.tasks,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            advantages=lambda rewards: advantages_for(cfg.learner, rewards),
+            peer_importance_weights=cfg.sapo.peer_importance_weights,
+        )
         self.ingest_counts: Counter[str] = Counter()
         self.totals: Counter[str] = Counter()
         self._live_enabled = live
@@ -106,28 +142,53 @@ class Node:
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self._metrics: JsonlWriter | None = None
         self._rollouts: JsonlWriter | None = None
-        self._tasks: set[asyncio.Task] = set()
-        self._publish_task: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._publish_task: asyncio.Task[Any] | None = None
         self._outbox: list[Group] = []
         self._checkpointed_step = -1
         self._last_publish = float("-inf")
         self._peers: list[str] = []  # the transport's view (connections); client-mode peers may be missing
         self._peer_last_step: dict[str, int] = {}  # sender -> our step when its latest valid record arrived
         self.last_metrics: dict[str, Any] = {}
-        self.mnpo: Any = None  # node.mnpo.MnpoPhase when mnpo.schedule is not "off"
-        if cfg.mnpo.schedule != "off":
-            from node.mnpo import MnpoPhase
-
-            self.mnpo = MnpoPhase(self)
         self._evaluator: Any = None  # node.eval.Evaluator, built on the first evaluation
         self._pending_heldout: dict[str, float] = {}
         self._eval_outbox: dict[str, Any] | None = None  # the latest evaluation, to publish as an "eval" record
         self.last_eval_step: int | None = None
-        self.planner: Any = None  # node.planner.RolloutPlanner when APRIL, VADE or DART is on (issue 6)
-        if cfg.april.enabled or cfg.vade.enabled or cfg.dart.enabled:
-            from node.planner import RolloutPlanner
+        self.planner: Planner = (
+            RolloutPlanner(cfg, self.tasks, self.engine, self.policy)
+            if planner_enabled(cfg)
+            else UniformPlanner(cfg, self.tasks, self.rollout)
+        )
+        self.phase: StepPhase = NoPhase() if cfg.mnpo.schedule == "off" else self._mnpo_phase()
 
-            self.planner = RolloutPlanner(cfg, self.tasks, self.engine, self.policy)
+    def _torch_learner(self, purpose: str) -> Learner:
+        """The learner as the torch :class:`node.learner.Learner` that ``purpose`` needs (a scripted stand-in has no
+        weights to checkpoint or to score MNPO pairs with)."""
+        from node.learner import Learner
+
+        if not isinstance(self.learner, Learner):
+            raise TypeError(f"{purpose} needs the torch learner, not {type(self.learner).__name__}")
+        return self.learner
+
+    def _mnpo_phase(self) -> StepPhase:
+        from node.mnpo import MnpoPhase
+
+        channel = self.channel
+        return MnpoPhase(
+            self.cfg.mnpo,
+            learner=self._torch_learner("MNPO"),
+            tasks=self.tasks,
+            samples=self.samples,
+            rollout=self.rollout,
+            step=lambda: self.step,
+            window_base=(lambda: channel.validator.current_window()) if channel is not None else (lambda: self.step),
+            publish=channel.publish if channel is not None else None,
+            swarm_id=self.cfg.swarm_id,
+            task_seed=self.cfg.tasks.seed,
+            model_name=self.cfg.model.name,
+            tokenizer_id=self.policy.tokenizer_id,
+            rng_seed=f"mnpo:{self.cfg.seed}:{self.name}",
+        )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -142,8 +203,14 @@ class Node:
         name: str | None = None,
         resume: bool = True,
         live: bool | None = None,
+        durable: bool = True,
+        keep_rollouts: bool = True,
     ) -> Node:
-        """Build the parts (off the event loop), restore the latest checkpoint if ``resume``."""
+        """Build the parts (off the event loop), restore the latest checkpoint if ``resume``.
+
+        ``durable=False`` never fsyncs the metrics and rollouts files (lines are still flushed): for simulations
+        that are reproduced from their seed. ``keep_rollouts=False`` writes no ``rollouts.jsonl`` (thousands of
+        simulated nodes would otherwise hold thousands of open files)."""
         if parts is None:
             parts = await asyncio.to_thread(build_parts, cfg)
         if name is None:
@@ -151,8 +218,11 @@ class Node:
         node = cls(cfg, run_dir, parts, channel, name=name, live=live)
         if resume:
             await asyncio.to_thread(node._restore)
-        node._metrics = JsonlWriter(node.metrics_path)
-        node._rollouts = JsonlWriter(node.run_dir / "rollouts.jsonl", fsync_every=50)
+        node._metrics = await asyncio.to_thread(
+            open_metrics, node.metrics_path, cfg, start_step=node.step, fsync_every=10 if durable else NO_FSYNC
+        )
+        if keep_rollouts:
+            node._rollouts = JsonlWriter(node.run_dir / "rollouts.jsonl", fsync_every=50 if durable else NO_FSYNC)
         return node
 
     def _restore(self) -> None:
@@ -161,10 +231,10 @@ class Node:
         ckpt = load_latest(self.run_dir / "checkpoints")
         if ckpt is None:
             return
-        restore(self.learner, ckpt)
+        restore(self._torch_learner("resuming"), ckpt)
         self.step = self._checkpointed_step = ckpt.step
         self.totals.update(ckpt.extra.get("totals", {}))
-        if self.planner is not None and ckpt.extra.get("rollout_plan"):  # issue 6: APRIL buffer, VADE posteriors
+        if ckpt.extra.get("rollout_plan"):  # APRIL buffer, VADE posteriors
             self.planner.load_state_dict(ckpt.extra["rollout_plan"])
         self.engine.set_policy_version(self.learner.policy_version)
         dropped = truncate_after_step(self.metrics_path, self.step)
@@ -172,21 +242,24 @@ class Node:
         if dropped:
             logger.info("dropped %d metric lines written after that checkpoint", dropped)
 
-    def checkpoint(self) -> Path:
-        """Write a checkpoint of the learner and the node's counters (atomic)."""
-        from node.checkpoint import save_checkpoint
+    def checkpoint(self) -> Path | None:
+        """Write a checkpoint of the learner and the node's counters (atomic); None when the disk refused it."""
+        from node.checkpoint import save_or_report
 
-        path = save_checkpoint(
+        plan = self.planner.state_dict()
+        path = save_or_report(
             self.run_dir / "checkpoints",
-            self.learner,
+            self._torch_learner("checkpointing"),
             step=self.step,
             extra={
                 "totals": dict(self.totals),
                 "name": self.name,
-                **({"rollout_plan": self.planner.state_dict()} if self.planner is not None else {}),  # issue 6
+                **({"rollout_plan": plan} if plan is not None else {}),
             },
             keep=self.cfg.checkpoint.keep,
         )
+        if path is None:  # logged; the previous checkpoint stands and the next one is tried as usual
+            return None
         self._checkpointed_step = self.step
         if self._metrics is not None:
             self._metrics.sync()
@@ -209,7 +282,7 @@ class Node:
         if self._live is not None:
             self._live.close()
 
-    def _spawn(self, coro, name: str) -> asyncio.Task:
+    def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro, name=f"{self.name[:12]}:{name}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -221,7 +294,9 @@ class Node:
         # Derived from (seed, node, step) alone, so a resumed node redraws exactly what it would have drawn.
         return random.Random(f"{self.cfg.seed}:{self.name}:{purpose}:{self.step}")
 
-    def rollout(self, refs: list[TaskRef], n: int, rng: random.Random) -> tuple[list[Any], list[list[Any]]]:
+    def rollout(
+        self, refs: list[TaskRef], n: int, rng: random.Random
+    ) -> tuple[list[TaskItem], Sequence[Sequence[Generation]]]:
         """Materialize ``refs``, format their prompts and sample ``n`` completions each with the rollout config."""
         rcfg = self.cfg.rollout
         items = [self.tasks.materialize(r) for r in refs]
@@ -235,49 +310,24 @@ class Node:
         )
         return items, gens
 
-    def generate(self) -> list[PooledGroup]:
+    def generate(self) -> OwnRollouts:
         """Draw prompts, generate G completions each, score them locally. Blocking (run off the loop)."""
-        if self.mnpo is not None:
-            self.mnpo.generate()
-            if not self.mnpo.grpo_this_step():
-                return []
-        rcfg = self.cfg.rollout
-        rng = self._step_rng("prompts")
-        if self.planner is not None:  # issue 6: VADE selection, DART counts, APRIL partial rollouts
-            items, gens = self.planner.generate(rng, self.step)
-        else:
-            items, gens = self.rollout(self.tasks.sample(rng, rcfg.prompts_per_step), rcfg.group_size, rng)
-        own = []
-        for i, (item, comps) in enumerate(zip(items, gens, strict=True)):
-            rewards = tuple(float(self.tasks.score(item, c.text)) for c in comps)
-            completions = tuple(
-                Completion(
-                    text=c.text,
-                    n_tokens=len(c.token_ids),
-                    finish_reason=c.finish_reason,
-                    policy_version=c.policy_version,
-                    logprob_mean=(math.fsum(c.logprobs) / len(c.logprobs)) if c.logprobs else None,
-                    reward_hint=r,
-                )
-                for c, r in zip(comps, rewards, strict=True)
-            )
-            own.append(
-                PooledGroup(
-                    key=f"{SELF}:{self.step}:{i}",
-                    source=SELF,
-                    group=Group(task=item.ref, completions=completions),
-                    rewards=rewards,
-                    step=self.step,
-                    policy_version=self.learner.policy_version,
-                    tokenizer=self.policy.tokenizer_id,
-                    extra={"gen": comps},
-                )
-            )
-        if self.planner is not None:  # issue 6: feed the rewards to the VADE/DART posteriors
-            self.planner.observe(own, self.step)
+        self.phase.generate(self.step)
+        if not self.phase.runs_grpo(self.step):
+            return OwnRollouts()
+        items, gens = self.planner.generate(self._step_rng("prompts"), self.step)
+        own = own_rollouts(
+            [it.ref for it in items],
+            gens,
+            lambda i, text: self.tasks.score(items[i], text),
+            step=self.step,
+            policy_version=self.learner.policy_version,
+            tokenizer_id=self.policy.tokenizer_id,
+        )
+        self.planner.observe(own.groups, self.step)  # VADE/DART posteriors learn from the rewards
         return own
 
-    def score_external(self, ref: TaskRef, texts: list[str]) -> list[float]:
+    def score_external(self, ref: TaskRef, texts: Sequence[str]) -> list[float]:
         """The receiver's verifier for peers' groups: regenerate the task from its ref, score every text."""
         item = self.tasks.materialize_for_training(ref)  # TaskError: not our family, or a held-out question
         return [float(self.tasks.score(item, t)) for t in texts]
@@ -305,6 +355,10 @@ class Node:
         from node.eval import Evaluator, append_result, headline
 
         if self._evaluator is None:
+            from node.tasks import TaskSource
+
+            if not isinstance(self.tasks, TaskSource):
+                raise TypeError(f"held-out evaluation needs a real task source, not {type(self.tasks).__name__}")
             self._evaluator = Evaluator(self.tasks, self.policy, self.engine, self.cfg.eval, self.cfg.rollout)
         result = self._evaluator.evaluate(step)
         append_result(self.run_dir, result)
@@ -340,10 +394,9 @@ class Node:
             self.totals["publish_errors"] += 1
             logger.warning("publishing the evaluation failed: %s", e)
 
-    async def publish(self, own: list[PooledGroup]) -> None:
+    async def publish(self, own: OwnRollouts) -> None:
         """Sign and publish these groups' informative ones now (peers drop zero-advantage groups anyway)."""
-        mnpo = self.mnpo.take_groups() if self.mnpo is not None else []
-        await self.publish_groups([g.group for g in own if g.informative] + mnpo)
+        await self.publish_groups(own.informative() + self.phase.take_groups())
 
     def _take_outbox(self) -> list[Group]:
         """Pop the oldest queued groups that fit in one record (half the size cap, to leave room for headers)."""
@@ -358,15 +411,14 @@ class Node:
         out, self._outbox = self._outbox[:taken], self._outbox[taken:]
         return out
 
-    def _queue_publish(self, own: list[PooledGroup]) -> None:
+    def _queue_publish(self, own: OwnRollouts) -> None:
         """Queue this step's groups; publish at most every ``publish_interval_s`` so peers' quotas are respected.
 
         A slow network never blocks a step: while a publish is in flight, groups wait in the outbox (bounded;
         the oldest are dropped first and counted).
         """
-        self._outbox.extend(g.group for g in own if g.informative)
-        if self.mnpo is not None:
-            self._outbox.extend(self.mnpo.take_groups())
+        self._outbox.extend(own.informative())
+        self._outbox.extend(self.phase.take_groups())
         excess = len(self._outbox) - self.cfg.runtime.max_outbox_groups
         if excess > 0:
             del self._outbox[:excess]
@@ -379,8 +431,7 @@ class Node:
 
     async def publish_groups(self, groups: list[Group]) -> None:
         """Sign and publish one record of ``groups``; a network failure is counted, never raised."""
-        if self.mnpo is not None:
-            await self.mnpo.publish()
+        await self.phase.publish()
         if self.channel is None or not groups:
             return
         batch = RolloutBatch(
@@ -409,8 +460,7 @@ class Node:
         accepted = 0
         for env in envelopes:
             self._peer_last_step[env.sender] = self.step
-            if self.mnpo is not None:
-                self.mnpo.ingest(env)
+            self.phase.ingest(env)
             if env.kind != "rollouts":
                 continue
             counts = ingest_rollouts(self.pool, env, self.score_external, self.step)
@@ -434,45 +484,16 @@ class Node:
             del self._peer_last_step[sender]
         return len(self._peer_last_step)
 
-    def _advantages(self, rewards: tuple[float, ...]) -> list[float]:
-        from node.losses import advantages_for
+    def make_batch(self, own: OwnRollouts) -> TrainBatch:
+        """SAPO's batch for this step (own groups plus peers' pooled ones) as learner samples. On the event loop:
+        the pool is also fed there, by :meth:`sync`."""
+        sapo = self.sampler.sample(self.pool, self.step, own.groups)
+        return TrainBatch(sapo, self.samples.build(sapo, own.generations))
 
-        return advantages_for(self.cfg.learner, rewards)
-
-    def build_samples(self, batch: SapoBatch) -> list[Any]:
-        """Turn sampled groups into learner samples; peers' text is re-tokenized with the local tokenizer."""
-        from node.learner import TrainSample
-
-        samples = []
-        max_new = self.cfg.rollout.max_new_tokens
-        eos = self.policy.tokenizer.eos_token_id
-        for g in batch.groups:
-            advs = self._advantages(g.rewards)
-            if g.local:
-                for comp, adv in zip(g.extra["gen"], advs, strict=True):
-                    if comp.token_ids:
-                        samples.append(TrainSample(comp.prompt_ids, list(comp.token_ids), adv, list(comp.logprobs)))
-                continue
-            item = self.tasks.materialize(g.group.task)
-            prompt_ids = self.policy.encode(self.policy.format_prompt(item.question))
-            use_hint = self.cfg.sapo.peer_importance_weights and g.tokenizer == self.policy.tokenizer_id
-            for comp, adv in zip(g.group.completions, advs, strict=True):
-                ids = self.policy.encode(comp.text)[:max_new]
-                if comp.finish_reason == "stop" and eos is not None and len(ids) < max_new:
-                    ids.append(eos)
-                if not ids:
-                    continue
-                hint = comp.logprob_mean if use_hint else None
-                if hint is not None:
-                    hint = min(max(float(hint), HINT_RANGE[0]), HINT_RANGE[1]) if math.isfinite(hint) else None
-                samples.append(TrainSample(prompt_ids, ids, adv, None, hint, external=True))
-        return samples
-
-    def train(self, samples: list[Any]) -> dict[str, float]:
-        """One learner update (blocking); no update when every group had zero advantage."""
-        out = self.learner.step(samples) if samples else {}
-        if self.mnpo is not None:
-            out = {**out, **self.mnpo.train()}
+    def learn(self, batch: TrainBatch) -> dict[str, float]:
+        """One learner update (blocking), then the side phase's (MNPO); no update when nothing is informative."""
+        out = self.learner.step(batch.samples) if batch.samples else {}
+        out = {**out, **self.phase.train()}
         if not out:
             return {}
         self.engine.set_policy_version(self.learner.policy_version)
@@ -489,22 +510,25 @@ class Node:
             self._queue_publish(own)
             if poll:
                 await self.sync()
-        batch = self.sampler.sample(self.pool, self.step, own)
-        samples = self.build_samples(batch)
+        batch = self.make_batch(own)
         t1 = time.perf_counter()
-        train_metrics = await asyncio.to_thread(self.train, samples)
+        train_metrics = await asyncio.to_thread(self.learn, batch)
         t_train = time.perf_counter() - t1
         t_step = time.perf_counter() - t0  # evaluation is not part of the step's cost
         if self.eval_due():
             await asyncio.to_thread(self.evaluate, self.step + 1)
             self._spawn(self.publish_eval(), "publish-eval")
-        return self._finish_step(own, batch, train_metrics, t_gen, t_train, t_step)
+        return self.finish_step(own, batch, train_metrics, StepTimes(t_gen, t_train, t_step))
 
-    def _finish_step(self, own, batch: SapoBatch, train_metrics, t_gen, t_train, t_step) -> dict[str, Any]:
+    def finish_step(
+        self, own: OwnRollouts, batch: TrainBatch, train_metrics: dict[str, float], times: StepTimes
+    ) -> dict[str, Any]:
+        """Close the step: advance the step counter, prune the pool, write the metrics line and the own rollouts,
+        and checkpoint on schedule. Returns the metrics line."""
         self.step += 1
         self.pool.prune(self.step)
-        rewards = [r for g in own for r in g.rewards]
-        gen_tokens = sum(c.n_tokens for g in own for c in g.group.completions)
+        rewards = [r for g in own.groups for r in g.rewards]
+        gen_tokens = sum(c.n_tokens for g in own.groups for c in g.group.completions)
         chan = self.channel.metrics() if self.channel is not None else {}
         # Refused by the validator (forged, replayed, ...) plus dropped at ingest (tasks we will not regenerate).
         reasons = Counter({k: v for k, v in (chan.get("rejected") or {}).items() if v})
@@ -516,10 +540,12 @@ class Node:
             "step": self.step,
             "time": time.time(),
             "reward_mean": math.fsum(rewards) / len(rewards) if rewards else 0.0,
-            "solve_rate": sum(1 for g in own if max(g.rewards) > 0.5) / len(own) if own else 0.0,
-            **batch.metrics(),
+            "solve_rate": sum(1 for g in own.groups if max(g.rewards) > 0.5) / len(own.groups) if own.groups else 0.0,
+            **rollout_stats(own.groups),
+            **batch.sapo.metrics(),
             "peers": self.recent_peers(),
             "connections": len(self._peers),
+            "transport_restarts": int((chan.get("transport") or {}).get("restarts", 0)),
             "published": chan.get("published", 0),
             "received": chan.get("received", 0),
             "rejected": sum(reasons.values()),
@@ -527,14 +553,14 @@ class Node:
             "accepted_groups": self.ingest_counts.get("accepted", 0),
             "zero_advantage_groups": self.ingest_counts.get("zero_advantage", 0),
             "policy_version": self.learner.policy_version,
-            "gen_s": round(t_gen, 4),
-            "train_s": round(t_train, 4),
-            "step_s": round(t_step, 4),
+            "gen_s": round(times.gen_s, 4),
+            "train_s": round(times.train_s, 4),
+            "step_s": round(times.step_s, 4),
             "gen_tokens": gen_tokens,
-            "gen_tokens_per_s": gen_tokens / t_gen if t_gen > 0 else 0.0,
+            "gen_tokens_per_s": gen_tokens / times.gen_s if times.gen_s > 0 else 0.0,
             **self.pool.stats(self.step),
-            **(self.mnpo.metrics() if self.mnpo is not None else {}),
-            **(self.planner.metrics() if self.planner is not None else {}),  # issue 6
+            **self.phase.metrics(),
+            **self.planner.metrics(),
             **self._pending_heldout,
         }
         self._pending_heldout = {}
@@ -542,7 +568,7 @@ class Node:
         if self._metrics is not None:
             self._metrics.write(m)
         if self._rollouts is not None:
-            for g in own:
+            for g in own.groups:
                 self._rollouts.write(
                     {
                         "step": self.step,

@@ -47,6 +47,8 @@ DEFAULT_SIZE = 1_000_000_000
 #: The instruction appended to every question (plain template and chat templates alike).
 ANSWER_INSTRUCTION = "Give the final answer as <answer>...</answer>."
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
+#: The prompt of tokenizers without a chat template (the built-in model's format).
+PLAIN_TEMPLATE = "{question}\n" + ANSWER_INSTRUCTION + "\n"
 _ANSWER_RE = re.compile(re.escape(ANSWER_OPEN) + r"(.*?)" + re.escape(ANSWER_CLOSE), re.DOTALL)
 
 #: The SAPO paper's nine reasoning-gym families (arXiv 2509.08721) plus the default ``chain_sum``.

@@ -4,7 +4,7 @@ The build (once per recipe, cached; about 2-3 minutes on 2 CPU cores) has three 
 
 1. a byte-level BPE tokenizer with few merges (``tokenizers``, digits split one per token; nearly one token
    per character) trained on prompts and answers of the SAPO reasoning-gym families and the default mix, saved
-   as a ``PreTrainedTokenizerFast`` without a chat template, so prompts use ``node.policy.PLAIN_TEMPLATE``;
+   as a ``PreTrainedTokenizerFast`` without a chat template, so prompts use ``node.tasks.PLAIN_TEMPLATE``;
 2. a randomly initialised Qwen2 model (Qwen Team, *Qwen2 Technical Report*, arXiv 2407.10671) sized to generate
    thousands of tokens/s on two CPU cores;
 3. a short supervised warm start on the default task mix (question -> ``<answer>x</answer>`` + EOS), drawn
@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 from node.config import TaskConfig, TaskFamily
-from node.tasks import SAPO_FAMILIES, TaskSource, format_answer
+from node.tasks import PLAIN_TEMPLATE, SAPO_FAMILIES, TaskSource, format_answer
 
 logger = logging.getLogger(__name__)
 
@@ -192,8 +192,6 @@ def build(recipe: TinyRecipe, out: Path) -> dict[str, Any]:
 
 
 def _format_prompt(question: str) -> str:
-    from node.policy import PLAIN_TEMPLATE
-
     return PLAIN_TEMPLATE.format(question=question)
 
 

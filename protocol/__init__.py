@@ -4,12 +4,15 @@
 * ``config``     -- strict pydantic base model, YAML + overrides loader, one-line config errors
 * ``types``      -- TaskRef, Completion, Group, RolloutBatch, Envelope (plain immutable values)
 * ``identity``   -- Ed25519 key files (0600) and peer ids
-* ``records``    -- canonical MessagePack encoding, signing and decoding of records
+* ``codec``      -- canonical MessagePack (one byte form per value, bombs refused) and the wire's errors
+* ``schema``     -- the ``expect_*`` checks that decoders of maps are built from
+* ``kinds``      -- the registry of payload kinds and the built-in ``rollouts`` kind
+* ``records``    -- the signed, versioned envelope: encode, sign, decode, verify; digest, seq, windows
 * ``validation`` -- the receive-path checks (size, schema, signature, swarm, window, replay, quota), counted
 * ``layout``     -- the sharded key layout: signed bounded index entries, shards and levels, bounded random reads
 * ``version``    -- the protocol version (major.minor), the compatibility rule, the one-line mismatch report
 * ``channel``    -- sign+publish own records, fetch+validate+dedup peers' records over a transport
-* ``transport``  -- the Transport interface and its implementations (memory, hivemind)
+* ``transport``  -- the Transport interface and its implementations (memory, hivemind, libp2p)
 
 Never imports torch, transformers or hivemind at import time (``protocol.transport.hivemind_dht`` aside).
 """

@@ -205,7 +205,7 @@ class Channel:
                 self._metrics["duplicates"] += 1
                 continue
             self._seen[digest] = now_window
-            env = self.validator.check(data)
+            env = self.validator.check(data, digest)
             if env is None:
                 continue
             if env.sender == self.peer_id:
@@ -314,7 +314,7 @@ async def open_channel(
         transport_cfg,
         swarm=swarm_id,
         peer_id=identity.peer_id,
-        validate=validator.is_storable,
+        validate=validator.verdict,
         protocol=protocol_cfg,
         network=network,
     )

@@ -99,7 +99,8 @@ def load_config(model: type[M], path: str | Path | None = None, overrides: Seque
 
 def dump_config(config: BaseModel) -> str:
     """The resolved config as YAML (JSON-compatible values, so paths become strings)."""
-    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+    text: str = yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+    return text
 
 
 def write_resolved(config: BaseModel, run_dir: str | Path, name: str = "config.yaml") -> Path:

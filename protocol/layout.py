@@ -28,24 +28,14 @@ import hashlib
 import logging
 import random
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from protocol.codec import RecordDecodeError, RecordSignatureError, canonical_packb, require_canonical, strict_unpackb
 from protocol.identity import PEER_ID_LEN, PUBLIC_KEY_LEN, Identity, peer_id_from_public, verify
-from protocol.records import (
-    RecordDecodeError,
-    RecordSignatureError,
-    canonical_packb,
-    check_version,
-    expect_bytes,
-    expect_int,
-    expect_keys,
-    expect_str,
-    require_canonical,
-    split_signed,
-    strict_unpackb,
-)
+from protocol.records import check_version, expect_keys, record_digest, split_signed
+from protocol.schema import expect_bytes, expect_int, expect_str
 from protocol.version import INCOMPATIBLE, format_version, local_version, parse_version
 
 logger = logging.getLogger(__name__)
@@ -71,8 +61,9 @@ INDEX_KEYS = frozenset({"digests", "public_key", "sender", "swarm", "version", "
 
 
 def record_digest_hex(data: bytes) -> str:
-    """The digest a record is listed and stored under: SHA-256, first 16 bytes, lowercase hex."""
-    return hashlib.sha256(data).hexdigest()[: 2 * DIGEST_BYTES]
+    """The id a record is listed and stored under: the first 16 bytes of :func:`protocol.records.record_digest`
+    (SHA-256 of the record bytes), lowercase hex. The same digest, shortened for keys."""
+    return record_digest(data)[:DIGEST_BYTES].hex()
 
 
 def record_key(swarm: str, window: int, sender: str, digest: str) -> str:
@@ -97,7 +88,7 @@ def shard_hash(window: int, sender: str) -> int:
 
 def shard_of(window: int, sender: str, level: int, fanout: int) -> int:
     """The sender's shard at ``level``: ``shard_hash mod fanout**level`` (level l+1 splits each shard of level l)."""
-    return shard_hash(window, sender) % (fanout**level)
+    return shard_hash(window, sender) % int(fanout**level)
 
 
 # -- signed index entries -------------------------------------------------------------------------------------
@@ -150,6 +141,8 @@ def decode_index_entry(data: bytes, *, verify_signature: bool = True) -> IndexEn
     if type(body) is not dict:
         raise RecordDecodeError("schema", "index: expected map")
     version = body.get("version", "1.x")  # 1.x entries had no version key
+    major: int | None
+    minor: int | None
     try:
         major, minor = (1, -1) if version == "1.x" else parse_version(version)
     except (TypeError, AttributeError, ValueError):
@@ -244,7 +237,7 @@ class ShardParams:
         return 2 * self.fanout * self.poll_senders
 
     def shards(self, level: int) -> int:
-        return self.fanout**level
+        return int(self.fanout**level)
 
     def level_for(self, n_senders: float) -> int:
         """The lowest level where reading ``poll_shards`` shards means at most ``poll_senders`` entries."""
@@ -363,9 +356,9 @@ class ShardReader:
         entries: dict[tuple[int, str], IndexEntry] = {}
         seen_per_window: dict[int, int] = {}
         cap = self.p.max_shard_entries
-        for addr in plan.shards:
-            values = shard_values.get(addr, [])
-            seen_per_window[addr[0]] = seen_per_window.get(addr[0], 0) + len(values)
+        for shard in plan.shards:
+            values = shard_values.get(shard, [])
+            seen_per_window[shard[0]] = seen_per_window.get(shard[0], 0) + len(values)
             if len(values) > cap:
                 # A shard far fuller than the reading level intends (a cold start, when every node still writes
                 # level 0, or a flood of entries): decode a uniform sample, so a poll's CPU stays bounded and no
@@ -373,11 +366,11 @@ class ShardReader:
                 self.stats["entries_skipped"] += len(values) - cap
                 values = self.rng.sample(values, cap)
             for raw in values:
-                self._take(raw, addr[0], entries)
-        for addr in plan.peers:
-            raw = peer_values.get(addr)
+                self._take(raw, shard[0], entries)
+        for peer in plan.peers:
+            raw = peer_values.get(peer)
             if raw is not None:
-                self._take(raw, addr[0], entries)
+                self._take(raw, peer[0], entries)
         if plan.anchor is not None:
             self._anchors.append(len(shard_values.get(plan.anchor, [])))
         self._update_estimate(plan, windows, seen_per_window)
@@ -432,7 +425,7 @@ class ShardReader:
         poll (``follow_senders <= poll_records - poll_newcomer_records``) however much anyone else lists."""
         todo: dict[str, list[RecordAddr]] = {}
         for (w, sender), entry in sorted(entries.items()):
-            have = self.cache.get(w, {})
+            have: Mapping[str, bytes] = self.cache.get(w, {})
             todo.setdefault(sender, []).extend(
                 (w, sender, d)
                 for d in entry.digests
@@ -472,7 +465,7 @@ class ShardReader:
             del self.misses[k]
 
 
-async def _nothing() -> dict:
+async def _nothing() -> dict[Any, Any]:
     return {}
 
 

@@ -4,25 +4,27 @@ Order: size cap (before any decoding), decode + envelope schema, signature, swar
 future / stale), replay of (sender, seq), per-sender quota per window. :meth:`RecordValidator.check` never
 raises, whatever the input: bad peer data is dropped, counted and logged at debug level.
 
+Decoded once per process: the stateless part (size, decode, schema, signature, swarm) is remembered by the
+record's digest (:meth:`RecordValidator.verdict`), so the transport's edge check (a DHT store guard, the libp2p
+edge validator, installed as the transport's ``RecordCheck``) and the channel's receive check (:meth:`check`)
+share one decode and one signature verification of each record; the window is re-checked at each use.
+
 Pure and synchronous: the only inputs are the bytes and the injected clock. Knows nothing about transports,
 about what payloads mean (trust, re-scoring and sampling belong to ``swarm/``), or about our own identity.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from protocol.records import (
-    DECODE_REASONS,
-    SIGNATURE_REASONS,
-    RecordDecodeError,
-    RecordSignatureError,
-    decode_record,
-    window_of,
-)
+from protocol.codec import DECODE_REASONS, SIGNATURE_REASONS, RecordDecodeError, RecordSignatureError
+from protocol.records import decode_record, window_of
 from protocol.types import Envelope
 
 if TYPE_CHECKING:
@@ -30,8 +32,17 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: Record bytes whose verdicts are remembered (LRU): a transport's edge check and the channel see a record within one
+#: poll, so a few dozen records' worth of decoded envelopes is all the sharing needs.
+VERDICT_CACHE_BYTES = 32 * 2**20
+
 #: Every reason :meth:`RecordValidator.check` may count, in check order.
 REJECT_REASONS = (*DECODE_REASONS, *SIGNATURE_REASONS, "wrong_swarm", "future", "stale", "replay", "quota")
+
+
+def _offset_clock(offset: float) -> Callable[[], float]:
+    """The system clock plus ``offset`` seconds."""
+    return lambda: time.time() + offset
 
 
 class RecordValidator:
@@ -67,12 +78,22 @@ class RecordValidator:
         self._n_seen = 0
         # record window -> sender -> records accepted; pruned together with _seen.
         self._counts: dict[int, dict[str, int]] = {}
+        # record digest -> (envelope or rejection reason, detail, size): the stateless verdict, shared by the
+        # transport's edge check (another thread, for a DHT) and the receive check.
+        self._verdicts: OrderedDict[bytes, tuple[Envelope | str, str, int]] = OrderedDict()
+        self._verdict_bytes = 0
+        self._verdict_lock = threading.Lock()
+        self.decodes = 0
 
     @classmethod
     def from_config(
         cls, swarm_id: str, config: ProtocolConfig, clock: Callable[[], float] = time.time
     ) -> RecordValidator:
-        """A validator with the limits of a :class:`~protocol.transport.config.ProtocolConfig`."""
+        """A validator with the limits of a :class:`~protocol.transport.config.ProtocolConfig`; the system clock
+        is shifted by ``config.clock_offset_s`` (a deliberately skewed test peer)."""
+        offset = getattr(config, "clock_offset_s", 0.0)
+        if offset and clock is time.time:
+            clock = _offset_clock(offset)
         return cls(
             swarm_id,
             window_seconds=config.window_seconds,
@@ -94,7 +115,33 @@ class RecordValidator:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
         logger.debug("rejected record: %s %s", reason, detail)
 
-    def _stateless(self, data: Any, now_window: int) -> tuple[Envelope | None, str, str]:
+    def _decoded(self, data: bytes, digest: bytes | None) -> tuple[Envelope | str, str]:
+        """Decode, schema, signature and swarm, once per record digest: ``(envelope, "")`` or ``(reason, detail)``."""
+        key = digest if digest is not None else hashlib.sha256(data).digest()
+        with self._verdict_lock:
+            hit = self._verdicts.get(key)
+            if hit is not None:
+                self._verdicts.move_to_end(key)
+                return hit[0], hit[1]
+        verdict: Envelope | str
+        try:
+            verdict, detail = decode_record(data, self.max_bytes), ""
+        except (RecordDecodeError, RecordSignatureError) as e:
+            verdict, detail = e.reason, str(e)
+        self.decodes += 1
+        if isinstance(verdict, Envelope) and verdict.swarm != self.swarm_id:
+            detail = verdict.swarm[:64]
+            verdict = "wrong_swarm"
+        size = len(data) if isinstance(verdict, Envelope) else 0  # a refusal keeps no bytes alive
+        with self._verdict_lock:
+            if key not in self._verdicts:
+                self._verdicts[key] = (verdict, detail, size)
+                self._verdict_bytes += size
+                while self._verdict_bytes > VERDICT_CACHE_BYTES or len(self._verdicts) > 65_536:
+                    self._verdict_bytes -= self._verdicts.popitem(last=False)[1][2]
+        return verdict, detail
+
+    def _stateless(self, data: Any, now_window: int, digest: bytes | None = None) -> tuple[Envelope | None, str, str]:
         """Size, decode, signature, swarm and window checks: (envelope, "", "") or (None, reason, detail)."""
         try:
             size = len(data)
@@ -102,24 +149,27 @@ class RecordValidator:
             return None, "malformed", f"not bytes: {type(data).__name__}"
         if size > self.max_bytes:
             return None, "oversize", f"{size} bytes"
-        try:
-            env = decode_record(data, self.max_bytes)
-        except (RecordDecodeError, RecordSignatureError) as e:
-            return None, e.reason, str(e)
-        if env.swarm != self.swarm_id:
-            return None, "wrong_swarm", env.swarm[:64]
+        if isinstance(data, bytearray | memoryview):
+            data = bytes(data)
+        elif not isinstance(data, bytes):
+            return None, "malformed", f"not bytes: {type(data).__name__}"
+        env, detail = self._decoded(data, digest)
+        if isinstance(env, str):
+            return None, env, detail
         if env.window > now_window + self.max_future_windows:
             return None, "future", f"window {env.window} > {now_window}"
         if env.window < now_window - self.max_past_windows:
             return None, "stale", f"window {env.window} < {now_window}"
         return env, "", ""
 
-    def check(self, data: bytes) -> Envelope | None:
-        """The envelope if ``data`` passes every check (and is then remembered for replay and quota), else None."""
+    def check(self, data: bytes, digest: bytes | None = None) -> Envelope | None:
+        """The envelope if ``data`` passes every check (and is then remembered for replay and quota), else None.
+
+        ``digest``: SHA-256 of ``data`` if the caller has it (the channel dedups by it), to skip hashing again."""
         try:
             now_window = self.current_window()
             self._prune(now_window)
-            env, reason, detail = self._stateless(data, now_window)
+            env, reason, detail = self._stateless(data, now_window, digest)
             if env is None:
                 self._reject(reason, detail)
                 return None
@@ -140,14 +190,20 @@ class RecordValidator:
             logger.debug("unexpected error while validating a record", exc_info=True)
             return None
 
-    def is_storable(self, data: bytes) -> bool:
-        """Stateless subset of :meth:`check` (size, decode, signature, swarm, window) for store-time hooks;
-        counts nothing and never raises. Replay and quota are not checked (they need receive-side state)."""
+    def verdict(self, data: bytes) -> Envelope | str:
+        """Stateless subset of :meth:`check` (size, decode, signature, swarm, window) for a transport's edge check:
+        the verified envelope, or the reason to refuse. Counts nothing and never raises; replay and quota are not
+        checked (they need receive-side state). The decode is shared with :meth:`check` (module docstring)."""
         try:
-            env, _, _ = self._stateless(data, self.current_window())
-            return env is not None
-        except Exception:
-            return False
+            env, reason, _ = self._stateless(data, self.current_window())
+        except Exception:  # the edge never raises: whatever slipped through is bad input
+            logger.debug("unexpected error in the edge check", exc_info=True)
+            return "malformed"
+        return env if env is not None else reason
+
+    def is_storable(self, data: bytes) -> bool:
+        """Whether :meth:`verdict` accepts ``data``."""
+        return isinstance(self.verdict(data), Envelope)
 
     # -- bounded memory ---------------------------------------------------------------------------------
 

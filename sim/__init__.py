@@ -8,6 +8,6 @@
 * ``runner``     -- every configuration x seed of an experiment
 * ``report``     -- results.csv / results.md / rewards.png from the per-node metrics
 * ``report_html`` -- the self-contained report.html (tables, inline SVG curves, per-node detail)
-* ``mnpo``       -- the MNPO population game (non-transitive oracle): win rate and duality gap per method
+* ``experiments`` -- experiment-specific metrics and reports (the MNPO game, the SAPO analysis)
 * ``cli``        -- ``swarm-sim``
 """

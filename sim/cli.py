@@ -35,12 +35,13 @@ def run(
     from node.logs import setup_cli_logging
 
     setup_cli_logging("DEBUG" if verbose else "INFO")
-    from node.preflight import make_output_dir
+    from node.preflight import check_trackers, make_output_dir
     from protocol.errors import SwarmError
     from sim.config import load_sim_config
 
     try:
         cfg = load_sim_config(str(config), overrides or [], quick=quick)
+        check_trackers(cfg.trackers())
         make_output_dir(out, "--out directory")
     except SwarmError as e:
         fail(str(e))

@@ -13,17 +13,67 @@ from __future__ import annotations
 
 import copy
 import hashlib
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import Field, model_validator
 
 from node.config import NodeConfig
 from protocol.config import StrictModel, validate_config
 from protocol.errors import ConfigError
-from sim.mnpo import MnpoGameConfig
 
 #: Kinds of adversarial node (see ``sim.adversary``).
 AdversaryType = Literal["garbage", "forged_reward", "replay", "flood", "wrong_swarm", "tamper", "sybil"]
+
+
+Method = Literal["ht_mnpo", "td_mnpo", "ipo", "dpo"]
+METHODS: tuple[Method, ...] = get_args(Method)
+
+
+class MnpoGameConfig(StrictModel):
+    """Part (b) of the MNPO experiment: a population of categorical policies with a non-transitive oracle."""
+
+    players: int = Field(default=6, ge=2, le=64)
+    """Players per method (the population, 4-8 in B6)."""
+    responses: int = Field(default=5, ge=3, le=101)
+    """Size of the fixed response set (odd: the cyclic tournament needs it)."""
+    cyclic: float = Field(default=0.8, ge=0, le=1)
+    """Strength of the rock-paper-scissors-like cyclic preference."""
+    transitive: float = Field(default=0.3, ge=0, le=1)
+    """Strength of a transitive ranking on top (lower response index better)."""
+    heterogeneity: float = Field(default=0.4, ge=0, le=2)
+    """Per-player disagreement with the population preference (centred skew-symmetric noise)."""
+    steps: int = Field(default=300, ge=1, le=1_000_000)
+    """Learner steps per player."""
+    samples_per_step: int = Field(default=3, ge=1, le=1000)
+    """Responses each player samples into the shared pool per step."""
+    pairs_per_step: int = Field(default=8, ge=1, le=10_000)
+    """Preference pairs per update (the same for every method)."""
+    lr: float = Field(default=0.05, gt=0, le=100)
+    """Adam learning rate on the logits."""
+    eta: float = Field(default=0.5, gt=0, le=100)
+    """MNPO / IPO eta (target margin 1/(2 eta) on log-ratios)."""
+    ratio: float = Field(default=0.3, ge=0, le=1)
+    """MNPO weight of the reference in the mixture the player competes against."""
+    dpo_beta: float = Field(default=1.0, gt=0, le=100)
+    """beta of the DPO baseline."""
+    max_opponents: int = Field(default=4, ge=1, le=64)
+    """Opponents per pair."""
+    history: int = Field(default=4, ge=1, le=64)
+    """Own past versions kept (TD-MNPO, and the HT fallback)."""
+    init_spread: float = Field(default=1.5, ge=0, le=20)
+    """Std of the initial logits (players start at different policies; each one's start is its reference)."""
+    eval_every: int = Field(default=10, ge=1)
+    """Steps between metric evaluations."""
+    methods: list[Method] = Field(default_factory=lambda: list(METHODS), min_length=1)
+    """Methods compared (same budget); ``ipo``/``dpo`` play against the reference only (n = 2)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> MnpoGameConfig:
+        if self.responses % 2 == 0:
+            raise ValueError(f"mnpo_game.responses must be odd (cyclic tournament), got {self.responses}")
+        if len(set(self.methods)) != len(self.methods):
+            raise ValueError("mnpo_game.methods must be distinct")
+        return self
 
 
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -217,7 +267,7 @@ class SimConfig(StrictModel):
     """torch intra-op threads of the simulator process (in-process nodes share them)."""
     mnpo_game: MnpoGameConfig | None = None
     """The MNPO experiment (B6): after the configurations ran, the non-transitive population game and the report
-    ``mnpo.md`` (``sim.mnpo``); None for other experiments."""
+    ``mnpo.md`` (``sim.experiments.mnpo``); None for other experiments."""
     quick: dict[str, Any] = Field(default_factory=dict)
     """Overrides applied by ``--quick`` (dotted keys, e.g. ``steps: 3``, ``seeds: [0]``)."""
 
@@ -298,6 +348,14 @@ class SimConfig(StrictModel):
 
     def speed(self, index: int) -> int:
         return self.heterogeneity.speed.get(index, 1)
+
+    def trackers(self) -> list[str]:
+        """The trackers any node asks for (``report_to``); nodes open none unless their config names one."""
+        names: dict[str, None] = {}
+        for v in self.configurations:
+            for i in sorted({0, *self.heterogeneity.node_overrides, *v.node_overrides}):
+                names.update(dict.fromkeys(self.node_config(v.name, i, self.seeds[0]).report_to))
+        return list(names)
 
 
 def apply_quick(data: dict[str, Any]) -> dict[str, Any]:

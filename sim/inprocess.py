@@ -9,8 +9,8 @@ wall clock), churn and partitions for round ``r`` are applied, then:
 3. every online node syncs (a real node polls in the background whether or not it is stepping);
 4. every active node samples its SAPO batch, trains and finishes its step (metrics line).
 
-The phases are the node's own methods (:meth:`Node.generate`, :meth:`Node.publish`, :meth:`Node.sync`,
-``sampler.sample``, :meth:`Node.build_samples`, :meth:`Node.train`, ``_finish_step``), not a copy of the loop.
+The phases are the node's own public step pipeline (:meth:`Node.generate`, :meth:`Node.publish`,
+:meth:`Node.sync`, :meth:`Node.make_batch`, :meth:`Node.learn`, :meth:`Node.finish_step`), not a copy of the loop.
 Nodes share nothing mutable except the network: each has its own parts, channel, validator and RNGs, and its
 identity is an Ed25519 key derived from ``(seed, index)``. Cost counters (CPU seconds per node, bytes fetched)
 are kept for the scale benchmark.
@@ -63,7 +63,7 @@ class CountingTransport(Transport):
         self.inner = inner
         self.fetch_cap = fetch_cap
         self.rng = random.Random(seed)
-        self._last = (0, 0)
+        self._last: tuple[float, float] = (0, 0)
         self.bytes_fetched = 0
         self.records_fetched = 0
         self.bytes_published = 0
@@ -203,7 +203,7 @@ async def run_seed(
     ``on_step(k)`` is called after each round with the number of rounds done (progress display).
     ``track_reach`` records which round each node first fetched each record (the scale benchmark's reach table,
     for the records published in round ``reach_round``)."""
-    from node.runtime import Node
+    from node.runtime import Node, StepTimes
     from protocol.transport.memory import MemoryNetwork, MemoryTransport
     from sim.adversary import Adversary, wrap_transport
 
@@ -244,16 +244,18 @@ async def run_seed(
             channel = await _open_channel(ident, transport, cfg.swarm_id, pcfg, clock)
             parts = build_node_parts(sim, cfg)
             node = await Node.create(
-                cfg, run_dir / f"node{i}", channel=channel, parts=parts, name=ident.peer_id, resume=False, live=False
-            )
-            for writer in (node._metrics, node._rollouts):  # reproducible runs need no fsync per few lines
-                if writer is not None:
-                    writer._fsync_every = 1 << 30
-            if sim.nodes > 2000 and node._rollouts is not None:
+                cfg,
+                run_dir / f"node{i}",
+                channel=channel,
+                parts=parts,
+                name=ident.peer_id,
+                resume=False,
+                live=False,
+                durable=False,  # a simulation is reproduced from its seed, not recovered from disk
                 # Thousands of nodes x two open files exceed the usual open-file limit; the per-step metrics
                 # (what the scale benchmark reads) stay, the rollout samples go.
-                node._rollouts.close()
-                node._rollouts = None
+                keep_rollouts=sim.nodes <= 2000,
+            )
             nodes.append(node)
             transport.track = track_reach
             transports.append(transport)
@@ -278,7 +280,7 @@ async def run_seed(
                 ident = derived_identity(seed, f"adversary-{adv.type}", k)
                 inner = MemoryTransport(network, ident.peer_id, protocol=pcfg, seed=seed * 1000 + k)
                 swarm_id = base.swarm_id if adv.type != "wrong_swarm" else f"not-{base.swarm_id}"[:64]
-                transport = wrap_transport(
+                hostile_transport = wrap_transport(
                     adv.type,
                     inner,
                     identity=ident,
@@ -288,9 +290,9 @@ async def run_seed(
                     window_seconds=pcfg.window_seconds,
                     seed=seed * 1000 + k,
                 )
-                channel = await _open_channel(ident, transport, swarm_id, pcfg, clock)
-                if hasattr(transport, "list_as"):  # what the attack injects is listed in the attacker's own entry
-                    transport.list_as(channel.index_writer)
+                channel = await _open_channel(ident, hostile_transport, swarm_id, pcfg, clock)
+                if hasattr(hostile_transport, "list_as"):  # what the attack injects is listed in its own entry
+                    hostile_transport.list_as(channel.index_writer)
                 adversaries.append(
                     Adversary(adv.type, channel, adversary_refs, base.rollout.group_size, seed * 1000 + k)
                 )
@@ -319,8 +321,8 @@ async def run_seed(
                 await nodes[i].publish(own[i])
                 t_gen[i] = time.perf_counter() - w0
                 result.costs[i].cpu_s += time.process_time() - c0
-            for adv in adversaries:
-                await adv.act()
+            for hostile in adversaries:
+                await hostile.act()
             for i in range(len(nodes)):
                 if online[i]:
                     c0 = time.process_time()
@@ -329,21 +331,20 @@ async def run_seed(
             for i in active:
                 node = nodes[i]
                 c0, w0 = time.process_time(), time.perf_counter()
-                batch = node.sampler.sample(node.pool, node.step, own[i])
+                batch = node.make_batch(own[i])
                 if r >= attack_start:
                     by_source = result.external_sources[i]
-                    for g in batch.external:
+                    for g in batch.sapo.external:
                         by_source[g.source] = by_source.get(g.source, 0) + 1
-                samples = node.build_samples(batch)
                 t1 = time.perf_counter()
-                train_metrics = node.train(samples)
+                train_metrics = node.learn(batch)
                 t_train = time.perf_counter() - t1
                 t_step = t_gen[i] + time.perf_counter() - w0
                 if evaluating and node.eval_due():
                     c1 = time.process_time()
                     node.evaluate(node.step + 1)
                     c0 += time.process_time() - c1  # evaluation is not part of a node's step cost
-                node._finish_step(own[i], batch, train_metrics, t_gen[i], t_train, t_step)
+                node.finish_step(own[i], batch, train_metrics, StepTimes(t_gen[i], t_train, t_step))
                 result.costs[i].cpu_s += time.process_time() - c0
                 result.costs[i].steps += 1
             result.rounds.append(
@@ -361,8 +362,8 @@ async def run_seed(
             for node in nodes:
                 node.evaluate_end()
         for i, t in enumerate(transports):
-            c = result.costs[i]
-            c.bytes_fetched, c.records_fetched, c.bytes_published = (
+            cost = result.costs[i]
+            cost.bytes_fetched, cost.records_fetched, cost.bytes_published = (
                 t.bytes_fetched,
                 t.records_fetched,
                 t.bytes_published,
@@ -373,8 +374,8 @@ async def run_seed(
     finally:
         for node in nodes:
             await node.close()
-        for adv in adversaries:
-            await adv.close()
+        for hostile in adversaries:
+            await hostile.close()
     result.wall_s = time.perf_counter() - t_start
     logger.debug("%s seed %d: %d nodes x %d rounds in %.1fs", variant, seed, len(nodes), sim.steps, result.wall_s)
     return result

@@ -15,6 +15,7 @@ import logging
 import math
 import re
 import statistics
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -182,24 +183,51 @@ def _spread(value: float, std: float, seeds: int, digits: int) -> str:
     return f"{value:.{digits}f} ± {std:.{digits}f}"
 
 
+def md_table(head: Sequence[str], rows: Iterable[Sequence[Any]], numeric_from: int = 1) -> str:
+    """A GitHub Markdown table: ``head`` cells, then one line per row (cells already formatted, or ``str()``-ed);
+    columns from ``numeric_from`` on are right-aligned."""
+    lines = [
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join("---:" if i >= numeric_from else "---" for i in range(len(head))) + "|",
+    ]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     """The results rows as a GitHub Markdown table."""
     head = (
-        "| config | seeds | nodes | steps | cumulative reward | ratio vs "
-        f"{rows[0]['config'] if rows else 'baseline'} | final reward | held-out acc. start -> end | held-out gain | "
-        "external groups | rejected |"
+        "config",
+        "seeds",
+        "nodes",
+        "steps",
+        "cumulative reward",
+        f"ratio vs {rows[0]['config'] if rows else 'baseline'}",
+        "final reward",
+        "held-out acc. start -> end",
+        "held-out gain",
+        "external groups",
+        "rejected",
     )
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    body = []
     for r in rows:
         held = "-" if math.isnan(r["heldout_start"]) else f"{r['heldout_start']:.3f} -> {r['heldout_end']:.3f}"
-        lines.append(
-            f"| {r['config']} | {r['seeds']} | {r['nodes']} | {r['steps']} | "
-            f"{_spread(r['cumulative_reward'], r['cumulative_reward_std'], r['seeds'], 2)} | "
-            f"{_fmt(r['ratio_vs_baseline'])} | {r['final_reward']:.3f} | {held} | "
-            f"{_spread(r['heldout_gain'], r['heldout_gain_std'], r['seeds'], 3)} | "
-            f"{_fmt(r['external_groups'])} | {_fmt(r['rejected'])} |"
+        body.append(
+            (
+                r["config"],
+                r["seeds"],
+                r["nodes"],
+                r["steps"],
+                _spread(r["cumulative_reward"], r["cumulative_reward_std"], r["seeds"], 2),
+                _fmt(r["ratio_vs_baseline"]),
+                f"{r['final_reward']:.3f}",
+                held,
+                _spread(r["heldout_gain"], r["heldout_gain_std"], r["seeds"], 3),
+                _fmt(r["external_groups"]),
+                _fmt(r["rejected"]),
+            )
         )
-    return "\n".join(lines) + "\n"
+    return md_table(head, body)
 
 
 def plot_curves(results: list[ConfigResult], path: Path, title: str) -> Path:

@@ -48,7 +48,7 @@ def run_experiment(sim: SimConfig, out: str | Path, progress: Callable[[str], No
             else:
                 logger.info(line)
     if sim.mnpo_game is not None:
-        from sim.mnpo import run_mnpo_report
+        from sim.experiments.mnpo import run_mnpo_report
 
         run_mnpo_report(sim, out, progress)
     return results

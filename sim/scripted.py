@@ -6,7 +6,7 @@ regenerable from them (the gold answer is a hash of the question), and completio
 project's ``<answer>...</answer>`` format scored by a trivial verifier, so everything between the parts -- the
 runtime, the wire records, the receivers' re-scoring, SAPO's zero-advantage drops -- is the real code path.
 
-The learner is honest about what it is given: it decodes each :class:`~node.learner.TrainSample` (prompt ->
+The learner is honest about what it is given: it decodes each :class:`~node.seams.TrainSample` (prompt ->
 family and gold answer, completion -> right or wrong) and takes the REINFORCE step of the Bernoulli policy,
 ``theta_f += lr * sum_samples(A * d log pi(y) / d theta_f) / B`` with ``d log pi / d theta = 1 - p`` for a right
 answer and ``-p`` for a wrong one, where ``B = G * (I + J)`` is the *nominal* batch (a constant normaliser, as in
@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from node.config import NodeConfig, TaskConfig
+from node.runtime import NodeParts
+from node.seams import TrainSample
 from node.tasks import TaskError, TaskItem, extract_answer, format_answer
 from protocol.types import TaskRef
 
@@ -175,7 +177,15 @@ class ScriptedEngine:
         self.policy_version = version
 
     def generate(
-        self, prompts: list[str], group_size: int, *, seed: int, max_new_tokens: int = 32, **_: Any
+        self,
+        prompts: list[str],
+        group_size: int,
+        /,
+        *,
+        max_new_tokens: int = 32,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
     ) -> list[list[ScriptedGeneration]]:
         rng = random.Random(seed)
         out = []
@@ -213,7 +223,7 @@ class ScriptedLearner:
         self.batch_samples = max(1, batch_samples)
         self.policy_version = 0
 
-    def step(self, samples: list[Any]) -> dict[str, float]:
+    def step(self, samples: list[TrainSample]) -> dict[str, float]:
         tok = self.policy.tokenizer
         model = self.policy.model
         grads: dict[str, float] = {}
@@ -241,9 +251,8 @@ class ScriptedLearner:
 
 def build_scripted_parts(
     cfg: NodeConfig, *, lr: float, init_p: float, init_spread: float, max_p: float, answer_tokens: int
-) -> Any:
+) -> NodeParts:
     """The four scripted parts of one node, as a :class:`node.runtime.NodeParts`; seeded by ``cfg.seed``."""
-    from node.runtime import NodeParts
 
     tasks = ScriptedTasks(cfg.tasks)
     model = ScriptedModel(tasks.families, init_p=init_p, init_spread=init_spread, max_p=max_p, seed=cfg.seed)

@@ -13,18 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol.records import (
-    MAX_FAMILY_CHARS,
-    MAX_NAME_CHARS,
-    RecordDecodeError,
-    RecordKind,
-    expect_float,
-    expect_int,
-    expect_map,
-    expect_optional_float,
-    expect_str,
-    register_kind,
-)
+from protocol.codec import RecordDecodeError
+from protocol.kinds import MAX_FAMILY_CHARS, MAX_NAME_CHARS, RecordKind, register_kind
+from protocol.schema import expect_float, expect_int, expect_map, expect_optional_float, expect_str
 
 KIND = "eval"
 MAX_FAMILIES = 64

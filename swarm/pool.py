@@ -11,7 +11,7 @@ import logging
 import math
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from protocol.types import Group
 
@@ -43,7 +43,6 @@ class PooledGroup:
     policy_version: int = 0
     tokenizer: str = ""
     uses: int = 0
-    extra: dict = field(default_factory=dict)
 
     @property
     def local(self) -> bool:
@@ -57,6 +56,30 @@ class PooledGroup:
     @property
     def reward_mean(self) -> float:
         return math.fsum(self.rewards) / len(self.rewards) if self.rewards else 0.0
+
+
+def rollout_stats(groups: list[PooledGroup]) -> dict[str, float]:
+    """Reward spread and completion lengths of a step's own groups, as TRL's GRPOTrainer logs them per step.
+
+    ``reward_std`` is the sample standard deviation over all completions (Bessel-corrected, as TRL's ``nanstd``);
+    ``frac_reward_zero_std``: share of groups whose rewards are all equal (no advantage); lengths in tokens;
+    ``completion_clipped_frac``: share of completions cut at the token budget (``finish_reason == "length"``).
+    """
+    rewards = [r for g in groups for r in g.rewards]
+    comps = [c for g in groups for c in g.group.completions]
+    if not rewards or not comps:
+        return {}
+    mean = math.fsum(rewards) / len(rewards)
+    var = math.fsum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1) if len(rewards) > 1 else 0.0
+    lengths = [c.n_tokens for c in comps]
+    return {
+        "reward_std": math.sqrt(var),
+        "frac_reward_zero_std": sum(1 for g in groups if _spread(g.rewards) <= 1e-9) / len(groups),
+        "completion_len_mean": math.fsum(lengths) / len(lengths),
+        "completion_len_min": float(min(lengths)),
+        "completion_len_max": float(max(lengths)),
+        "completion_clipped_frac": sum(1 for c in comps if c.finish_reason == "length") / len(comps),
+    }
 
 
 class RolloutPool:

@@ -18,6 +18,7 @@ import random
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from protocol.errors import SwarmError
 from protocol.types import Envelope, RolloutBatch, TaskRef
@@ -116,11 +117,14 @@ class SapoBatch:
     def groups(self) -> list[PooledGroup]:
         return self.local + self.external
 
-    def metrics(self) -> dict[str, float]:
+    def metrics(self) -> dict[str, Any]:
         return {
             "local_groups": len(self.local),
             "external_groups": len(self.external),
             "external_sources": len({g.source for g in self.external}),
+            # who the peers' groups trained on came from (at most J senders a step): an operator, or a test, can
+            # then tell an honest peer's share of the external data from a sybil flood's
+            "external_by_sender": dict(Counter(g.source for g in self.external)),
             "dropped_zero_adv": self.dropped_local_zero_adv,
             "external_candidates": self.external_candidates,
             "external_newcomer": self.external_newcomer,

@@ -9,7 +9,7 @@ senders whose scores cover both responses as opponents (HT-MNPO, ``swarm.mnpo``)
 
 Scores are untrusted hints like every peer value: the schema bounds them (finite, in ``[MIN_LOGPROB, 0]``,
 distinct hashes) and the receiver decides how much weight an opponent gets. The kind is registered at import
-(``protocol.records.register_kind``); ``protocol/SPEC.md`` section 10 is the normative description.
+(``protocol.kinds.register_kind``); ``protocol/SPEC.md`` section 10 is the normative description.
 
 Knows nothing about models, oracles or the MNPO loss; only the standard library and ``protocol``.
 """
@@ -20,18 +20,9 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from protocol.records import (
-    MAX_NAME_CHARS,
-    RecordDecodeError,
-    RecordKind,
-    expect_bytes,
-    expect_float,
-    expect_int,
-    expect_list,
-    expect_map,
-    expect_str,
-    register_kind,
-)
+from protocol.codec import RecordDecodeError
+from protocol.kinds import MAX_NAME_CHARS, RecordKind, register_kind
+from protocol.schema import expect_bytes, expect_float, expect_int, expect_list, expect_map, expect_str
 from protocol.types import TaskRef
 
 KIND = "scores"

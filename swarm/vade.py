@@ -16,7 +16,7 @@ updated for more than ``stale_steps`` steps also drifts back toward the prior, b
 candidate set, draw ``p_x ~ Beta(a_x(t), b_x(t))`` for each (Thompson sampling) and keep the top ``B`` by an
 information score of ``p_x`` -- by default ``p (1 - p)``, the variance of a Bernoulli reward, which is largest
 where a group of rollouts is most likely to have non-zero advantage. Scores are pluggable (:data:`SCORES`). The
-paper's exact formulas were not public; this is the form ``DESIGN.md`` fixes.
+paper's exact formulas were not public; this is the form this project chose.
 
 **DART** dynamic rollout number: a prompt with success rate ``s`` gets ``n = G`` rollouts if ``s < 0.6``, else
 ``max(n_min, floor(9 / s - 7))`` (never more than ``G``): easy prompts need fewer samples to find a failure.
@@ -121,8 +121,10 @@ class VadeSelector:
         if p is None:
             return self.a0, self.b0
         idle = step - p.step
-        kw = {"stale_steps": self.stale_steps, "gamma": self.gamma}
-        return global_decay(p.a, self.a0, idle, **kw), global_decay(p.b, self.b0, idle, **kw)
+        return (
+            global_decay(p.a, self.a0, idle, stale_steps=self.stale_steps, gamma=self.gamma),
+            global_decay(p.b, self.b0, idle, stale_steps=self.stale_steps, gamma=self.gamma),
+        )
 
     def mean(self, key: str, step: int) -> float:
         """Posterior mean success probability ``a / (a + b)`` (DART's success rate)."""

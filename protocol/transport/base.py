@@ -24,12 +24,14 @@ Contract (checked by ``tests/contract/transport_contract.py`` for every implemen
 * Failures raise :class:`TransportError` (or time out); callers wrap every call in a timeout.
 
 Store-time validation hook: a transport that can refuse records on behalf of others (a DHT storing values
-for its neighbours) accepts a ``validate(data) -> bool`` callable, at construction or through
-:meth:`Transport.set_record_validator`, and drops records for which it returns False. It must be
-stateless (``RecordValidator.is_storable``); it is a first line of defence, never a replacement for the
-receive-path checks.
+for its neighbours) accepts a :data:`RecordCheck` (``RecordValidator.verdict``: the verified envelope, or the
+reason to refuse), at construction or through :meth:`Transport.set_record_validator`, and drops records it
+refuses. It must be stateless; it is a first line of defence, never a replacement for the receive-path checks.
+A transport that needs a record's fields for its own checks (the key it is stored under, the window it expires
+with) reads them from the envelope the hook returns instead of decoding the record again; the receiving
+channel's validator shares that decode too.
 
-Knows nothing about record contents, signatures, or clocks.
+Knows nothing about record contents, signatures, or clocks (the hook brings the decoded envelope).
 """
 
 from __future__ import annotations
@@ -38,11 +40,15 @@ import abc
 import logging
 from collections.abc import Callable, Collection, Sequence
 from types import TracebackType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from protocol.types import Envelope
 
 logger = logging.getLogger(__name__)
 
-RecordCheck = Callable[[bytes], bool]
-"""A stateless store-time check: True keeps the record, False drops it."""
+RecordCheck = Callable[[bytes], "Envelope | str"]
+"""A stateless store-time check: the verified envelope keeps the record, a reason (str) drops it."""
 
 
 class Transport(abc.ABC):

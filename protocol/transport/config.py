@@ -57,6 +57,9 @@ class ProtocolConfig(StrictModel):
     follow_senders: int = Field(default=6, ge=0, le=256)
     """Senders whose index entries each poll reads directly (the channel picks the ones it accepted records
     from most recently); their new records are fetched before anyone else's."""
+    clock_offset_s: float = Field(default=0.0, ge=-86_400, le=86_400)
+    """Seconds added to this node's clock wherever the protocol reads it (record stamps, windows, the store-time
+    guard's expiry check). For tests of a peer whose clock is wrong; leave 0 (a real node reads the system clock)."""
 
     @model_validator(mode="after")
     def _fetch_within_acceptance(self) -> ProtocolConfig:

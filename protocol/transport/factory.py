@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from protocol.errors import ConfigError
-from protocol.transport.base import Transport
+from protocol.transport.base import RecordCheck, Transport
 from protocol.transport.config import ProtocolConfig
 
 Builder = Callable[..., Awaitable[Transport]]
@@ -22,7 +22,15 @@ def register_transport(type_name: str, builder: Builder) -> None:
     _BUILDERS[type_name] = builder
 
 
-async def _memory(cfg: Any, *, swarm: str, peer_id: str, validate, protocol: ProtocolConfig, network=None):
+async def _memory(
+    cfg: Any,
+    *,
+    swarm: str,
+    peer_id: str,
+    validate: RecordCheck | None,
+    protocol: ProtocolConfig,
+    network: Any = None,
+) -> Transport:
     from protocol.transport.memory import MemoryNetwork, MemoryTransport
 
     # A process-local network: with no ``network`` given the node is alone (offline single-node training).
@@ -30,13 +38,29 @@ async def _memory(cfg: Any, *, swarm: str, peer_id: str, validate, protocol: Pro
     return MemoryTransport(net, peer_id, validate=validate, protocol=protocol, swarm=swarm)
 
 
-async def _hivemind(cfg: Any, *, swarm: str, peer_id: str, validate, protocol: ProtocolConfig, network=None):
+async def _hivemind(
+    cfg: Any,
+    *,
+    swarm: str,
+    peer_id: str,
+    validate: RecordCheck | None,
+    protocol: ProtocolConfig,
+    network: Any = None,
+) -> Transport:
     from protocol.transport.hivemind_dht import HivemindTransport
 
     return await HivemindTransport.create(cfg, swarm=swarm, validate=validate, protocol=protocol)
 
 
-async def _libp2p(cfg: Any, *, swarm: str, peer_id: str, validate, protocol: ProtocolConfig, network=None):
+async def _libp2p(
+    cfg: Any,
+    *,
+    swarm: str,
+    peer_id: str,
+    validate: RecordCheck | None,
+    protocol: ProtocolConfig,
+    network: Any = None,
+) -> Transport:
     from protocol.transport.libp2p_gossip import Libp2pTransport
 
     return await Libp2pTransport.create(cfg, swarm=swarm, validate=validate, protocol=protocol)
@@ -52,7 +76,7 @@ async def create_transport(
     *,
     swarm: str,
     peer_id: str,
-    validate: Callable[[bytes], bool] | None = None,
+    validate: RecordCheck | None = None,
     protocol: ProtocolConfig | None = None,
     network: Any = None,
 ) -> Transport:

@@ -19,9 +19,10 @@ from collections import deque
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, Literal
 
+from protocol.codec import strict_unpackb
 from protocol.identity import Identity, peer_id_from_public
 from protocol.layout import IndexWriter
-from protocol.records import decode_record, record_digest, sign_body, strict_unpackb
+from protocol.records import decode_record, record_digest, sign_body
 from protocol.transport.base import RecordCheck, Transport
 
 logger = logging.getLogger(__name__)

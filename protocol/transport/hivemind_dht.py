@@ -27,6 +27,11 @@ child process). That sidesteps hivemind's ``DHT`` process wrapper, whose pipe br
 (hivemind PR #660), and it keeps peer bytes out of that wrapper's pickled pipe. Callers' coroutines never run
 hivemind code on their own loop; every call into the DHT has a timeout.
 
+If the daemon dies under a running node (killed, out of memory, crashed: any exit but the clean exit 0 that
+SIGINT/SIGTERM give it when the node is being stopped too), the next call restarts the DHT node on the same port
+with the same libp2p key and DHT id, bootstrapping from the configured peers and the peers it was last connected
+to, so peers' routing tables stay valid; a failed restart is retried with a growing delay.
+
 This is the only module of the project that imports hivemind. It knows nothing about what a record means
 beyond its signed header (``protocol.records`` decodes it), nor about replay, quotas or dedup by sequence
 number: the channel's validator does those on the receive path.
@@ -38,10 +43,13 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import os
+import shutil
+import tempfile
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Collection, Coroutine, Sequence
+from collections.abc import Collection, Coroutine, Sequence
 from typing import Any, TypeVar
 
 import msgpack
@@ -50,6 +58,7 @@ from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 from hivemind.utils import get_dht_time
 
+from protocol.codec import RecordDecodeError, RecordSignatureError, strict_unpackb
 from protocol.errors import TransportError
 from protocol.layout import (
     MAX_INDEX_ENTRY_BYTES,
@@ -57,14 +66,15 @@ from protocol.layout import (
     ShardReader,
     decode_index_entry,
     peer_key,
+    record_digest_hex,
     record_key,
     shard_key,
     shard_of,
 )
-from protocol.layout import record_digest_hex as record_digest
-from protocol.records import RecordDecodeError, RecordSignatureError, decode_record, strict_unpackb
-from protocol.transport.base import Transport
+from protocol.records import decode_record
+from protocol.transport.base import RecordCheck, Transport
 from protocol.transport.config import HivemindTransportConfig, ProtocolConfig
+from protocol.types import Envelope
 from protocol.version import INCOMPATIBLE
 
 logger = logging.getLogger(__name__)
@@ -79,15 +89,45 @@ _NO_SUBKEY = msgpack.packb(None)
 P2PD_EXIT_TIMEOUT_S = 5.0
 #: An index entry listing one more digest expires this much later (hivemind keeps the later-expiring value).
 ENTRY_EXPIRATION_STEP_S = 0.01
+#: Delay before retrying a failed DHT restart, doubled per failure up to the maximum (seconds).
+RESTART_BACKOFF_S = (2.0, 60.0)
+#: Peers' addresses remembered to bootstrap from after a restart.
+MAX_KNOWN_PEERS = 16
 
 
 def key_id(key: str) -> bytes:
     """The DHT id of a key string, as hivemind derives it: SHA-1 of the MessagePack encoding of the string (20
     bytes, big endian). SPEC.md 9 gives test vectors."""
-    return DHTID.generate(source=key).to_bytes()
+    data: bytes = DHTID.generate(source=key).to_bytes()
+    return data
 
 
 _key_id = key_id
+
+
+def _write_daemon_key(path: str) -> None:
+    """A fresh Ed25519 libp2p key for p2pd (protobuf ``PrivateKey{Type: Ed25519, Data: seed || public}``), the
+    kind p2pd makes for itself (``12D3KooW...`` peer ids); written by us so a restarted daemon can reuse it."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    raw = serialization.Encoding.Raw
+    seed = key.private_bytes(raw, serialization.PrivateFormat.Raw, serialization.NoEncryption())
+    public = key.public_key().public_bytes(raw, serialization.PublicFormat.Raw)
+    data = seed + public
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(bytes([0x08, 0x01, 0x12, len(data)]) + data)
+
+
+def _port_of(addresses: list[str]) -> int:
+    """The TCP port of the first ``/ip4/.../tcp/PORT/...`` address (0 when there is none)."""
+    for addr in addresses:
+        parts = addr.split("/")
+        if "tcp" in parts and parts.index("tcp") + 1 < len(parts) and parts[parts.index("tcp") + 1].isdigit():
+            return int(parts[parts.index("tcp") + 1])
+    return 0
 
 
 def _is_index_entry(value: bytes) -> bool:
@@ -102,7 +142,7 @@ def _is_index_entry(value: bytes) -> bool:
         return False
 
 
-class DHTRecordGuard(RecordValidatorBase):
+class DHTRecordGuard(RecordValidatorBase):  # type: ignore[misc]  # hivemind ships no type information
     """Store-time and fetch-time check of every DHT entry; refuses anything that is not ours, counted by reason.
 
     Stateless by design (no replay or quota memory): hivemind validates the same entry on every store, every
@@ -115,10 +155,12 @@ class DHTRecordGuard(RecordValidatorBase):
         *,
         max_bytes: int,
         max_ttl_s: float,
-        validate: Callable[[bytes], bool] | None = None,
+        validate: RecordCheck | None = None,
         params: ShardParams | None = None,
+        clock_offset_s: float = 0.0,
     ):
         self.swarm = swarm
+        self.clock_offset_s = clock_offset_s
         self.params = params or ShardParams()
         self.max_bytes = max_bytes
         self.max_ttl_s = max_ttl_s
@@ -127,7 +169,7 @@ class DHTRecordGuard(RecordValidatorBase):
         self.accepted = 0
         # hivemind re-validates one record on every store, lookup response and cache refresh: remember records
         # that passed (by key and content hash) for a short while so each node verifies each record about once.
-        self._passed: OrderedDict[tuple[bytes, bytes], float] = OrderedDict()
+        self._passed: OrderedDict[tuple[bytes, bytes, bytes], float] = OrderedDict()
         self._pass_ttl_s = max(1.0, max_ttl_s / 8)
         self.seconds = 0.0  # CPU spent validating (for the benchmark's codec share)
         self._lock = threading.Lock()
@@ -151,11 +193,11 @@ class DHTRecordGuard(RecordValidatorBase):
 
     def check(self, record: DHTRecord) -> str | None:
         """The reason to refuse ``record``, or None to accept it."""
-        if record.expiration_time > get_dht_time() + self.max_ttl_s:
+        if record.expiration_time > get_dht_time() + self.clock_offset_s + self.max_ttl_s:
             return "expiration_too_far"
         if len(record.value) > self.max_bytes + 16:
             return "oversize"
-        memo = (record.key, record.subkey, hashlib.sha256(record.value).digest())
+        memo: tuple[bytes, bytes, bytes] = (record.key, record.subkey, hashlib.sha256(record.value).digest())
         now = time.monotonic()
         with self._lock:
             passed_at = self._passed.get(memo)
@@ -182,17 +224,19 @@ class DHTRecordGuard(RecordValidatorBase):
         return reason
 
     def _check_record(self, record: DHTRecord, data: bytes) -> str | None:
+        hook = self.hook
         try:
-            env = decode_record(data, self.max_bytes)
+            # The hook (the receiver's RecordValidator) decodes and verifies once for the guard and the channel.
+            got = hook(data) if hook is not None else decode_record(data, self.max_bytes)
         except (RecordDecodeError, RecordSignatureError) as e:
             return e.reason
+        if not isinstance(got, Envelope):  # a reason, or a hook that broke its contract
+            return got if isinstance(got, str) else "invalid_record"
+        env = got
         if env.swarm != self.swarm:
             return "wrong_swarm"
-        if key_id(record_key(self.swarm, env.window, env.sender, record_digest(data))) != record.key:
+        if key_id(record_key(self.swarm, env.window, env.sender, record_digest_hex(data))) != record.key:
             return "key_mismatch"
-        hook = self.hook
-        if hook is not None and not hook(data):
-            return "invalid_record"
         return None
 
     def _entry(self, data: bytes) -> tuple[Any, str | None]:
@@ -303,6 +347,8 @@ class HivemindTransport(Transport):
         node: DHTNode,
         guard: DHTRecordGuard | None,
         addresses: list[str],
+        create_kwargs: dict[str, Any] | None = None,
+        key_dir: str | None = None,
     ):
         self.cfg = cfg
         self.protocol = protocol
@@ -316,6 +362,15 @@ class HivemindTransport(Transport):
         self.reader = ShardReader(swarm, self.params, keep_windows=cfg.expiration_windows + 2)
         self._closed = False
         self._fetch_lock = asyncio.Lock()
+        # What a restart needs: the DHTNode.create arguments, the daemon's key file, peers' addresses.
+        self._create_kwargs = dict(create_kwargs or {})
+        self._key_dir = key_dir
+        self._known_peers: OrderedDict[str, str] = OrderedDict()  # libp2p peer id -> a multiaddr with /p2p/
+        self._restart_lock = asyncio.Lock()
+        self._restart_after = 0.0  # monotonic time before which a failed restart is not retried
+        self._restart_failures = 0
+        #: DHT restarts after the daemon died (``stats()['restarts']``).
+        self.restarts = 0
 
     @classmethod
     async def create(
@@ -323,12 +378,12 @@ class HivemindTransport(Transport):
         cfg: HivemindTransportConfig,
         *,
         swarm: str,
-        validate: Callable[[bytes], bool] | None = None,
+        validate: RecordCheck | None = None,
         protocol: ProtocolConfig | None = None,
     ) -> HivemindTransport:
         """Start a DHT node (and its p2pd), bootstrapping from ``cfg.initial_peers`` or starting a new swarm.
 
-        ``validate`` is the store-time hook (e.g. ``RecordValidator.is_storable``); it must be stateless, since
+        ``validate`` is the store-time hook (e.g. ``RecordValidator.verdict``); it must be stateless, since
         hivemind validates the same entry many times. ``protocol`` gives the window length and record size cap
         (defaults: ``ProtocolConfig()``); every node of a swarm must use the same window length.
         """
@@ -341,16 +396,21 @@ class HivemindTransport(Transport):
                 max_ttl_s=(cfg.expiration_windows + protocol.max_future_windows + 2) * protocol.window_seconds,
                 validate=validate,
                 params=ShardParams.from_config(protocol),
+                clock_offset_s=protocol.clock_offset_s,
             )
         runner = _LoopThread(name=f"hivemind-dht-{swarm}")
+        key_dir = tempfile.mkdtemp(prefix="rl-swarm-p2pd-")
+        _write_daemon_key(os.path.join(key_dir, "p2pd.key"))
         kwargs: dict[str, Any] = dict(
             initial_peers=list(cfg.initial_peers) or None,
             host_maddrs=[f"/ip4/{cfg.host}/tcp/{cfg.port}"],
             client_mode=cfg.client_mode,
             record_validator=guard,
             wait_timeout=cfg.request_timeout_s,
-            # A fresh p2pd per node has its own libp2p key (peer id): never a key shared by DHTs in one process.
-            identity_path=None,
+            # A fresh key per transport (never one shared by DHTs in one process), kept in a private file so that a
+            # restarted daemon comes back with the same peer id; no identity check: the key was made just now.
+            identity_path=os.path.join(key_dir, "p2pd.key"),
+            check_if_identity_free=False,
         )
         if cfg.announce_maddrs:
             kwargs["announce_maddrs"] = list(cfg.announce_maddrs)
@@ -359,23 +419,24 @@ class HivemindTransport(Transport):
             maddrs = await runner.call(node.get_visible_maddrs(), timeout=cfg.request_timeout_s)
         except BaseException as e:
             runner.stop()
+            shutil.rmtree(key_dir, ignore_errors=True)
             if isinstance(e, asyncio.CancelledError):
                 raise
             raise TransportError(f"hivemind DHT could not start ({e.__class__.__name__}: {e})") from e
         addresses = [str(m) for m in maddrs]
         logger.info("hivemind DHT up for swarm %r at %s", swarm, ", ".join(addresses))
-        return cls(cfg, protocol, swarm, runner, node, guard, addresses)
+        return cls(cfg, protocol, swarm, runner, node, guard, addresses, create_kwargs=kwargs, key_dir=key_dir)
 
     # -- Transport interface -------------------------------------------------------------------------------------
 
     async def publish(self, data: bytes, *, window: int, sender: str, index: bytes | None = None) -> None:
         """Store the record under its content-addressed key and its sender's index entry under the peer key and the
         shard of each level this node writes; without ``index`` the record is stored but nobody can find it."""
-        self._check_open()
+        await self._ensure_daemon()
         if len(data) > self.protocol.max_record_bytes:
             cap = self.protocol.max_record_bytes
             raise TransportError(f"record of {len(data)} bytes exceeds max_record_bytes={cap}")
-        digest = record_digest(data)
+        digest = record_digest_hex(data)
         # Expire a fixed number of windows after the record's own window ends (not after the store).
         expiration = float((window + 1 + self.cfg.expiration_windows) * self.protocol.window_seconds)
         keys: list[str] = [record_key(self.swarm, window, sender, digest)]
@@ -421,7 +482,7 @@ class HivemindTransport(Transport):
     async def fetch_recent(self, windows: Sequence[int], *, prefer: Collection[str] = ()) -> list[bytes]:
         """A bounded sample of the records of ``windows`` (those of ``prefer`` first) plus what earlier polls fetched;
         never hangs, never raises on network faults: on a timeout it returns what it has."""
-        self._check_open()
+        await self._ensure_daemon()
         async with self._fetch_lock:
             try:
                 return await self.reader.poll(windows, prefer, self._get_shards, self._get_peers, self._get_records)
@@ -433,11 +494,23 @@ class HivemindTransport(Transport):
         """libp2p peer ids (base58) of the DHT nodes in this node's routing table."""
         if self._closed:
             return []
+        await self._ensure_daemon()
+        node = self._node
 
         async def read() -> list[str]:
-            return [str(pid) for pid in self._node.protocol.routing_table.peer_id_to_uid]
+            # Remember where connected peers listen: a restarted DHT bootstraps from them (the node that started
+            # the swarm has no initial peers of its own).
+            with contextlib.suppress(Exception):
+                for info in await asyncio.wait_for(node.p2p.list_peers(), self.cfg.request_timeout_s):
+                    addrs = [str(a) for a in info.addrs if "/ip4/" in str(a) or "/ip6/" in str(a)]
+                    if addrs:
+                        self._known_peers.pop(str(info.peer_id), None)
+                        self._known_peers[str(info.peer_id)] = f"{addrs[0]}/p2p/{info.peer_id}"
+                while len(self._known_peers) > MAX_KNOWN_PEERS:
+                    self._known_peers.popitem(last=False)
+            return [str(pid) for pid in node.protocol.routing_table.peer_id_to_uid]
 
-        return await self._runner.call(read(), timeout=self.cfg.request_timeout_s)
+        return await self._runner.call(read(), timeout=self.cfg.request_timeout_s * 2)
 
     def addresses(self) -> list[str]:
         """Full multiaddrs other peers can bootstrap from (``/ip4/HOST/tcp/PORT/p2p/PEERID``)."""
@@ -465,8 +538,10 @@ class HivemindTransport(Transport):
         finally:
             self._kill_p2pd()
             self._runner.stop()
+            if self._key_dir is not None:
+                shutil.rmtree(self._key_dir, ignore_errors=True)
 
-    def set_record_validator(self, validate: Callable[[bytes], bool] | None) -> None:
+    def set_record_validator(self, validate: RecordCheck | None) -> None:
         """Swap the store-time hook; takes effect at once (the guard runs in this process)."""
         self._record_validator = validate
         if self.guard is not None:
@@ -499,6 +574,7 @@ class HivemindTransport(Transport):
             **self.reader.stats,
             "swarm_estimate": self.reader.estimate or 0.0,
             "read_level": self.reader.read_level(),
+            "restarts": self.restarts,
         }
         if self.guard is None:
             return {**out, "accepted": 0, "guard_seconds": 0.0}
@@ -506,6 +582,80 @@ class HivemindTransport(Transport):
             return {**out, "accepted": self.guard.accepted, "guard_seconds": self.guard.seconds}
 
     # -- internals ------------------------------------------------------------------------------------------------
+
+    def _daemon_exit(self) -> int | None:
+        """The p2pd daemon's exit code, or None while it runs (or when this node has no daemon of its own)."""
+        child = getattr(getattr(self._node, "p2p", None), "_child", None)
+        return None if child is None else child.returncode
+
+    async def _ensure_daemon(self) -> None:
+        """Raise if closed; restart the DHT if its daemon died under us (see the module docstring)."""
+        if self._closed:
+            raise TransportError("hivemind transport is closed")
+        code = self._daemon_exit()
+        if code is None:
+            return
+        if code == 0:
+            # SIGINT/SIGTERM (Ctrl-C reaches the whole process group): the node is stopping too; fail at once,
+            # since a request would wait for its full timeout.
+            raise TransportError("hivemind's p2pd daemon exited (code 0)")
+        async with self._restart_lock:
+            if self._daemon_exit() is None:  # restarted by a concurrent call meanwhile
+                return
+            if time.monotonic() < self._restart_after:
+                raise TransportError(f"hivemind's p2pd daemon exited (code {code}); restart pending")
+            await self._restart(code)
+
+    async def _restart(self, code: int) -> None:
+        old = self._node
+        port = self.cfg.port or _port_of(self._addresses)
+        peers = list(dict.fromkeys([*self.cfg.initial_peers, *self._known_peers.values()]))
+        logger.warning(
+            "hivemind's p2pd daemon exited (code %s); restarting the DHT on port %s with %d known peers",
+            code,
+            port,
+            len(peers),
+        )
+        kwargs = {
+            **self._create_kwargs,
+            "initial_peers": peers or None,
+            "host_maddrs": [f"/ip4/{self.cfg.host}/tcp/{port}"],
+            "node_id": old.node_id,
+        }
+
+        async def drop_old() -> None:
+            old.is_alive = False
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(old.p2p.shutdown(), 2.0)
+
+        with contextlib.suppress(Exception):
+            await self._runner.call(drop_old(), timeout=3.0)
+        try:
+            try:
+                node = await self._runner.call(DHTNode.create(**kwargs), timeout=self.cfg.startup_timeout_s)
+            except Exception as e:
+                if port == 0:
+                    raise
+                # The port may still be held (e.g. by a stray daemon): any port beats none, peers are dialled by us.
+                logger.warning("DHT restart on port %s failed (%s); trying a free port", port, e)
+                kwargs["host_maddrs"] = [f"/ip4/{self.cfg.host}/tcp/0"]
+                node = await self._runner.call(DHTNode.create(**kwargs), timeout=self.cfg.startup_timeout_s)
+            maddrs = await self._runner.call(node.get_visible_maddrs(), timeout=self.cfg.request_timeout_s)
+        except Exception as e:
+            self._restart_failures += 1
+            delay = min(RESTART_BACKOFF_S[0] * 2 ** (self._restart_failures - 1), RESTART_BACKOFF_S[1])
+            self._restart_after = time.monotonic() + delay
+            logger.warning("DHT restart failed (%s: %s); retrying in %.0fs", e.__class__.__name__, e, delay)
+            raise TransportError(f"hivemind DHT restart failed ({e.__class__.__name__}: {e})") from e
+        if self._closed:  # closed while restarting: the new daemon must not outlive the transport
+            with contextlib.suppress(Exception):
+                await self._runner.call(node.p2p.shutdown(), timeout=P2PD_EXIT_TIMEOUT_S)
+            raise TransportError("hivemind transport is closed")
+        self._node = node
+        self._addresses = [str(m) for m in maddrs]
+        self._restart_failures = 0
+        self.restarts += 1
+        logger.warning("DHT restarted (restart %d) at %s", self.restarts, ", ".join(self._addresses))
 
     async def _call(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
         """A DHT request on the private loop that ends as soon as p2pd exits (it would otherwise wait out its
@@ -539,13 +689,13 @@ class HivemindTransport(Transport):
             # e.g. Ctrl-C reached the daemon too: a request would wait for its full timeout, so fail at once
             raise TransportError(f"hivemind's p2pd daemon exited (code {child.returncode})")
 
-    async def _get_shards(self, addrs: list) -> dict:
+    async def _get_shards(self, addrs: list[Any]) -> dict[Any, Any]:
         keys = {shard_key(self.swarm, *a): a for a in addrs}
         # latest: a cached shard would hide entries announced since; force a lookup across the key's replicas.
         found = await self._call(
             self._node.get_many(list(keys), sufficient_expiration_time=float("inf")), self.cfg.request_timeout_s
         )
-        out: dict = {}
+        out: dict[Any, Any] = {}
         for key, addr in keys.items():
             entry = found.get(key)
             value = entry.value if entry is not None else None
@@ -553,23 +703,23 @@ class HivemindTransport(Transport):
                 out[addr] = [v.value for v in value.values() if isinstance(getattr(v, "value", None), bytes)]
         return out
 
-    async def _get_peers(self, addrs: list) -> dict:
+    async def _get_peers(self, addrs: list[Any]) -> dict[Any, Any]:
         keys = {peer_key(self.swarm, *a): a for a in addrs}
         found = await self._call(
             self._node.get_many(list(keys), sufficient_expiration_time=float("inf")), self.cfg.request_timeout_s
         )
-        out: dict = {}
+        out: dict[Any, Any] = {}
         for key, addr in keys.items():
             entry = found.get(key)
             if entry is not None and isinstance(entry.value, bytes):
                 out[addr] = entry.value
         return out
 
-    async def _get_records(self, addrs: list) -> dict:
+    async def _get_records(self, addrs: list[Any]) -> dict[Any, Any]:
         keys = {record_key(self.swarm, *a): a for a in addrs}
         # Content addressing makes every unexpired copy identical: any replica's answer will do.
         found = await self._call(self._node.get_many(list(keys)), self.cfg.request_timeout_s)
-        out: dict = {}
+        out: dict[Any, Any] = {}
         for key, addr in keys.items():
             entry = found.get(key)
             if entry is not None and isinstance(entry.value, bytes):

@@ -49,6 +49,7 @@ import multiaddr
 import trio
 from libp2p import new_host
 from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.tools.anyio_service import background_trio_service
@@ -150,7 +151,7 @@ class Libp2pTransport(Transport):
     ) -> Libp2pTransport:
         """Start a libp2p host, join the swarm's topic and connect to ``cfg.initial_peers`` (if any).
 
-        ``validate`` is the stateless edge check (``RecordValidator.is_storable``). ``validate_own=False`` lets
+        ``validate`` is the stateless edge check (``RecordValidator.verdict``). ``validate_own=False`` lets
         this node publish messages its own validator would refuse (fault injection in tests only).
         """
         protocol = protocol if protocol is not None else ProtocolConfig()
@@ -296,7 +297,7 @@ class Libp2pTransport(Transport):
         ):
             try:
                 with trio.fail_after(cfg.startup_timeout_s):
-                    host.set_stream_handler(SYNC_PROTOCOL, server.handle)
+                    host.set_stream_handler(TProtocol(SYNC_PROTOCOL), server.handle)
                     await pubsub.wait_until_ready()
                     pubsub.set_topic_validator(self.topic, self._t_validate, True)
                     subscription = await pubsub.subscribe(self.topic)

@@ -29,10 +29,11 @@ import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from protocol.codec import RecordDecodeError, RecordSignatureError
 from protocol.errors import TransportError
 from protocol.layout import ShardParams, ShardReader, decode_index_entry, record_digest_hex, shard_of
-from protocol.records import RecordDecodeError, RecordSignatureError
 from protocol.transport.base import RecordCheck, Transport
 from protocol.transport.config import MemoryTransportConfig, ProtocolConfig
 
@@ -89,7 +90,8 @@ class MemoryNetwork:
         self._records: dict[tuple[int, str, str], _Entry] = {}  # (window, sender, digest) -> record
         self._peer_entries: dict[tuple[int, str], _Listing] = {}  # (window, sender) -> index entry
         self._shards: dict[tuple[int, int, int], dict[str, _Listing]] = {}  # (window, level, shard) -> sender -> entry
-        self._window_keys: dict[int, tuple[list, list, list]] = {}  # window -> keys of the three maps, for expiry
+        # window -> keys of the three maps, for expiry
+        self._window_keys: dict[int, tuple[list[Any], list[Any], list[Any]]] = {}
         self._newest_window: int | None = None
         self.refused: Counter[str] = Counter()  # index entries refused at store time, by reason
         self._next_rid = 0
@@ -355,7 +357,7 @@ class MemoryTransport(Transport):
         ok = self._verdicts.get(e.rid)
         if ok is None:
             try:
-                ok = bool(check(e.data))
+                ok = not isinstance(check(e.data), str)
             except Exception:
                 ok = False
             if len(self._verdicts) > 100_000:
@@ -379,13 +381,13 @@ class MemoryTransport(Transport):
         net, me = self.network, self.peer_id
         keep = self._keep if self._record_validator else None
 
-        async def shards(addrs: list) -> dict:
+        async def shards(addrs: list[Any]) -> dict[Any, Any]:
             return net._get_shards(me, addrs)
 
-        async def peers(addrs: list) -> dict:
+        async def peers(addrs: list[Any]) -> dict[Any, Any]:
             return net._get_peers(me, addrs)
 
-        async def records(addrs: list) -> dict:
+        async def records(addrs: list[Any]) -> dict[Any, Any]:
             return net._get_records(me, addrs, keep)
 
         return await self.reader.poll(windows, prefer, shards, peers, records)

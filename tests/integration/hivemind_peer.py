@@ -11,6 +11,11 @@ Hostile role (``--hostile``): a node whose own DHT does not validate; it writes 
 oversized, malformed, wrong-swarm and misfiled entries straight into the DHT (``store_raw``), bypassing the
 transport's layout, and prints ``HOSTILE DONE`` once it has tried them all.
 
+Sybil role (``--sybils N``): every ``--publish-interval`` seconds, N fresh throwaway identities each publish one
+valid, *informative* rollouts record (one group on a real training task of the node's default families, half the
+completions right and half wrong, so a node's re-scoring keeps it) through the real transport, each listed in its
+own signed index entry (``sim.adversary.SybilSwarm``). It prints ``SYBILS <rounds> <identities>`` after each round.
+
 Knows nothing about pytest; the tests read its stdout and files.
 """
 
@@ -29,10 +34,10 @@ from pathlib import Path
 
 from protocol.channel import Channel
 from protocol.identity import Identity
-from protocol.layout import IndexWriter, encode_index_entry, peer_key, shard_key, shard_of
+from protocol.layout import IndexWriter, encode_index_entry, peer_key, record_digest_hex, shard_key, shard_of
 from protocol.records import encode_record, sign_body, window_of
 from protocol.transport.config import HivemindTransportConfig, ProtocolConfig
-from protocol.transport.hivemind_dht import HivemindTransport, record_digest, record_key
+from protocol.transport.hivemind_dht import HivemindTransport, record_key
 from protocol.types import Completion, Group, RolloutBatch, TaskRef
 from protocol.validation import RecordValidator
 
@@ -57,6 +62,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-record-kb", type=int, default=512)
     ap.add_argument("--client-mode", action="store_true")
     ap.add_argument("--hostile", action="store_true")
+    ap.add_argument("--sybils", type=int, default=0, help="sybil role: fresh identities per round")
     ap.add_argument("--out", type=Path)
     return ap.parse_args(argv)
 
@@ -70,7 +76,7 @@ async def honest(a: argparse.Namespace, stop: asyncio.Event) -> None:
     identity = Identity.load_or_create(a.key) if a.key else Identity.generate()
     validator = RecordValidator.from_config(a.swarm, pc)
     cfg = HivemindTransportConfig(initial_peers=a.bootstrap, client_mode=a.client_mode, request_timeout_s=5)
-    transport = await HivemindTransport.create(cfg, swarm=a.swarm, validate=validator.is_storable, protocol=pc)
+    transport = await HivemindTransport.create(cfg, swarm=a.swarm, validate=validator.verdict, protocol=pc)
     channel = await Channel.create(identity, transport, validator, fetch_past_windows=2, timeout_s=20)
     print("ADDR", transport.addresses()[0], identity.peer_id, flush=True)
     out = a.out.open("a")
@@ -126,7 +132,7 @@ async def hostile(a: argparse.Namespace, stop: asyncio.Event) -> None:
 
     async def put(data: bytes, window: int = w, sender: str = me.peer_id) -> None:
         """Store ``data`` under the record key of (window, sender) and list it in our own signed index entry."""
-        d = record_digest(data)
+        d = record_digest_hex(data)
         await dht.store_raw(record_key(a.swarm, window, sender, d), data, exp)
         entry = writer.add(data, window)
         if entry is not None:
@@ -159,13 +165,49 @@ async def hostile(a: argparse.Namespace, stop: asyncio.Event) -> None:
     listed = writer.add(good, w)
     assert listed is not None
     await dht.store_raw(shard_key(a.swarm, w, 0, 0), listed, exp, subkey="0" * 32)
-    forged = bytearray(encode_index_entry(me, a.swarm, w, [record_digest(good)]))
+    forged = bytearray(encode_index_entry(me, a.swarm, w, [record_digest_hex(good)]))
     forged[-1] ^= 1
     await dht.store_raw(peer_key(a.swarm, w, me.peer_id), bytes(forged), exp + 1)
     print("HOSTILE DONE", flush=True)
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), a.duration)
     await dht.close()
+
+
+async def sybils(a: argparse.Namespace, stop: asyncio.Event) -> None:
+    """Publish ``--sybils`` valid informative records per round under fresh identities until stopped."""
+    import random
+
+    from node.config import NodeConfig
+    from node.tasks import TaskSource
+    from sim.adversary import SybilSwarm
+
+    pc = _protocol(a)
+    validator = RecordValidator.from_config(a.swarm, pc)
+    cfg = HivemindTransportConfig(initial_peers=a.bootstrap, request_timeout_s=5)
+    transport = await HivemindTransport.create(cfg, swarm=a.swarm, validate=validator.verdict, protocol=pc)
+    print("ADDR", transport.addresses()[0], "sybils", flush=True)
+    tasks = TaskSource(NodeConfig().tasks)  # the families and seed a default node regenerates and trains on
+    swarm = SybilSwarm(
+        transport,
+        count=a.sybils,
+        swarm_id=a.swarm,
+        refs=lambda rng: tasks.sample(rng, 1),
+        solve=lambda ref: str(tasks.materialize(ref).answer),
+        group_size=4,
+        clock=time.time,
+        window_seconds=pc.window_seconds,
+        seed=random.randrange(2**31),
+    )
+    end = time.monotonic() + a.duration
+    try:
+        while not stop.is_set() and time.monotonic() < end:
+            await swarm.act()
+            print("SYBILS", swarm.rounds, len(swarm.senders), flush=True)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), a.publish_interval)
+    finally:
+        await transport.close()
 
 
 async def main(argv: list[str] | None = None) -> None:
@@ -175,7 +217,10 @@ async def main(argv: list[str] | None = None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await (hostile(a, stop) if a.hostile else honest(a, stop))
+    if a.sybils:
+        await sybils(a, stop)
+    else:
+        await (hostile(a, stop) if a.hostile else honest(a, stop))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,10 @@ SMALL_EVAL = [
 ]  # fmt: skip
 
 
+# The tests share one trained run dir (a module fixture): keep them on one xdist worker so it is trained once.
+pytestmark = [pytest.mark.xdist_group("eval_cli_run")]
+
+
 def cli(*args: str) -> subprocess.CompletedProcess:
     exe = shutil.which("swarm-node", path=str(Path(sys.executable).parent))
     cmd = [exe, *args] if exe else [sys.executable, "-m", "node.cli", *args]

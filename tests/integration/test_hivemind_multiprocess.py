@@ -5,58 +5,29 @@ Processes are tracked by pid and ended by pid (terminate, then kill), their p2pd
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-import psutil
 import pytest
+
+from tests.integration.procs import HivemindPeerProc
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.network]
 
 
-class Peer:
-    """One ``hivemind_peer`` process; stdout lines are collected by a reader thread."""
+class Peer(HivemindPeerProc):
+    """One ``hivemind_peer`` process writing what it received to ``<tmp>/<name>.jsonl``."""
 
     def __init__(self, name: str, tmp: Path, *args: str) -> None:
         self.name = name
         self.out = tmp / f"{name}.jsonl"
-        self.log = (tmp / f"{name}.log").open("a")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.integration.hivemind_peer", "--out", str(self.out), *args],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=self.log,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        self.pid = self.proc.pid
-        self.lines: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    def wait_line(self, prefix: str, timeout: float = 60) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for line in self.lines:
-                if line.startswith(prefix):
-                    return line
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        raise AssertionError(f"{self.name} (pid {self.pid}) printed no {prefix!r}; stdout={self.lines[-10:]}")
+        log = tmp / f"{name}.log"
+        if log.exists():  # a peer that rejoins under the same name keeps its first run's log
+            log.rename(tmp / f"{name}.{len(list(tmp.glob(f'{name}.*.log')))}.log")
+        super().__init__(["--out", str(self.out), *args], log)
 
     @property
     def addr(self) -> str:
@@ -74,33 +45,6 @@ class Peer:
     def metrics(self) -> dict:
         path = Path(f"{self.out}.metrics.json")
         return json.loads(path.read_text()) if path.exists() else {}
-
-    def stop(self, timeout: float = 15) -> None:
-        """SIGTERM (the peer closes its DHT and p2pd), then SIGKILL this pid and any child it left."""
-        try:
-            kids = [p.pid for p in psutil.Process(self.pid).children(recursive=True)]
-        except psutil.NoSuchProcess:
-            kids = []
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        for pid in kids:
-            with contextlib.suppress(ProcessLookupError, psutil.NoSuchProcess):
-                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                    os.kill(pid, signal.SIGKILL)
-        self.log.close()
-        self.left_children = [pid for pid in kids if psutil.pid_exists(pid) and _alive(pid)]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 @pytest.fixture

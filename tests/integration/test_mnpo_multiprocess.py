@@ -27,6 +27,7 @@ MNPO = [
     "--set", "mnpo.responses_per_prompt=3",
     "--set", "mnpo.pairs_per_step=8",
     "--set", "checkpoint.every=1000",
+    "--set", "eval.items_per_family=4",
 ]  # fmt: skip
 
 

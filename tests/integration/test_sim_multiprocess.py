@@ -26,6 +26,7 @@ def test_three_processes_share_rollouts(tmp_path):
                 "rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 16},
                 "sapo": {"local_groups": 2, "external_groups": 2},
                 "runtime": {"poll_interval_s": 0.5},
+                "eval": {"items_per_family": 4},
             },
             "configurations": [{"name": "2-2"}],
             "multiprocess": {"startup_timeout_s": 240, "run_timeout_s": 720},

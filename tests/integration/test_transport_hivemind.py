@@ -10,9 +10,9 @@ import pytest
 
 from protocol.errors import TransportError
 from protocol.identity import Identity
-from protocol.layout import IndexWriter, shard_key
+from protocol.layout import IndexWriter, record_digest_hex, shard_key
 from protocol.transport.config import HivemindTransportConfig, ProtocolConfig
-from protocol.transport.hivemind_dht import HivemindTransport, record_digest, record_key
+from protocol.transport.hivemind_dht import HivemindTransport, record_key
 from protocol.validation import RecordValidator
 from tests.contract.transport_contract import *  # noqa: F403
 from tests.contract.transport_contract import (
@@ -33,7 +33,7 @@ PROTOCOL = ProtocolConfig(window_seconds=WINDOW_SECONDS)
 async def _start(initial_peers: list[str], **cfg) -> HivemindTransport:
     validator = RecordValidator.from_config(SWARM, PROTOCOL)
     config = HivemindTransportConfig(initial_peers=initial_peers, request_timeout_s=5, **cfg)
-    return await HivemindTransport.create(config, swarm=SWARM, validate=validator.is_storable, protocol=PROTOCOL)
+    return await HivemindTransport.create(config, swarm=SWARM, validate=validator.verdict, protocol=PROTOCOL)
 
 
 make_transports = bootstrapped_transports(_start)
@@ -62,7 +62,7 @@ async def test_store_time_guard_refuses_forged_and_misfiled_records(make_transpo
     with pytest.raises(TransportError, match="key_mismatch"):
         await a.publish(good, window=w, sender=other.peer_id)
     exp = float((w + 3) * WINDOW_SECONDS)
-    assert not await a.store_raw(record_key(SWARM, w - 1, ident.peer_id, record_digest(good)), good, exp)
+    assert not await a.store_raw(record_key(SWARM, w - 1, ident.peer_id, record_digest_hex(good)), good, exp)
     # Index entries: junk bytes, and an authentic entry of `ident` under another sender's subkey.
     assert not await a.store_raw(shard_key(SWARM, w, 0, 0), b"data", exp, subkey=ident.peer_id)
     entry = IndexWriter(ident, SWARM).add(good, w)
@@ -84,13 +84,13 @@ async def test_unvalidating_peer_cannot_plant_records_on_honest_ones(make_transp
     try:
         w = now_window()
         junk = b"\x81\xa1x\xa1y" * 1000
-        d = record_digest(junk)
+        d = record_digest_hex(junk)
         rogue_id = Identity.generate()
         entry = IndexWriter(rogue_id, SWARM).add(junk, w)
         await rogue.publish(junk, window=w, sender=rogue_id.peer_id, index=entry)  # the rogue's node keeps it...
         assert honest.rejections().get("malformed", 0) >= 1  # ...the honest one refused to store it
         assert await honest.fetch_recent([w]) == []
-        assert d == record_digest(junk)
+        assert d == record_digest_hex(junk)
     finally:
         await rogue.close()
 

@@ -82,7 +82,7 @@ async def run(a: argparse.Namespace) -> dict:
         expiration_windows=8,
     )
     transport = await Libp2pTransport.create(
-        cfg, swarm=SWARM, validate=validator.is_storable, protocol=PROTOCOL, validate_own=not a.hostile
+        cfg, swarm=SWARM, validate=validator.verdict, protocol=PROTOCOL, validate_own=not a.hostile
     )
     for addr in transport.addresses():
         print(f"listening on {addr}", flush=True)

@@ -15,16 +15,15 @@ from node import tiny
 from node.april import AprilBuffer, PendingGroup, groups_in_flight, run_round
 from node.config import ModelConfig
 from node.engine import RolloutRequest, TransformersEngine, apply_top_p
+from node.planner import UniformPlanner
 from node.policy import Policy, load_policy
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.getbasetemp() / "tiny-cache"  # shared with the other modules
-    tiny.ensure_built(path, tiny.SMALL_RECIPE)
-    return path
+def cache(tiny_cache: Path) -> Path:
+    return tiny_cache  # holds the reduced model, shared with the other modules (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
@@ -233,6 +232,6 @@ def test_runtime_with_vade_and_dart_and_entropy_selection(cache: Path, tmp_path:
     assert {k for k, _ in node.planner.posteriors.tracked()} <= {k for k, _ in node2.planner.posteriors.tracked()}
 
 
-def test_features_off_create_no_planner(cache: Path, tmp_path: Path) -> None:
+def test_features_off_plan_uniformly_with_no_plan_metrics(cache: Path, tmp_path: Path) -> None:
     node, rows = asyncio.run(_run(_cfg(cache), tmp_path, 1))
-    assert node.planner is None and "plan_groups" not in rows[0]
+    assert isinstance(node.planner, UniformPlanner) and "plan_groups" not in rows[0]

@@ -6,9 +6,9 @@ import logging
 import pytest
 
 from protocol.channel import Channel
+from protocol.codec import EncodeError
 from protocol.errors import TransportError
 from protocol.identity import Identity
-from protocol.records import EncodeError
 from protocol.transport.base import Transport
 from protocol.transport.faults import Duplicate
 from protocol.transport.memory import MemoryNetwork, MemoryTransport

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -17,8 +18,8 @@ QUESTIONS = ["State the final answer to the following arithmetic problem: 3 + 4 
 
 
 @pytest.fixture(scope="module")
-def policy(tmp_path_factory: pytest.TempPathFactory) -> Policy:
-    path = tiny.ensure_built(tmp_path_factory.getbasetemp() / "tiny-cache", tiny.SMALL_RECIPE)  # shared by modules
+def policy(tiny_cache: Path) -> Policy:
+    path = tiny.ensure_built(tiny_cache, tiny.SMALL_RECIPE)  # shared by modules
     return load_policy(ModelConfig(name=str(path)))
 
 

@@ -89,11 +89,11 @@ def test_small_families_are_warned_about_once_per_family(caplog: pytest.LogCaptu
 
 
 @pytest.fixture(scope="module")
-def small_policy(tmp_path_factory: pytest.TempPathFactory):
+def small_policy(tiny_cache: Path):
     from node.engine import TransformersEngine
     from node.policy import load_policy
 
-    path = tiny.ensure_built(tmp_path_factory.getbasetemp() / "tiny-cache", tiny.SMALL_RECIPE)
+    path = tiny.ensure_built(tiny_cache, tiny.SMALL_RECIPE)
     policy = load_policy(ModelConfig(name=str(path), device="cpu"))
     return policy, TransformersEngine(policy, batch_size=64)
 

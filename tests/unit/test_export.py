@@ -23,8 +23,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def base_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny.ensure_built(tmp_path_factory.getbasetemp() / "tiny-cache", tiny.SMALL_RECIPE)  # shared by modules
+def base_path(tiny_cache: Path) -> Path:
+    return tiny.ensure_built(tiny_cache, tiny.SMALL_RECIPE)  # shared by modules
 
 
 def _export(*args: str) -> subprocess.CompletedProcess:

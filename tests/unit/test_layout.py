@@ -2,6 +2,7 @@
 
 import pytest
 
+from protocol.codec import RecordDecodeError, RecordSignatureError
 from protocol.identity import Identity
 from protocol.layout import (
     MAX_INDEX_DIGESTS,
@@ -13,7 +14,6 @@ from protocol.layout import (
     record_digest_hex,
     shard_of,
 )
-from protocol.records import RecordDecodeError, RecordSignatureError
 from protocol.transport.config import ProtocolConfig
 from protocol.transport.memory import MemoryNetwork, MemoryTransport
 

@@ -11,6 +11,7 @@ BASE = {
     "rollout": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 16},
     "sapo": {"local_groups": 2},
     "mnpo": {"eta": 0.5, "prompts_per_window": 2, "responses_per_prompt": 3, "pairs_per_step": 8},
+    "eval": {"items_per_family": 4},  # the in-process simulator evaluates every node at the start and the end
 }
 
 

@@ -12,13 +12,13 @@ import torch
 from node import policy as policy_mod
 from node import tiny
 from node.config import ModelConfig
-from node.policy import PLAIN_TEMPLATE, ModelLoadError, load_policy, resolve_device, resolve_dtype
-from node.tasks import ANSWER_INSTRUCTION
+from node.policy import ModelLoadError, load_policy, resolve_device, resolve_dtype
+from node.tasks import ANSWER_INSTRUCTION, PLAIN_TEMPLATE
 
 
 @pytest.fixture(scope="module")
-def small_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny.ensure_built(tmp_path_factory.getbasetemp() / "tiny-cache", tiny.SMALL_RECIPE)  # shared by modules
+def small_dir(tiny_cache: Path) -> Path:
+    return tiny.ensure_built(tiny_cache, tiny.SMALL_RECIPE)  # shared by modules
 
 
 def test_load_local_dir(small_dir: Path) -> None:

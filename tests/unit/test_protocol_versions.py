@@ -7,6 +7,7 @@ import logging
 import pytest
 
 from protocol import version
+from protocol.codec import RecordDecodeError, strict_unpackb
 from protocol.identity import Identity
 from protocol.layout import (
     IndexWriter,
@@ -16,7 +17,7 @@ from protocol.layout import (
     decode_index_entry,
     encode_index_entry,
 )
-from protocol.records import RecordDecodeError, decode_record, sign_body, strict_unpackb
+from protocol.records import decode_record, sign_body
 from protocol.version import ENV_OVERRIDE, INCOMPATIBLE, PROTOCOL_VERSION, format_version
 from tests.unit.test_records import vector_record
 

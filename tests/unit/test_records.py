@@ -8,31 +8,21 @@ from pathlib import Path
 import msgpack
 import pytest
 
+from protocol.codec import EncodeError, RecordDecodeError, RecordSignatureError, canonical_packb, strict_unpackb
 from protocol.errors import DecodeError, SignatureError
 from protocol.identity import Identity
+from protocol.kinds import RecordKind, get_kind, register_kind, registered_kinds
 from protocol.records import (
     SIGNING_DOMAIN,
-    EncodeError,
-    RecordDecodeError,
-    RecordKind,
-    RecordSignatureError,
     SequenceCounter,
-    canonical_packb,
     decode_record,
     encode_record,
-    expect_float,
-    expect_list,
-    expect_map,
-    expect_str,
-    get_kind,
-    register_kind,
-    registered_kinds,
     sign_body,
     signing_input,
-    strict_unpackb,
     window_of,
     wrap_record,
 )
+from protocol.schema import expect_float, expect_list, expect_map, expect_str
 from protocol.types import Completion, Group, RolloutBatch, TaskRef
 from protocol.version import PROTOCOL_VERSION
 
@@ -332,9 +322,9 @@ def test_register_another_kind():
         body["payload"]["note"] = "x" * 11
         assert reason_of(resign(body)) == "schema"
     finally:
-        from protocol import records
+        from protocol import kinds
 
-        records._KINDS.pop("test_scores", None)
+        kinds._KINDS.pop("test_scores", None)
 
 
 def test_kind_names_are_checked():

@@ -1,5 +1,5 @@
-"""Issue 6 extras: the APRIL and VADE benchmarks' quick modes run; the default path never imports vllm; the vLLM
-engine on a GPU (marker ``gpu``: same interface, per-token logprobs, weight sync without a restart)."""
+"""Rollout-efficiency extras: the APRIL and VADE benchmarks' quick modes run; the default path never imports vllm;
+the vLLM engine on a GPU (marker ``gpu``: same interface, per-token logprobs, weight sync without a restart)."""
 
 from __future__ import annotations
 
@@ -20,9 +20,8 @@ def _load(name: str):
     return module
 
 
-def test_b2_april_quick(tmp_path: Path, tmp_path_factory) -> None:
-    cache = tmp_path_factory.getbasetemp() / "tiny-cache"
-    assert _load("b2_april").main(["--quick", "--out", str(tmp_path), "--cache-dir", str(cache)]) == 0
+def test_b2_april_quick(tmp_path: Path, tiny_cache: Path) -> None:
+    assert _load("b2_april").main(["--quick", "--out", str(tmp_path), "--cache-dir", str(tiny_cache)]) == 0
     text = (tmp_path / "b2_april.md").read_text()
     assert "| APRIL 2x |" in text and "without APRIL" in text and "cores" in text
 

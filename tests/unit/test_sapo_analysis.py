@@ -1,4 +1,4 @@
-"""The SAPO experiment's metrics, from a synthetic run directory (sim.sapo_analysis)."""
+"""The SAPO experiment's metrics, from a synthetic run directory (sim.experiments.sapo)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sim import sapo_analysis as sa
+from sim.experiments import sapo as sa
 
 
 def _write(path: Path, rows: list[dict]) -> None:

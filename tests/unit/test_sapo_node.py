@@ -15,8 +15,8 @@ from swarm.sapo import SapoBatch
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny.ensure_built(tmp_path_factory.getbasetemp() / "tiny-cache", tiny.SMALL_RECIPE)
+def model_dir(tiny_cache: Path) -> Path:
+    return tiny.ensure_built(tiny_cache, tiny.SMALL_RECIPE)
 
 
 def _peer_group(node, ref: TaskRef) -> PooledGroup:
@@ -47,7 +47,7 @@ def test_peer_importance_weights_switch(model_dir: Path, tmp_path: Path, weights
             import random
 
             ref = node.tasks.sample(random.Random(0), 1)[0]
-            samples = node.build_samples(SapoBatch(external=[_peer_group(node, ref)]))
+            samples = node.samples.build(SapoBatch(external=[_peer_group(node, ref)]), {})
         finally:
             await node.close()
         return samples

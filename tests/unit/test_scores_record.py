@@ -6,17 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from protocol.codec import EncodeError, RecordDecodeError, canonical_packb, strict_unpackb
 from protocol.identity import Identity
-from protocol.records import (
-    EncodeError,
-    RecordDecodeError,
-    canonical_packb,
-    decode_record,
-    encode_record,
-    get_kind,
-    sign_body,
-    strict_unpackb,
-)
+from protocol.kinds import get_kind
+from protocol.records import decode_record, encode_record, sign_body
 from protocol.types import TaskRef
 from protocol.validation import RecordValidator
 from swarm.scores import HASH_LEN, KIND, MAX_SCORES, ScoreBatch, response_hash

@@ -193,6 +193,7 @@ def test_real_tiny_model_two_nodes(tmp_path):
                 "rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 16},
                 "model": {"device": "cpu"},
                 "sapo": {"local_groups": 2, "external_groups": 2},
+                "eval": {"items_per_family": 4},
             },
             "configurations": [{"name": "2-2"}],
         }

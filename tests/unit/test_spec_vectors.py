@@ -46,6 +46,12 @@ def derived() -> dict[str, str]:
         "shard_subkey_bytes": msgpack.packb(ALICE.peer_id, use_bin_type=True).hex(),
         "index_entry": encode_index_entry(ALICE, "spec", WINDOW, [digest]).hex(),
         "taskref_key": TaskRef("chain_sum", {"max_terms": 2, "b": "x y", "a": 1.5}, seed=0, index=42).key(),
+        "taskref_key_escapes": TaskRef(
+            "chain_sum",
+            {"max_terms": 2, "big": 1e16, "small": 1e-05, "half": 0.5, "neg": -3, "off": None, "on": True, "é": 'ü\n"'},
+            seed=7,
+            index=0,
+        ).key(),
     }
     return out
 

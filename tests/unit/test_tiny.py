@@ -19,8 +19,8 @@ from node.tasks import TaskSource, format_answer
 
 
 @pytest.fixture(scope="module")
-def small_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny.ensure_built(tmp_path_factory.getbasetemp() / "tiny-cache", tiny.SMALL_RECIPE)  # shared by modules
+def small_dir(tiny_cache: Path) -> Path:
+    return tiny.ensure_built(tiny_cache, tiny.SMALL_RECIPE)  # shared by modules
 
 
 def test_recipe_key_is_stable_and_changes_with_the_recipe() -> None:

@@ -127,7 +127,8 @@ async def test_retention_forgets_old_windows():
 async def test_store_time_check_filters_on_the_readers_side():
     net = MemoryNetwork()
     a = MemoryTransport(net, "a")
-    b = MemoryTransport(net, "b", validate=lambda data: b"good" in data)
+    # A RecordCheck returns the verified envelope (anything but a str) to keep a record, a reason to refuse it.
+    b = MemoryTransport(net, "b", validate=lambda data: object() if b"good" in data else "bad_signature")
     c = MemoryTransport(net, "c")
     await publish_listed(a, IDENT, b"good record", 1)
     await publish_listed(a, IDENT, b"bad record", 1)

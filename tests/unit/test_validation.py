@@ -7,9 +7,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from protocol.codec import canonical_packb
 from protocol.errors import DecodeError, SignatureError
 from protocol.identity import Identity
-from protocol.records import canonical_packb, decode_record, encode_record, signing_input, wrap_record
+from protocol.records import decode_record, encode_record, signing_input, wrap_record
 from protocol.transport.config import ProtocolConfig
 from protocol.types import Completion, Group, RolloutBatch, TaskRef
 from protocol.validation import REJECT_REASONS, RecordValidator
@@ -81,7 +82,7 @@ def test_window_edges_are_accepted():
 
 
 def test_bad_signature_and_sender_mismatch_are_counted():
-    from protocol.records import strict_unpackb
+    from protocol.codec import strict_unpackb
 
     v = make_validator()
     body = strict_unpackb(strict_unpackb(rec())["body"])
@@ -233,7 +234,7 @@ def test_arbitrary_msgpack_bodies_only_raise_decode_or_signature_errors(body, si
 @settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(st.dictionaries(st.sampled_from(["model", "policy_version", "tokenizer", "groups", "x"]), _values, max_size=5))
 def test_signed_records_with_arbitrary_payloads_are_rejected_cleanly(payload):
-    from protocol.records import strict_unpackb
+    from protocol.codec import strict_unpackb
 
     body = strict_unpackb(strict_unpackb(VALID)["body"])
     body["payload"] = payload

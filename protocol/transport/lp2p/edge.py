@@ -1,8 +1,10 @@
 """The libp2p transport's edge validator: what every record must pass before it is stored or forwarded.
 
 Size cap, decode (schema, canonical form, Ed25519 signature), swarm, window horizon (``max_future_windows``
-ahead, ``expiration_windows`` behind), then the caller's stateless hook (``RecordValidator.is_storable``). A
-record that passes is stored; a refusal is counted by reason and never raises. Knows nothing about replay or
+ahead, ``expiration_windows`` behind). With the caller's stateless hook (``RecordValidator.verdict``) installed,
+the hook decodes and verifies (and the receiving channel reuses that decode); without one, this module decodes
+itself. Only the libp2p-specific check (the expiration horizon) is this module's own. A record that passes is
+stored; a refusal is counted by reason and never raises. Knows nothing about replay or
 quotas (the channel's validator does those) nor about how the bytes arrived (gossip, announce-then-fetch, sync).
 """
 
@@ -12,10 +14,12 @@ import logging
 import time
 from collections.abc import Callable
 
-from protocol.records import RecordDecodeError, RecordSignatureError, decode_record, window_of
+from protocol.codec import RecordDecodeError, RecordSignatureError
+from protocol.records import decode_record, window_of
 from protocol.transport.base import RecordCheck
 from protocol.transport.config import ProtocolConfig
 from protocol.transport.lp2p.store import Counters, RecordStore, digest_of
+from protocol.types import Envelope
 
 logger = logging.getLogger(__name__)
 
@@ -63,12 +67,15 @@ class EdgeValidator:
         if len(data) > self.protocol.max_record_bytes:
             return "oversize"
         try:
-            env = decode_record(data, self.protocol.max_record_bytes)
+            got = self.hook(data) if self.hook is not None else decode_record(data, self.protocol.max_record_bytes)
         except (RecordDecodeError, RecordSignatureError) as e:
             return e.reason
         except Exception:  # the receive path never raises
             logger.debug("unexpected decode failure", exc_info=True)
             return "malformed"
+        if not isinstance(got, Envelope):  # a reason, or a hook that broke its contract
+            return got if isinstance(got, str) else "invalid_record"
+        env = got
         if env.swarm != self.swarm:
             return "wrong_swarm"
         now = self.now_window()
@@ -76,13 +83,6 @@ class EdgeValidator:
             return "future"
         if env.window < now - self.expiration_windows:
             return "stale"
-        if self.hook is not None:
-            try:
-                ok = bool(self.hook(data))
-            except Exception:
-                ok = False
-            if not ok:
-                return "invalid_record"
         evicted = self.store.add(env.window, digest_of(data), data)
         if evicted:
             self.counters.drop("store_evicted", evicted)

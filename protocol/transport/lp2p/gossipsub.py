@@ -92,7 +92,9 @@ def build_pubsub(host: Any, cfg: Libp2pTransportConfig, count: Count) -> tuple[C
         do_px=cfg.gossipsub_px,
     )
     router.count = count
-    gate = router.scorer.allow_publish
+    scorer = router.scorer
+    assert scorer is not None  # built from score_params above
+    gate = scorer.allow_publish
 
     def allow_publish(peer: ID, topics: list[str]) -> bool:
         ok = gate(peer, topics)
@@ -100,7 +102,8 @@ def build_pubsub(host: Any, cfg: Libp2pTransportConfig, count: Count) -> tuple[C
             count("low_peer_score")
         return ok
 
-    router.scorer.allow_publish = allow_publish
+    # Count refusals by score: the scorer's method is wrapped on this instance (py-libp2p offers no hook).
+    setattr(scorer, "allow_publish", allow_publish)  # noqa: B010
     pubsub = CountingPubsub(host, router, validation_timeout=cfg.request_timeout_s)
     pubsub.count = count
     return pubsub, router

@@ -55,10 +55,13 @@ class AdError(ValueError):
 
 
 def _packb(obj: Any) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True)
+    data: bytes = msgpack.packb(obj, use_bin_type=True)
+    return data
 
 
-def make_ad(key_pair: Any, peer: ID, *, swarm: str, addrs: Collection[str], version: tuple[int, int], now: float):
+def make_ad(
+    key_pair: Any, peer: ID, *, swarm: str, addrs: Collection[str], version: tuple[int, int], now: float
+) -> bytes:
     """Sign an advertisement of ``peer`` (whose key pair is ``key_pair``) listening at ``addrs``."""
     suffix = f"/p2p/{peer.to_base58()}"
     full = [a if a.endswith(suffix) else a + suffix for a in addrs][:MAX_AD_ADDRS]

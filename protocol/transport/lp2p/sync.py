@@ -140,7 +140,8 @@ class SyncClient:
     async def peers(self, peer: ID, own_ad: bytes) -> list[bytes]:
         """Exchange advertisements with ``peer``: send ours, get at most :data:`MAX_PX` back (unverified)."""
         with trio.fail_after(self.timeout):
-            return await self.request(peer, {"op": "peers", "ad": own_ad})
+            ads: list[bytes] = await self.request(peer, {"op": "peers", "ad": own_ad})
+            return ads
 
     async def sync_from(self, peer: ID, windows: Sequence[int]) -> int:
         """Pull the records of ``windows`` that ``peer`` has and we lack; returns how many new ones passed."""

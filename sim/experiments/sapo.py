@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from node.metrics import read_jsonl
+from sim.report import md_table
 
 _NAME_RE = re.compile(r"^(?P<prefix>[A-Za-z]+-[A-Za-z]+)-(?P<i>\d+)-(?P<j>\d+)(?:-(?P<ablation>[A-Za-z0-9_.+-]+))?$")
 _SEED_RE = re.compile(r"^seed(-?\d+)$")
@@ -119,7 +120,7 @@ def collect(run_dir: Path) -> dict[str, list[SeedResult]]:
             for node_dir in sorted(seed_dir.iterdir()):
                 n = _NODE_RE.match(node_dir.name)
                 metrics = read_jsonl(node_dir / "metrics.jsonl") if n else []
-                if metrics:  # a node that has not finished a step yet (a run in progress) is left out
+                if n and metrics:  # a node that has not finished a step yet (a run in progress) is left out
                     res.nodes[int(n.group(1))] = NodeRun(
                         metrics,
                         read_jsonl(node_dir / "eval.jsonl"),
@@ -134,7 +135,7 @@ def collect(run_dir: Path) -> dict[str, list[SeedResult]]:
 
 def window_reward(runs: list[SeedResult], first: bool, width: int = 10) -> float:
     """Mean own-rollout reward over the first (or last) ``width`` steps, over nodes and seeds."""
-    vals = []
+    vals: list[float] = []
     for r in runs:
         for n in r.nodes.values():
             rows = n.metrics[:width] if first else n.metrics[-width:]
@@ -198,18 +199,34 @@ def summary_rows(results: dict[str, list[SeedResult]], order: list[str]) -> list
 
 
 def markdown_summary(rows: list[dict[str, Any]]) -> str:
-    lines = [
-        "| config | seeds | steps | own-rollout reward (cum.) | ratio vs 8-0 | held-out start -> end | held-out gain "
-        "| batch reward (cum.) | batch ratio vs 8-0 | mean age of peer groups |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['config']} | {r['seeds']} | {r['steps']} | {_ms(r['own'], 1)} | {_ms(r['own_ratio'], 3)} | "
-            f"{_ms(r['heldout_start'], 3)} -> {_ms(r['heldout_end'], 3)} | {_ms(r['heldout_gain'], 3)} | "
-            f"{_ms(r['batch'], 1)} | {_ms(r['batch_ratio'], 3)} | {_ms(r['ext_age'], 1)} |"
+    head = (
+        "config",
+        "seeds",
+        "steps",
+        "own-rollout reward (cum.)",
+        "ratio vs 8-0",
+        "held-out start -> end",
+        "held-out gain",
+        "batch reward (cum.)",
+        "batch ratio vs 8-0",
+        "mean age of peer groups",
+    )
+    body = [
+        (
+            r["config"],
+            r["seeds"],
+            r["steps"],
+            _ms(r["own"], 1),
+            _ms(r["own_ratio"], 3),
+            f"{_ms(r['heldout_start'], 3)} -> {_ms(r['heldout_end'], 3)}",
+            _ms(r["heldout_gain"], 3),
+            _ms(r["batch"], 1),
+            _ms(r["batch_ratio"], 3),
+            _ms(r["ext_age"], 1),
         )
-    return "\n".join(lines)
+        for r in rows
+    ]
+    return md_table(head, body).rstrip("\n")
 
 
 def heldout_by_family(results: dict[str, list[SeedResult]], names: list[str]) -> str:

@@ -11,7 +11,8 @@ Two parts, written into one report (``OUT/mnpo.md``, ``OUT/mnpo_gap.png``, ``OUT
     part (``node.oracles.SyntheticOracle.population``). Each step every player samples responses into a shared pool,
     cross-scores the pool (``swarm.scores.ScoreBatch`` into a ``swarm.mnpo.ScoreBook``), builds pairs with its
     oracle, picks opponents with ``swarm.mnpo.select_opponents`` and takes one step of the real loss
-    (``node.losses.mnpo_loss`` / ``dpo_loss``). Every method gets the same budget (steps, samples, pairs, lr).
+    (``node.losses.mnpo_loss`` / ``dpo_loss``, through the loss registry). Every method gets the same budget
+    (steps, samples, pairs, lr).
     Metrics, exact for categorical policies under the population-level preference ``P``:
 
     * duality gap of ``pi``: ``2 max_a (P pi)_a - 1`` (0 exactly at the symmetric Nash equilibrium; the best
@@ -19,7 +20,8 @@ Two parts, written into one report (``OUT/mnpo.md``, ``OUT/mnpo_gap.png``, ``OUT
     * win rate of each player against the initial population (over steps) and against the *league*: the mixture
       of every method's final players (the population all methods end up in).
 
-Knows nothing about how nodes are run (``sim.inprocess``); only reads their metrics files.
+Knows nothing about how nodes are run (``sim.inprocess``); only reads their metrics files and
+writes its tables with the simulator's report helpers (``sim.report``).
 """
 
 from __future__ import annotations
@@ -29,68 +31,14 @@ import random
 import statistics
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
-from pydantic import Field, model_validator
-
-from protocol.config import StrictModel
-
-if TYPE_CHECKING:
-    from sim.config import SimConfig
+from sim.config import METHODS, MnpoGameConfig, SimConfig
+from sim.report import collect, md_table
 
 logger = logging.getLogger(__name__)
 
-Method = Literal["ht_mnpo", "td_mnpo", "ipo", "dpo"]
-METHODS: tuple[str, ...] = ("ht_mnpo", "td_mnpo", "ipo", "dpo")
 _OPPONENTS = {"ht_mnpo": "peers", "td_mnpo": "history", "ipo": "none", "dpo": "none"}
-
-
-class MnpoGameConfig(StrictModel):
-    """Part (b) of the MNPO experiment: a population of categorical policies with a non-transitive oracle."""
-
-    players: int = Field(default=6, ge=2, le=64)
-    """Players per method (the population, 4-8 in B6)."""
-    responses: int = Field(default=5, ge=3, le=101)
-    """Size of the fixed response set (odd: the cyclic tournament needs it)."""
-    cyclic: float = Field(default=0.8, ge=0, le=1)
-    """Strength of the rock-paper-scissors-like cyclic preference."""
-    transitive: float = Field(default=0.3, ge=0, le=1)
-    """Strength of a transitive ranking on top (lower response index better)."""
-    heterogeneity: float = Field(default=0.4, ge=0, le=2)
-    """Per-player disagreement with the population preference (centred skew-symmetric noise)."""
-    steps: int = Field(default=300, ge=1, le=1_000_000)
-    """Learner steps per player."""
-    samples_per_step: int = Field(default=3, ge=1, le=1000)
-    """Responses each player samples into the shared pool per step."""
-    pairs_per_step: int = Field(default=8, ge=1, le=10_000)
-    """Preference pairs per update (the same for every method)."""
-    lr: float = Field(default=0.05, gt=0, le=100)
-    """Adam learning rate on the logits."""
-    eta: float = Field(default=0.5, gt=0, le=100)
-    """MNPO / IPO eta (target margin 1/(2 eta) on log-ratios)."""
-    ratio: float = Field(default=0.3, ge=0, le=1)
-    """MNPO weight of the reference in the mixture the player competes against."""
-    dpo_beta: float = Field(default=1.0, gt=0, le=100)
-    """beta of the DPO baseline."""
-    max_opponents: int = Field(default=4, ge=1, le=64)
-    """Opponents per pair."""
-    history: int = Field(default=4, ge=1, le=64)
-    """Own past versions kept (TD-MNPO, and the HT fallback)."""
-    init_spread: float = Field(default=1.5, ge=0, le=20)
-    """Std of the initial logits (players start at different policies; each one's start is its reference)."""
-    eval_every: int = Field(default=10, ge=1)
-    """Steps between metric evaluations."""
-    methods: list[Method] = Field(default_factory=lambda: list(METHODS), min_length=1)
-    """Methods compared (same budget); ``ipo``/``dpo`` play against the reference only (n = 2)."""
-
-    @model_validator(mode="after")
-    def _check(self) -> MnpoGameConfig:
-        if self.responses % 2 == 0:
-            raise ValueError(f"mnpo_game.responses must be odd (cyclic tournament), got {self.responses}")
-        if len(set(self.methods)) != len(self.methods):
-            raise ValueError("mnpo_game.methods must be distinct")
-        return self
-
 
 # ----------------------------------------------------------------------------------------------------- the game
 
@@ -120,7 +68,7 @@ def run_game(cfg: MnpoGameConfig, method: str, seed: int) -> dict[str, Any]:
     """Play ``cfg`` with ``method`` for ``seed``; returns curves (gap, win rate vs the start) and final policies."""
     import torch
 
-    from node.losses import dpo_loss, mnpo_loss
+    from node.losses import get_loss, opponent_tensors
     from node.oracles import SyntheticOracle, response_text
     from protocol.types import TaskRef
     from swarm.mnpo import History, Pair, Response, ScoreBook, choose_pairs, select_opponents
@@ -143,6 +91,7 @@ def run_game(cfg: MnpoGameConfig, method: str, seed: int) -> dict[str, Any]:
     rng = random.Random(f"mnpo-game:{seed}:{method}")
     sample_gen = torch.Generator().manual_seed(seed + 1)
     source = _OPPONENTS[method]
+    spec = get_loss("dpo" if method == "dpo" else "mnpo")
     matrix = pop.matrix
     curve: list[dict[str, float]] = []
     stats = {"pairs": 0.0, "peer_opponents": 0.0, "self_opponents": 0.0}
@@ -211,19 +160,11 @@ def run_game(cfg: MnpoGameConfig, method: str, seed: int) -> dict[str, Any]:
             idx = {r.hash: a for a, r in enumerate(resp)}
             a_w = torch.tensor([idx[p.win.hash] for p in chosen])
             a_l = torch.tensor([idx[p.lose.hash] for p in chosen])
-            m = cfg.max_opponents
-            opp_w = torch.zeros(len(chosen), m, dtype=torch.float64)
-            opp_l = torch.zeros(len(chosen), m, dtype=torch.float64)
-            mask = torch.zeros(len(chosen), m, dtype=torch.bool)
-            for r, p in enumerate(chosen):
-                for c, o in enumerate(p.opponents[:m]):
-                    opp_w[r, c], opp_l[r, c], mask[r, c] = o.lp_w, o.lp_l, True
+            opp_w, opp_l, mask = opponent_tensors(
+                [[(o.lp_w, o.lp_l) for o in p.opponents] for p in chosen], cfg.max_opponents, torch.float64
+            )  # (P, J) each
             lp = torch.log_softmax(thetas[i], -1)
-            args = (lp[a_w], lp[a_l], refs[i][a_w], refs[i][a_l], opp_w, opp_l, mask)
-            if method == "dpo":
-                loss, _ = dpo_loss(*args, beta=cfg.dpo_beta)
-            else:
-                loss, _ = mnpo_loss(*args, eta=cfg.eta, ratio=cfg.ratio, max_opponents=m)
+            loss, _ = spec.fn(lp[a_w], lp[a_l], refs[i][a_w], refs[i][a_l], opp_w, opp_l, mask, **spec.kwargs(cfg))
             opts[i].zero_grad()
             loss.backward()
             opts[i].step()
@@ -270,18 +211,32 @@ def game_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def game_table(rows: list[dict[str, Any]]) -> str:
-    lines = [
-        "| method | seeds | duality gap (players) | gap (mixture) | gap at start | win rate vs league | "
-        "win rate vs start | peer opp./pair | own-history opp./pair |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['method']} | {r['seeds']} | {r['gap']:.4f} ± {r['gap_std']:.4f} | {r['gap_mixture']:.4f} | "
-            f"{r['gap_start']:.4f} | {r['win_league']:.4f} ± {r['win_league_std']:.4f} | {r['win_start']:.4f} | "
-            f"{r['peer_opponents']:.2f} | {r['self_opponents']:.2f} |"
+    head = (
+        "method",
+        "seeds",
+        "duality gap (players)",
+        "gap (mixture)",
+        "gap at start",
+        "win rate vs league",
+        "win rate vs start",
+        "peer opp./pair",
+        "own-history opp./pair",
+    )
+    body = [
+        (
+            r["method"],
+            r["seeds"],
+            f"{r['gap']:.4f} ± {r['gap_std']:.4f}",
+            f"{r['gap_mixture']:.4f}",
+            f"{r['gap_start']:.4f}",
+            f"{r['win_league']:.4f} ± {r['win_league_std']:.4f}",
+            f"{r['win_start']:.4f}",
+            f"{r['peer_opponents']:.2f}",
+            f"{r['self_opponents']:.2f}",
         )
-    return "\n".join(lines) + "\n"
+        for r in rows
+    ]
+    return md_table(head, body)
 
 
 def plot_game(results: list[dict[str, Any]], out: Path) -> list[Path]:
@@ -319,11 +274,13 @@ def plot_game(results: list[dict[str, Any]], out: Path) -> list[Path]:
 
 def node_rows(out: Path, order: list[str]) -> list[dict[str, Any]]:
     """Per configuration (method on the real tiny model): reward at start / end, gain, opponents per pair."""
-    from sim.report import collect
-
     rows = []
     for res in collect(out, order):
-        starts, ends, peer, own, pairs = [], [], [], [], []
+        starts: list[float] = []
+        ends: list[float] = []
+        peer: list[float] = []
+        own: list[float] = []
+        pairs: list[float] = []
         for run in res.runs:
             for series in run.nodes.values():
                 if not series:
@@ -354,17 +311,32 @@ def node_rows(out: Path, order: list[str]) -> list[dict[str, Any]]:
 
 
 def node_table(rows: list[dict[str, Any]]) -> str:
-    lines = [
-        "| config | nodes | steps | reward (first third) | reward (last third) | gain | pairs/step | "
-        "peer opp./pair | own-history opp./pair |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['config']} | {r['nodes']} | {r['steps']} | {r['start']:.3f} | {r['end']:.3f} | {r['gain']:+.3f} | "
-            f"{r['pairs']:.1f} | {r['peer']:.2f} | {r['own']:.2f} |"
+    head = (
+        "config",
+        "nodes",
+        "steps",
+        "reward (first third)",
+        "reward (last third)",
+        "gain",
+        "pairs/step",
+        "peer opp./pair",
+        "own-history opp./pair",
+    )
+    body = [
+        (
+            r["config"],
+            r["nodes"],
+            r["steps"],
+            f"{r['start']:.3f}",
+            f"{r['end']:.3f}",
+            f"{r['gain']:+.3f}",
+            f"{r['pairs']:.1f}",
+            f"{r['peer']:.2f}",
+            f"{r['own']:.2f}",
         )
-    return "\n".join(lines) + "\n"
+        for r in rows
+    ]
+    return md_table(head, body)
 
 
 def run_mnpo_report(sim: SimConfig, out: str | Path, progress: Callable[[str], None] | None = None) -> dict[str, Any]:

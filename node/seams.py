@@ -1,0 +1,149 @@
+"""The typed seams of a node: what the runtime needs from its policy, rollout engine, task source and learner.
+
+Each is a :class:`typing.Protocol`, satisfied structurally by the real parts (``node.policy.Policy``,
+``node.engine.TransformersEngine`` / the vLLM engine, ``node.tasks.TaskSource``, ``node.learner.Learner``) and by
+the simulator's scripted stand-ins (``sim.scripted``), so mypy checks both against one description and a reader sees
+the path a step takes without opening the implementations.
+
+:class:`TrainSample` is the one concrete type here: what crosses the learner seam.
+
+Knows nothing about how any part works; imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from protocol.types import Envelope, Group, TaskRef
+
+if TYPE_CHECKING:
+    from node.tasks import TaskItem
+
+
+@dataclass
+class TrainSample:
+    """One scored completion, ready for the learner."""
+
+    prompt_ids: list[int]
+    """Prompt tokens (local tokenizer)."""
+    completion_ids: list[int]
+    """Completion tokens (local tokenizer); the loss covers these only."""
+    advantage: float
+    """Group-relative advantage of this completion."""
+    behaviour_logprobs: list[float] | None = None
+    """Per-token logprobs of the policy that sampled the completion (local rollouts), one per completion token."""
+    behaviour_logprob_mean: float | None = None
+    """Mean per-token behaviour logprob, an untrusted hint a peer may send with its rollouts."""
+    external: bool = False
+    """True for a peer's completion (its behaviour information is untrusted and clamped)."""
+
+
+class Generation(Protocol):
+    """One sampled completion as the runtime reads it from an engine."""
+
+    @property
+    def text(self) -> str: ...
+    @property
+    def prompt_ids(self) -> list[int]: ...
+    @property
+    def token_ids(self) -> list[int]: ...
+    @property
+    def logprobs(self) -> list[float]: ...
+    @property
+    def finish_reason(self) -> str: ...
+    @property
+    def policy_version(self) -> int: ...
+
+
+class PolicyLike(Protocol):
+    """A loaded model's prompt format and tokenizer (the model itself is the learner's business)."""
+
+    @property
+    def tokenizer(self) -> Any: ...  # ``eos_token_id`` and ``pad_token_id`` are read from it
+    @property
+    def tokenizer_id(self) -> str: ...
+    def format_prompt(self, question: str) -> str: ...
+    def encode(self, text: str) -> list[int]: ...
+
+
+class EngineLike(Protocol):
+    """Samples ``n`` completions per prompt and tags each with the policy version it was told."""
+
+    def generate(
+        self,
+        prompts: list[str],
+        n: int,
+        /,
+        *,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+    ) -> Sequence[Sequence[Generation]]: ...
+    def set_policy_version(self, version: int) -> None: ...
+
+
+class TasksLike(Protocol):
+    """Task items addressed by :class:`TaskRef`: draw, regenerate, verify."""
+
+    @property
+    def families(self) -> list[str]: ...
+    def sample(self, rng: random.Random, n: int) -> list[TaskRef]: ...
+    def materialize(self, ref: TaskRef) -> TaskItem: ...
+    def materialize_for_training(self, ref: TaskRef) -> TaskItem: ...
+    def score(self, item: TaskItem, completion_text: str) -> float: ...
+    def warn_if_small(self, total_draws: int) -> list[str]: ...
+
+
+class LearnerLike(Protocol):
+    """Owns the policy's weights: one update per :meth:`step`, and the version that counts updates."""
+
+    policy_version: int
+
+    def step(self, samples: list[TrainSample]) -> dict[str, float]: ...
+
+
+class StepPhase(Protocol):
+    """A second learning phase that runs beside the node's GRPO/SAPO step (MNPO, ``node.mnpo``).
+
+    The runtime calls it at fixed points of every step: ``generate`` after its own generation (blocking),
+    ``runs_grpo`` to learn whether the GRPO/SAPO update runs this step, ``take_groups``/``publish`` when it
+    publishes, ``ingest`` for each validated envelope, ``train`` after its own update (blocking), and ``metrics``
+    for the step's metrics line.
+    """
+
+    def generate(self, step: int) -> None: ...
+    def runs_grpo(self, step: int) -> bool: ...
+    def take_groups(self) -> list[Group]: ...
+    async def publish(self) -> None: ...
+    def ingest(self, env: Envelope) -> None: ...
+    def train(self) -> dict[str, float]: ...
+    def metrics(self) -> dict[str, Any]: ...
+
+
+class NoPhase:
+    """The :class:`StepPhase` of a node that runs GRPO/SAPO alone: every hook does nothing."""
+
+    def generate(self, step: int) -> None:
+        return None
+
+    def runs_grpo(self, step: int) -> bool:
+        return True
+
+    def take_groups(self) -> list[Group]:
+        return []
+
+    async def publish(self) -> None:
+        return None
+
+    def ingest(self, env: Envelope) -> None:
+        return None
+
+    def train(self) -> dict[str, float]:
+        return {}
+
+    def metrics(self) -> dict[str, Any]:
+        return {}
