@@ -111,6 +111,26 @@ async def test_poll_cost_is_bounded_whatever_the_swarm_size():
     assert s["read_level"] >= 3
 
 
+async def test_a_crowded_shard_is_sampled_not_decoded_whole():
+    """A cold start leaves every entry in level 0's one shard: a reader decodes a bounded random sample of it, and
+    counts all of it for its size estimate."""
+    cfg = ProtocolConfig()
+    cap = ShardParams.from_config(cfg).max_shard_entries
+    net = MemoryNetwork()
+    pub = MemoryTransport(net, "pub", protocol=cfg)
+    for i in range(1000):
+        await publish(pub, IndexWriter(ident(i), SWARM), f"record {i}".encode(), 10)
+    samples = []
+    for seed in (1, 2):
+        reader = MemoryTransport(net, f"reader{seed}", protocol=cfg, swarm=SWARM, seed=seed)
+        got = await reader.fetch_recent([9, 10, 11])
+        s = reader.stats()
+        assert s["index_entries"] == cap and s["entries_skipped"] == 1000 - cap
+        assert s["swarm_estimate"] >= 500 and s["read_level"] >= 3
+        samples.append(set(got))
+    assert samples[0] != samples[1]  # each reader draws its own sample
+
+
 @pytest.mark.slow
 async def test_index_flood_of_10000_delays_a_followed_record_by_at_most_one_poll():
     await _flood(10_000)
