@@ -87,24 +87,28 @@ def _nested(obj: Any, *path: str) -> int | None:
 
 
 def probe_node(node: Any) -> dict[str, int | None]:
-    """Sizes of everything a node keeps that could grow with the number of steps."""
+    """Sizes of everything a node keeps that could grow with the number of steps (read by name, private ones
+    included: a probe whose attribute no longer exists reads None and is left out of the report)."""
     ch = node.channel
     val = ch.validator if ch is not None else None
     tr = getattr(ch, "transport", None) if ch is not None else None
     inner = getattr(tr, "inner", tr)
     reader = getattr(inner, "reader", None)
-    mn = node.mnpo
+    # the MNPO side phase (``node.phase``, a no-op phase when MNPO is off) and the rollout planner (uniform when
+    # APRIL/VADE/DART are off): probes that do not exist on a node read None and are left out
+    mn = getattr(node, "phase", None) or getattr(node, "mnpo", None)
+    mn = mn if hasattr(mn, "_ref_cache") else None
     plan = node.planner
     out: dict[str, int | None] = {
-        "pool": len(node.pool),
+        "pool": _len(node, "pool"),
         "pool_sources": _len(node.pool, "_sources"),
-        "peer_table": len(node._peer_last_step),
-        "ingest_counter_keys": len(node.ingest_counts),
-        "totals_keys": len(node.totals),
-        "outbox": len(node._outbox),
+        "peer_table": _len(node, "_peer_last_step"),
+        "ingest_counter_keys": _len(node, "ingest_counts"),
+        "totals_keys": _len(node, "totals"),
+        "outbox": _len(node, "_outbox"),
         "tasks_items": _len(node.tasks, "_items"),
         "tasks_datasets": _len(node.tasks, "_datasets"),
-        "node_tasks": len(node._tasks),
+        "node_tasks": _len(node, "_tasks"),
     }
     if ch is not None:
         out |= {
