@@ -185,7 +185,7 @@ async def sybils(a: argparse.Namespace, stop: asyncio.Event) -> None:
     pc = _protocol(a)
     validator = RecordValidator.from_config(a.swarm, pc)
     cfg = HivemindTransportConfig(initial_peers=a.bootstrap, request_timeout_s=5)
-    transport = await HivemindTransport.create(cfg, swarm=a.swarm, validate=validator.is_storable, protocol=pc)
+    transport = await HivemindTransport.create(cfg, swarm=a.swarm, validate=validator.verdict, protocol=pc)
     print("ADDR", transport.addresses()[0], "sybils", flush=True)
     tasks = TaskSource(NodeConfig().tasks)  # the families and seed a default node regenerates and trains on
     swarm = SybilSwarm(
