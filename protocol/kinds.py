@@ -9,11 +9,13 @@ Knows nothing about envelopes, signatures or transports (``protocol.records``).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from protocol.codec import INT64_MAX
 from protocol.schema import (
     expect_float,
     expect_int,
@@ -150,8 +152,46 @@ def completion_to_wire(c: Completion) -> dict[str, Any]:
     }
 
 
+_COMPLETION_KEYSET = frozenset(_COMPLETION_KEYS)
+
+
+def _finite_or_nil(x: Any) -> bool:
+    return x is None or (type(x) is float and math.isfinite(x))
+
+
 def completion_from_wire(m: Any, where: str = "completion") -> Completion:
-    """Check and build a Completion from its wire map."""
+    """Check and build a Completion from its wire map.
+
+    A record carries dozens of completions, so the well-formed case (no per-token logprobs) is checked in one pass
+    of the same rules; anything else goes through the ``expect_*`` checks, which name the field that broke them.
+    """
+    if type(m) is dict and m.keys() == _COMPLETION_KEYSET and m["token_logprobs"] is None:
+        text, n, reason, version = m["text"], m["n_tokens"], m["finish_reason"], m["policy_version"]
+        if (
+            type(text) is str
+            and len(text) <= MAX_TEXT_CHARS
+            and type(n) is int
+            and 0 <= n <= MAX_N_TOKENS
+            and type(reason) is str
+            and reason in FINISH_REASONS
+            and type(version) is int
+            and 0 <= version <= INT64_MAX
+            and _finite_or_nil(m["logprob_mean"])
+            and _finite_or_nil(m["reward_hint"])
+        ):
+            return Completion(
+                text=text,
+                n_tokens=n,
+                finish_reason=reason,
+                policy_version=version,
+                logprob_mean=m["logprob_mean"],
+                token_logprobs=None,
+                reward_hint=m["reward_hint"],
+            )
+    return _checked_completion(m, where)
+
+
+def _checked_completion(m: Any, where: str) -> Completion:
     expect_map(m, where, _COMPLETION_KEYS)
     tl = m["token_logprobs"]
     if tl is not None:

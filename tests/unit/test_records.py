@@ -397,3 +397,47 @@ def test_spec_test_vector_matches_the_implementation():
     assert data == vector_record()
     env = decode_record(data)
     assert env.sender == ALICE.peer_id and env.swarm == "spec" and env.window == 113_333_333
+
+
+# -- the completion decoder's fast path ---------------------------------------------------------------------
+
+
+def test_completion_fast_path_builds_what_the_checked_path_builds():
+    import random as _random
+
+    from protocol.kinds import _checked_completion, completion_from_wire, completion_to_wire
+
+    rng = _random.Random(7)
+    for _ in range(300):
+        c = Completion(
+            text="".join(rng.choice("ab<>/ \u00e9\u4e2d") for _ in range(rng.randrange(0, 40))),
+            n_tokens=rng.randrange(0, 1000),
+            finish_reason=rng.choice(["stop", "length", "abort"]),
+            policy_version=rng.randrange(0, 2**40),
+            logprob_mean=rng.choice([None, -rng.random() * 5]),
+            reward_hint=rng.choice([None, 0.0, 1.0, rng.random()]),
+        )
+        wire = completion_to_wire(c)
+        assert completion_from_wire(wire) == _checked_completion(wire, "c") == c
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("text", 3),
+        ("n_tokens", -1),
+        ("n_tokens", True),
+        ("finish_reason", "done"),
+        ("policy_version", 1.0),
+        ("logprob_mean", float("nan")),
+        ("reward_hint", 1),
+    ],
+)
+def test_completion_fast_path_refuses_what_the_checked_path_refuses(field, value):
+    from protocol.kinds import completion_from_wire, completion_to_wire
+
+    wire = completion_to_wire(Completion(text="x", n_tokens=1))
+    wire[field] = value
+    with pytest.raises(RecordDecodeError) as e:
+        completion_from_wire(wire)
+    assert e.value.reason == "schema" and field in str(e.value)
