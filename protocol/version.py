@@ -9,8 +9,8 @@ peer sends, counts it by reason (``incompatible_version``) and says so once per 
 names both versions.
 
 The version a node advertises can be overridden with the environment variable ``RL_SWARM_PROTOCOL_VERSION``
-(``MAJOR.MINOR``), read at each use. It exists for tests that run two real processes of different versions;
-a real node never sets it.
+(``MAJOR.MINOR``), read once per process (:func:`override_local_version` changes it in-process). It exists for
+tests that run two real processes of different versions; a real node never sets it.
 
 Knows nothing about records, transports or peers beyond the version they claim.
 """
@@ -52,23 +52,23 @@ def parse_version(text: str) -> tuple[int, int]:
 
 
 def local_version() -> tuple[int, int]:
-    """The version this node speaks: :data:`PROTOCOL_VERSION` unless the test override is set."""
-    override = _override()
-    return parse_version(override) if override else PROTOCOL_VERSION
+    """The version this node speaks: :data:`PROTOCOL_VERSION`, unless the test override is set (read from the
+    environment once per process, or set with :func:`override_local_version`)."""
+    global _local
+    if _local is None:
+        override = os.environ.get(ENV_OVERRIDE)
+        _local = parse_version(override) if override else PROTOCOL_VERSION
+    return _local
 
 
-_ENV_KEY = os.fsencode(ENV_OVERRIDE)
+def override_local_version(text: str | None) -> None:
+    """Speak ``text`` (``MAJOR.MINOR``) from now on in this process; None reads the environment again (tests)."""
+    global _local
+    _local = parse_version(text) if text is not None else None
 
 
-def _override() -> str | None:
-    # Read for every record and index entry decoded. ``os.environ.get`` raises and catches a KeyError inside when
-    # the variable is unset (the usual case), which showed as a third of a reader's CPU; ``os.environ`` keeps its
-    # values in a plain dict that every write through it (``monkeypatch.setenv`` included) updates.
-    data = getattr(os.environ, "_data", None)
-    if not isinstance(data, dict) or os.name == "nt":
-        return os.environ.get(ENV_OVERRIDE)
-    raw = data.get(_ENV_KEY)
-    return None if raw is None else os.fsdecode(raw)
+#: The version this process speaks, once known (read for every record and index entry a node decodes).
+_local: tuple[int, int] | None = None
 
 
 def format_version(version: tuple[int, int]) -> str:

@@ -32,6 +32,9 @@ def fresh_reports(monkeypatch):
     """Each test starts with no version reported yet and no override."""
     monkeypatch.delenv(ENV_OVERRIDE, raising=False)
     monkeypatch.setattr(version, "_reported", set())
+    version.override_local_version(None)
+    yield
+    version.override_local_version(None)
 
 
 def body_of(data: bytes) -> dict:
@@ -56,9 +59,9 @@ def test_records_and_index_entries_carry_this_codes_version():
 
 
 def test_a_record_of_another_major_is_refused_and_reported_once(caplog, monkeypatch):
-    monkeypatch.setenv(ENV_OVERRIDE, f"{PROTOCOL_VERSION[0] + 1}.3")
+    version.override_local_version(f"{PROTOCOL_VERSION[0] + 1}.3")
     theirs = vector_record()
-    monkeypatch.delenv(ENV_OVERRIDE)
+    version.override_local_version(None)
     assert body_of(theirs)["schema_version"] == PROTOCOL_VERSION[0] + 1
     with caplog.at_level(logging.WARNING, logger="protocol.version"):
         for _ in range(3):
@@ -89,7 +92,7 @@ def test_a_newer_minor_is_read_and_its_unknown_body_keys_ignored(caplog, monkeyp
     assert env.minor == PROTOCOL_VERSION[1] + 1 and env.window == WINDOW
     assert not version_lines(caplog)
     # A reader of that minor knows every key of it: an unknown key is a schema violation there.
-    monkeypatch.setenv(ENV_OVERRIDE, f"{PROTOCOL_VERSION[0]}.{PROTOCOL_VERSION[1] + 1}")
+    version.override_local_version(f"{PROTOCOL_VERSION[0]}.{PROTOCOL_VERSION[1] + 1}")
     assert reason(decode_record, newer) == "schema"
     # and it reads an older minor's record unchanged
     assert decode_record(older).minor == PROTOCOL_VERSION[1]
@@ -118,9 +121,9 @@ def _index(body: dict) -> bytes:
 
 
 def test_index_entries_of_another_major_are_refused_and_counted_by_a_reader(caplog, monkeypatch):
-    monkeypatch.setenv(ENV_OVERRIDE, f"{PROTOCOL_VERSION[0] + 1}.0")
+    version.override_local_version(f"{PROTOCOL_VERSION[0] + 1}.0")
     theirs = encode_index_entry(ALICE, "spec", WINDOW, [DIGEST])
-    monkeypatch.delenv(ENV_OVERRIDE)
+    version.override_local_version(None)
     with caplog.at_level(logging.WARNING, logger="protocol.version"):
         assert reason(decode_index_entry, theirs) == INCOMPATIBLE
         reader = ShardReader("spec", ShardParams())
@@ -146,7 +149,7 @@ def test_index_entries_of_a_newer_minor_are_read():
 
 
 def test_the_writer_signs_entries_with_the_version_it_speaks(monkeypatch):
-    monkeypatch.setenv(ENV_OVERRIDE, f"{PROTOCOL_VERSION[0]}.7")
+    version.override_local_version(f"{PROTOCOL_VERSION[0]}.7")
     entry = IndexWriter(ALICE, "spec").add(vector_record(), WINDOW)
     assert entry is not None
     assert strict_unpackb(strict_unpackb(entry)["body"])["version"] == f"{PROTOCOL_VERSION[0]}.7"
