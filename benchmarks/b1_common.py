@@ -35,6 +35,9 @@ MEDIAN_KEYS = (
     "record_kb",
     "bytes_per_completion",
     "codec_share",
+    "encode_share",
+    "check_share",
+    "guard_share",
     "pair_p50_s",
     "pair_p95_s",
     "rss_mb_median",
@@ -222,6 +225,11 @@ def summarize(
         "record_kb": size / 1024,
         "bytes_per_completion": size / COMPLETIONS,
         "codec_share": codec / total if mode == transport and total > 0 else float("nan"),
+        # the codec share's parts: the publisher's encode+sign, the reader's checks, the transport's edge guard
+        **{
+            f"{part}_share": timing[part] / total if mode == transport and total > 0 else float("nan")
+            for part in ("encode", "check", "guard")
+        },
     }
 
 
@@ -314,6 +322,21 @@ def render(transport: str, machine: str, description: str, rows: list[dict], not
             f"| {r['peers']} | {r['mode']} | {fmt(r.get('pair_p50_s', float('nan')))} "
             f"| {fmt(r.get('pair_p95_s', float('nan')))} | {fmt(r.get('rss_mb_median', float('nan')), 0)} "
             f"| {fmt(r.get('rss_mb_max', float('nan')), 0)} |"
+        )
+    parts = [r for r in rows if r.get("encode_share", float("nan")) == r.get("encode_share", float("nan"))]
+    if parts:
+        lines += [
+            "",
+            "The codec share's parts (shares of the same total): encode+sign at the publisher, the reader's receive "
+            "checks (validate + decode, sharing the edge guard's decode), and the transport's edge guard.",
+            "",
+            "| peers | mode | encode+sign | receive checks | edge guard |",
+            "|---|---|---|---|---|",
+        ]
+    for r in parts:
+        lines.append(
+            f"| {r['peers']} | {r['mode']} | {fmt(r['encode_share'] * 100, 1)}% | {fmt(r['check_share'] * 100, 1)}% "
+            f"| {fmt(r['guard_share'] * 100, 1)}% |"
         )
     lines += [*notes, "", "Targets: 8 peers p50 <= 2 s; 32 peers p50 <= 10 s; codec share <= 5%.", ""]
     return "\n".join(lines)
