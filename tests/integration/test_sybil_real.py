@@ -27,7 +27,13 @@ JOIN = [*FAST_JOIN, "--set", "model.threads=1", "--set", "eval.every_steps=null"
 #: ``max_per_peer`` is 3 so that its one honest peer can fill those three: with the default ceil(4/2) = 2 a single
 #: honest peer could never hold more than 2/3 (measured 0.63 and 0.57 in two runs), which tests the per-peer cap,
 #: not the sybil budget (README, known limits).
-A_JOIN = [*JOIN, "--set", "sapo.external_groups=4", "--set", "sapo.max_per_peer=3"]
+#: It also draws 16 prompts a step, so it steps no faster than its honest peer supplies informative groups: the
+#: sybil budget bounds the flood per step of the node, so a node that outpaces its only honest peer (two test
+#: workers share two cores) would see the honest share fall for want of honest groups, not of the defence
+#: (measured 0.36 in a loaded run with 4 prompts a step).
+A_JOIN = [
+    *JOIN, "--set", "sapo.external_groups=4", "--set", "sapo.max_per_peer=3", "--set", "rollout.prompts_per_step=16"
+]  # fmt: skip
 #: The honest peer draws 8 prompts a step, so it has informative groups to spare.
 B_JOIN = [*JOIN, "--set", "rollout.prompts_per_step=8"]
 SYBILS_PER_ROUND = 10

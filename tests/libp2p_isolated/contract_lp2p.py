@@ -218,10 +218,10 @@ async def test_a_peer_of_another_major_version_is_reported_once_counted_and_drop
 
     monkeypatch.setattr(version, "_reported", set())
     (a,) = await make_transports(1, peer_exchange_interval_s=3600)
-    monkeypatch.setenv(version.ENV_OVERRIDE, "7.2")
+    version.override_local_version("7.2")
     other = await _start(a.addresses(), peer_exchange_interval_s=3600)
     try:
-        monkeypatch.delenv(version.ENV_OVERRIDE)
+        version.override_local_version(None)
         caplog.set_level(logging.WARNING, logger="protocol.version")
         for _ in range(3):
             await a.exchange_peers_now()
@@ -233,4 +233,5 @@ async def test_a_peer_of_another_major_version_is_reported_once_counted_and_drop
         assert a.rejections().get("incompatible_version", 0) >= 1
         await eventually(lambda: a.peers(), lambda peers: peers == [])
     finally:
+        version.override_local_version(None)
         await other.close()
