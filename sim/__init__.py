@@ -9,5 +9,6 @@
 * ``report``     -- results.csv / results.md / rewards.png from the per-node metrics
 * ``report_html`` -- the self-contained report.html (tables, inline SVG curves, per-node detail)
 * ``experiments`` -- experiment-specific metrics and reports (the MNPO game, the SAPO analysis)
+* ``progress``   -- progress lines (configuration, seed, step k/N, ETA) on stderr
 * ``cli``        -- ``swarm-sim``
 """
