@@ -46,6 +46,7 @@ class JsonlWriter:
         self._since_sync = 0
         self._backlog: deque[bytes] = deque()
         self._backlog_bytes = 0
+        self._head_partial = False  # the backlog's first line is the rest of a line partly written already
         self._failing = False
         #: Lines dropped because the backlog was full while the disk refused writes.
         self.dropped = 0
@@ -76,7 +77,10 @@ class JsonlWriter:
         self._backlog.append(line)
         self._backlog_bytes += len(line)
         while self._backlog_bytes > self.MAX_BACKLOG_BYTES and len(self._backlog) > 1:
-            self._backlog_bytes -= len(self._backlog.popleft())
+            # never the rest of a partly written line: the file would keep a broken line
+            victim = 1 if self._head_partial else 0
+            self._backlog_bytes -= len(self._backlog[victim])
+            del self._backlog[victim]
             self.dropped += 1
         if self._drain():
             self._since_sync += 1
@@ -93,8 +97,10 @@ class JsonlWriter:
                 self._backlog_bytes -= n
                 if n < len(data):
                     self._backlog[0] = data[n:]
+                    self._head_partial = True
                 else:
                     self._backlog.popleft()
+                    self._head_partial = False
         except OSError as e:
             if not self._failing:
                 logger.warning(

@@ -113,6 +113,31 @@ def test_jsonl_backlog_is_bounded(tmp_path, monkeypatch):
     assert steps == list(range(50 - len(steps), 50)), steps  # the newest lines survive, in order
 
 
+def test_a_full_backlog_never_drops_the_rest_of_a_partly_written_line(tmp_path, monkeypatch):
+    path = tmp_path / "r.jsonl"
+    w = JsonlWriter(path)
+    monkeypatch.setattr(JsonlWriter, "MAX_BACKLOG_BYTES", 200)
+    real_write = os.write
+    state = {"partial": True}
+
+    def filling(fd, data):
+        if state["partial"]:  # half a line lands, then the disk is full
+            state["partial"] = False
+            return real_write(fd, data[:7])
+        _enospc()
+
+    monkeypatch.setattr(metrics_mod.os, "write", filling)
+    for step in range(50):
+        w.write({"step": step, "pad": "x" * 20})
+    assert w.dropped > 0
+    monkeypatch.undo()
+    w.close()
+    lines = path.read_text().splitlines()
+    assert all(json.loads(line) for line in lines)  # the half-written line was completed, none is broken
+    steps = [json.loads(line)["step"] for line in lines]
+    assert steps[0] == 0 and steps[1:] == list(range(50 - len(steps) + 1, 50)), steps
+
+
 def test_safetensors_reports_a_full_disk_as_an_oserror(tmp_path, monkeypatch):
     from safetensors import SafetensorError
 
