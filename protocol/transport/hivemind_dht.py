@@ -592,9 +592,13 @@ class HivemindTransport(Transport):
 
     # -- internals ------------------------------------------------------------------------------------------------
 
+    def _daemon(self) -> Any:
+        """This node's p2pd child process (an ``asyncio`` subprocess), or None when it has no daemon of its own."""
+        return getattr(getattr(self._node, "p2p", None), "_child", None)
+
     def _daemon_exit(self) -> int | None:
         """The p2pd daemon's exit code, or None while it runs (or when this node has no daemon of its own)."""
-        child = getattr(getattr(self._node, "p2p", None), "_child", None)
+        child = self._daemon()
         return None if child is None else child.returncode
 
     async def _ensure_daemon(self) -> None:
@@ -669,7 +673,7 @@ class HivemindTransport(Transport):
     async def _call(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
         """A DHT request on the private loop that ends as soon as p2pd exits (it would otherwise wait out its
         whole timeout, and a node stopping after Ctrl-C would sit on its last publish)."""
-        child = getattr(getattr(self._node, "p2p", None), "_child", None)
+        child = self._daemon()
 
         async def unless_daemon_exits() -> T:
             work = asyncio.ensure_future(coro)
@@ -693,10 +697,10 @@ class HivemindTransport(Transport):
     def _check_open(self) -> None:
         if self._closed:
             raise TransportError("hivemind transport is closed")
-        child = getattr(getattr(self._node, "p2p", None), "_child", None)
-        if child is not None and child.returncode is not None:
+        code = self._daemon_exit()
+        if code is not None:
             # e.g. Ctrl-C reached the daemon too: a request would wait for its full timeout, so fail at once
-            raise TransportError(f"hivemind's p2pd daemon exited (code {child.returncode})")
+            raise TransportError(f"hivemind's p2pd daemon exited (code {code})")
 
     async def _get_shards(self, addrs: list[Any]) -> dict[Any, Any]:
         keys = {shard_key(self.swarm, *a): a for a in addrs}
@@ -736,7 +740,7 @@ class HivemindTransport(Transport):
         return out
 
     def _kill_p2pd(self) -> None:
-        child = getattr(getattr(self._node, "p2p", None), "_child", None)
+        child = self._daemon()
         if child is None or child.returncode is not None:
             return
         with contextlib.suppress(ProcessLookupError):
