@@ -83,7 +83,6 @@ class RecordValidator:
         self._verdicts: OrderedDict[bytes, tuple[Envelope | str, str, int]] = OrderedDict()
         self._verdict_bytes = 0
         self._verdict_lock = threading.Lock()
-        self.decodes = 0
 
     @classmethod
     def from_config(
@@ -128,7 +127,6 @@ class RecordValidator:
             verdict, detail = decode_record(data, self.max_bytes), ""
         except (RecordDecodeError, RecordSignatureError) as e:
             verdict, detail = e.reason, str(e)
-        self.decodes += 1
         if isinstance(verdict, Envelope) and verdict.swarm != self.swarm_id:
             detail = verdict.swarm[:64]
             verdict = "wrong_swarm"

@@ -165,6 +165,44 @@ def test_is_storable_is_stateless():
     assert v.metrics()["accepted"] == 0 and v.metrics()["rejected_total"] == 0
 
 
+def _counting_decodes(monkeypatch) -> list[int]:
+    import protocol.validation as validation
+
+    calls: list[int] = []
+
+    def counted(data, max_bytes):
+        calls.append(1)
+        return decode_record(data, max_bytes)
+
+    monkeypatch.setattr(validation, "decode_record", counted)
+    return calls
+
+
+def test_the_edge_check_and_the_receive_check_share_one_decode(monkeypatch):
+    """A transport's edge check (``verdict``) and the channel's ``check`` of the same record decode and verify it
+    once; a refusal is remembered with its reason too."""
+    calls = _counting_decodes(monkeypatch)
+    v = make_validator()
+    data = rec()
+    env = v.verdict(data)
+    assert env.sender == ALICE.peer_id and len(calls) == 1
+    assert v.check(data) == env and len(calls) == 1
+    forged = bytearray(rec(seq=2))
+    forged[-1] ^= 1
+    assert v.verdict(bytes(forged)) == "bad_signature" and v.verdict(bytes(forged)) == "bad_signature"
+    assert v.check(bytes(forged)) is None and v.rejected["bad_signature"] == 1 and len(calls) == 2
+    assert v.verdict(rec(swarm="x")) == "wrong_swarm"
+
+
+def test_a_remembered_verdict_still_has_its_window_checked(monkeypatch):
+    clock = Clock()
+    v = make_validator(clock=clock)
+    data = rec()
+    assert v.verdict(data) != "stale"
+    clock.t += 6 * WS  # the record's window is now past max_past_windows
+    assert v.verdict(data) == "stale" and v.check(data) is None and v.rejected["stale"] == 1
+
+
 def test_from_config():
     cfg = ProtocolConfig()
     v = RecordValidator.from_config("s", cfg, clock=Clock())
