@@ -74,7 +74,7 @@ def rollout_stats(groups: list[PooledGroup]) -> dict[str, float]:
     lengths = [c.n_tokens for c in comps]
     return {
         "reward_std": math.sqrt(var),
-        "frac_reward_zero_std": sum(1 for g in groups if _spread(g.rewards) <= 1e-9) / len(groups),
+        "frac_reward_zero_std": sum(1 for g in groups if not g.informative) / len(groups),
         "completion_len_mean": math.fsum(lengths) / len(lengths),
         "completion_len_min": float(min(lengths)),
         "completion_len_max": float(max(lengths)),
