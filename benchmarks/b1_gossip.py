@@ -56,7 +56,15 @@ async def worker(args: dict) -> None:
     rng = random.Random(args["index"])
     # wall seconds per part, and the CPU seconds of the codec parts (their own thread's CPU: on shared cores a
     # wall clock also counts the time another thread or process held the core)
-    timing = {"encode": 0.0, "check": 0.0, "publish": 0.0, "fetch": 0.0, "encode_cpu": 0.0, "check_cpu": 0.0}
+    timing = {
+        "encode": 0.0,
+        "check": 0.0,
+        "publish": 0.0,
+        "fetch": 0.0,
+        "polls": 0,
+        "encode_cpu": 0.0,
+        "check_cpu": 0.0,
+    }
     seen: dict[str, float] = {}
     published: dict[str, float] = {}
     sizes: list[int] = []
@@ -107,6 +115,7 @@ async def worker(args: dict) -> None:
                 datas = []
             now = time.time()
             timing["fetch"] += now - t1
+            timing["polls"] += 1
             for data in datas:
                 rid = record_digest_hex(data)
                 if rid in seen:

@@ -67,7 +67,7 @@ async def worker(args: dict) -> None:
     validator = RecordValidator.from_config(SWARM, pc)
     ident = Identity.generate()
     rng = random.Random(args["index"])
-    timing = {"encode": 0.0, "check": 0.0, "publish": 0.0, "fetch": 0.0}
+    timing = {"encode": 0.0, "check": 0.0, "publish": 0.0, "fetch": 0.0, "polls": 0}
     seen: dict[str, float] = {}
     published: dict[str, float] = {}
     sizes: list[int] = []
@@ -110,6 +110,7 @@ async def worker(args: dict) -> None:
             datas = await transport.fetch_recent([w - 2, w - 1, w])
             now = time.time()
             timing["fetch"] += now - t1
+            timing["polls"] += 1
             for data in datas:
                 rid = _rid(data)
                 if rid in seen:

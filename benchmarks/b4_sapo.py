@@ -99,6 +99,7 @@ def run_parallel(cfg, args: argparse.Namespace, run_dir: Path) -> None:
 
     base = [sys.executable, str(Path(__file__).resolve()), "--run-dir", str(run_dir), "--no-report"]
     base += ["--quick"] if args.quick else ["--smoke"] if args.smoke else []
+    base += ["--config", str(args.config)] if args.config else []
     for o in args.overrides:
         base += ["--set", o]
     todo = [(v.name, s) for v in cfg.configurations for s in cfg.seeds]
@@ -124,6 +125,7 @@ def main() -> int:
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="configs/sim/sapo-quick.yaml")
     mode.add_argument("--smoke", action="store_true", help="sapo-quick.yaml with its quick: overrides (seconds)")
+    ap.add_argument("--config", type=Path, help="another experiment file with the same row names (default sapo.yaml)")
     ap.add_argument("--run-dir", type=Path, help="where the per-node metrics go (default runs/b4_sapo[_quick])")
     ap.add_argument("--out", type=Path, help="the results Markdown file")
     ap.add_argument("--set", dest="overrides", action="append", default=[], help="experiment override key=value")
@@ -139,7 +141,8 @@ def main() -> int:
     from sim.runner import run_experiment
 
     suffix = "_quick" if args.quick else "_smoke" if args.smoke else ""
-    config = ROOT / "configs" / "sim" / ("sapo-quick.yaml" if (args.quick or args.smoke) else "sapo.yaml")
+    default = "sapo-quick.yaml" if (args.quick or args.smoke) else "sapo.yaml"
+    config = args.config or ROOT / "configs" / "sim" / default
     cfg = load_sim_config(str(config), args.overrides, quick=args.smoke)
     run_dir = args.run_dir or ROOT / "runs" / f"b4_sapo{suffix}"
     out = args.out or ROOT / "benchmarks" / "results" / f"b4_sapo{suffix}.md"
