@@ -16,12 +16,13 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from node.seams import Generation, PolicyLike, TasksLike, TrainSample
+from node.seams import BEHAVIOUR_LOGPROB_FLOOR, Generation, PolicyLike, TasksLike, TrainSample
 from protocol.types import TaskRef
 from swarm.sapo import SapoBatch
 
-#: Behaviour log-prob hints from peers are clamped to this range (per-token mean, nats).
-HINT_RANGE = (-30.0, 0.0)
+#: Behaviour log-prob hints from peers are clamped to this range (per-token mean, nats); the learner clamps
+#: peers' values to the same range.
+HINT_RANGE = (BEHAVIOUR_LOGPROB_FLOOR, 0.0)
 
 
 @dataclass

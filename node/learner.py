@@ -26,16 +26,12 @@ from torch import Tensor, nn
 
 from node.config import LearnerConfig
 from node.losses import LossSpec, get_loss, sequence_is_weights, truncated_is_weights
-from node.seams import TrainSample
+from node.seams import BEHAVIOUR_LOGPROB_FLOOR, TrainSample
 
 logger = logging.getLogger(__name__)
 
 #: Log-ratio above the cap (0.1%) before a token counts as truncated in ``is_truncated_frac``.
 TRUNCATION_TOLERANCE = 1e-3
-
-BEHAVIOUR_LOGPROB_FLOOR = -20.0
-"""Peers' behaviour logprobs are clamped to ``[BEHAVIOUR_LOGPROB_FLOOR, 0]``: a logprob is never positive, and
-below about -20 (probability 2e-9) a hint carries no information, only leverage over the weight."""
 
 
 @overload

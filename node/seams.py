@@ -23,6 +23,12 @@ if TYPE_CHECKING:
     from node.tasks import TaskItem
 
 
+BEHAVIOUR_LOGPROB_FLOOR = -20.0
+"""Peers' behaviour logprobs (per token or a mean) are clamped to ``[BEHAVIOUR_LOGPROB_FLOOR, 0]`` wherever they are
+read: a logprob is never positive, and below about -20 (probability 2e-9) a hint carries no information, only
+leverage over the importance weight."""
+
+
 @dataclass
 class TrainSample:
     """One scored completion, ready for the learner."""
