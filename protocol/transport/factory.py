@@ -7,63 +7,53 @@ the hivemind and libp2p transports (which cannot share a process, see FACTS.md) 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from protocol.errors import ConfigError
 from protocol.transport.base import RecordCheck, Transport
 from protocol.transport.config import ProtocolConfig
 
-Builder = Callable[..., Awaitable[Transport]]
+
+@dataclass(frozen=True)
+class Context:
+    """What every backend is built with besides its own config section."""
+
+    swarm: str
+    peer_id: str
+    validate: RecordCheck | None
+    protocol: ProtocolConfig
+    network: Any = None
+    """The shared ``MemoryNetwork`` of an in-process swarm (memory transport only)."""
+
+
+Builder = Callable[[Any, Context], Awaitable[Transport]]
 _BUILDERS: dict[str, Builder] = {}
 
 
 def register_transport(type_name: str, builder: Builder) -> None:
-    """Register ``builder(cfg, *, swarm, peer_id, validate, protocol, network)`` for ``transport.type``."""
+    """Register ``builder(cfg, context)`` for ``transport.type``."""
     _BUILDERS[type_name] = builder
 
 
-async def _memory(
-    cfg: Any,
-    *,
-    swarm: str,
-    peer_id: str,
-    validate: RecordCheck | None,
-    protocol: ProtocolConfig,
-    network: Any = None,
-) -> Transport:
+async def _memory(cfg: Any, ctx: Context) -> Transport:
     from protocol.transport.memory import MemoryNetwork, MemoryTransport
 
     # A process-local network: with no ``network`` given the node is alone (offline single-node training).
-    net = network or MemoryNetwork.from_config(cfg)
-    return MemoryTransport(net, peer_id, validate=validate, protocol=protocol, swarm=swarm)
+    net = ctx.network or MemoryNetwork.from_config(cfg)
+    return MemoryTransport(net, ctx.peer_id, validate=ctx.validate, protocol=ctx.protocol, swarm=ctx.swarm)
 
 
-async def _hivemind(
-    cfg: Any,
-    *,
-    swarm: str,
-    peer_id: str,
-    validate: RecordCheck | None,
-    protocol: ProtocolConfig,
-    network: Any = None,
-) -> Transport:
+async def _hivemind(cfg: Any, ctx: Context) -> Transport:
     from protocol.transport.hivemind_dht import HivemindTransport
 
-    return await HivemindTransport.create(cfg, swarm=swarm, validate=validate, protocol=protocol)
+    return await HivemindTransport.create(cfg, swarm=ctx.swarm, validate=ctx.validate, protocol=ctx.protocol)
 
 
-async def _libp2p(
-    cfg: Any,
-    *,
-    swarm: str,
-    peer_id: str,
-    validate: RecordCheck | None,
-    protocol: ProtocolConfig,
-    network: Any = None,
-) -> Transport:
+async def _libp2p(cfg: Any, ctx: Context) -> Transport:
     from protocol.transport.libp2p_gossip import Libp2pTransport
 
-    return await Libp2pTransport.create(cfg, swarm=swarm, validate=validate, protocol=protocol)
+    return await Libp2pTransport.create(cfg, swarm=ctx.swarm, validate=ctx.validate, protocol=ctx.protocol)
 
 
 register_transport("memory", _memory)
@@ -84,6 +74,5 @@ async def create_transport(
     builder = _BUILDERS.get(cfg.type)
     if builder is None:
         raise ConfigError(f"transport.type={cfg.type!r} is unknown; choose one of {sorted(_BUILDERS)}")
-    return await builder(
-        cfg, swarm=swarm, peer_id=peer_id, validate=validate, protocol=protocol or ProtocolConfig(), network=network
-    )
+    ctx = Context(swarm, peer_id, validate, protocol or ProtocolConfig(), network)
+    return await builder(cfg, ctx)
