@@ -60,13 +60,18 @@ def _p2pd(proc) -> list[int]:
     return out
 
 
-@pytest.mark.timeout(420)
-def test_p2pd_killed_under_a_running_node_is_restarted_and_the_peer_reconnects(node_procs, tmp_path):
+def _two_nodes(node_procs, tmp_path):
+    """Node a, and node b bootstrapped from it, both listening; their run dirs."""
     a_dir, b_dir = tmp_path / "a", tmp_path / "b"
     a = node_procs("a", "join", "--run-dir", str(a_dir), *JOIN)
-    maddr = a.multiaddr()
-    b = node_procs("b", "join", "--peers", maddr, "--run-dir", str(b_dir), *JOIN)
+    b = node_procs("b", "join", "--peers", a.multiaddr(), "--run-dir", str(b_dir), *JOIN)
     b.multiaddr()
+    return a, b, a_dir, b_dir
+
+
+@pytest.mark.timeout(420)
+def test_p2pd_killed_under_a_running_node_is_restarted_and_the_peer_reconnects(node_procs, tmp_path):
+    a, b, a_dir, b_dir = _two_nodes(node_procs, tmp_path)
     both = [a, b]
     _wait(lambda: _last(a_dir, "accepted_groups") > 0 and _last(b_dir, "accepted_groups") > 0, both, 240,
           "both nodes to accept each other's groups")  # fmt: skip
@@ -98,11 +103,7 @@ def test_p2pd_killed_under_a_running_node_is_restarted_and_the_peer_reconnects(n
 
 @pytest.mark.timeout(420)
 def test_a_partition_that_heals(node_procs, tmp_path):
-    a_dir, b_dir = tmp_path / "a", tmp_path / "b"
-    a = node_procs("a", "join", "--run-dir", str(a_dir), *JOIN)
-    maddr = a.multiaddr()
-    b = node_procs("b", "join", "--peers", maddr, "--run-dir", str(b_dir), *JOIN)
-    b.multiaddr()
+    a, b, a_dir, b_dir = _two_nodes(node_procs, tmp_path)
     _wait(lambda: _last(a_dir, "accepted_groups") > 0, [a, b], 240, "a to accept b's groups")
 
     frozen = [b.pid, *b.descendants()]  # the node and its p2pd: nothing of b answers any more
