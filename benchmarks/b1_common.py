@@ -314,6 +314,11 @@ def fmt(x: float, digits: int = 2) -> str:
 
 def render(transport: str, machine: str, description: str, rows: list[dict], notes: Sequence[str] = ()) -> str:
     """The results file: title, machine line, the workload ``description``, the table, ``notes``, the targets."""
+
+    def pct(r: dict, key: str) -> str:
+        v = r.get(key, float("nan"))
+        return fmt(v * 100, 1) + "%" if v == v else "-"
+
     lines = [
         f"# B1 gossip: record dissemination over {transport}",
         "",
@@ -326,11 +331,10 @@ def render(transport: str, machine: str, description: str, rows: list[dict], not
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        share = r["codec_share"]
         lines.append(
             f"| {r['peers']} | {r['mode']} | {fmt(r['p50_s'])} | {fmt(r['p95_s'])} | {fmt(r['records_per_s'])} "
             f"| {fmt(r['record_kb'], 1)} | {fmt(r['bytes_per_completion'], 0)} | "
-            f"{fmt(share * 100, 1) + '%' if share == share else '-'} | {r['incomplete']} | {r.get('ratio', '-')} |"
+            f"{pct(r, 'codec_share')} | {r['incomplete']} | {r.get('ratio', '-')} |"
         )
     lines += [
         "",
@@ -362,10 +366,6 @@ def render(transport: str, machine: str, description: str, rows: list[dict], not
             "| edge guard wall / CPU |",
             "|---|---|---|---|---|---|",
         ]
-
-    def pct(r: dict, key: str) -> str:
-        v = r.get(key, float("nan"))
-        return fmt(v * 100, 1) + "%" if v == v else "-"
 
     for r in parts:
         lines.append(
