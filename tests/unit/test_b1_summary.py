@@ -1,0 +1,33 @@
+"""B1's per-run summary: per-reader delivery times and the mean time of one poll, from the workers' results."""
+
+import math
+
+import pytest
+
+from benchmarks import b1_common
+
+
+def _worker(published, seen, fetch_s, polls):
+    return {
+        "published": published,
+        "seen": seen,
+        "sizes": [1000] * len(published),
+        "timing": {"encode": 0.1, "check": 0.1, "publish": 1.0, "fetch": fetch_s, "guard": 0.0, "polls": polls},
+        "rss_bytes": 100 * 2**20,
+    }
+
+
+def test_poll_time_and_reader_delays():
+    a = _worker({"ra": 10.0}, {"rb": 13.0}, fetch_s=3.0, polls=4)
+    b = _worker({"rb": 11.0}, {"ra": 12.0}, fetch_s=1.0, polls=4)
+    s = b1_common.summarize("hivemind", 2, [a, b], transport="hivemind", guard_in_total=False, require_all_peers=True)
+    assert s["poll_mean_s"] == pytest.approx(0.5)  # 4 s of reads over 8 polls
+    assert s["pair_p50_s"] == pytest.approx(2.0) and s["pair_p95_s"] == pytest.approx(2.0)
+    assert s["incomplete"] == 0 and s["rss_mb_median"] == pytest.approx(100)
+    assert "| 0.50 |" in b1_common.render("hivemind", "m", "d", [s])
+
+
+def test_no_polls_counted_is_not_a_number():
+    a = _worker({"ra": 10.0}, {}, fetch_s=0.0, polls=0)
+    s = b1_common.summarize("raw", 1, [a], transport="hivemind", guard_in_total=False, require_all_peers=False)
+    assert math.isnan(s["poll_mean_s"])
