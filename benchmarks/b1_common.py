@@ -222,6 +222,8 @@ def summarize(
     return {
         # how long one poll's reads took (index and record fetches, not the pause between polls)
         "poll_mean_s": timing["fetch"] / polls if polls else float("nan"),
+        # how long one publish took (the record and its index entries stored), after encode+sign
+        "publish_mean_s": timing["publish"] / len(published) if published else float("nan"),
         "pair_p50_s": pairs[len(pairs) // 2] if pairs else float("nan"),
         "pair_p95_s": pairs[min(len(pairs) - 1, int(0.95 * len(pairs)))] if pairs else float("nan"),
         "rss_mb_median": statistics.median(rss) / 2**20 if rss else float("nan"),
@@ -340,17 +342,19 @@ def render(transport: str, machine: str, description: str, rows: list[dict], not
         "",
         "Per reader and memory: p50/p95 over every (record, reader) pair of the time until that reader had the record; "
         "resident memory per peer at the end of the run (the Python process and its children, e.g. p2pd); the mean "
-        "time one poll's reads took (index and record fetches, not the pause between polls).",
+        "time one poll's reads took (index and record fetches, not the pause between polls) and one publish took (the "
+        "record and its index entries stored, after encode+sign).",
         "",
         "| peers | mode | reader p50 s | reader p95 s | RSS per peer MB (median) | RSS per peer MB (max) "
-        "| poll s (mean) |",
-        "|---|---|---|---|---|---|---|",
+        "| poll s (mean) | publish s (mean) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['peers']} | {r['mode']} | {fmt(r.get('pair_p50_s', float('nan')))} "
             f"| {fmt(r.get('pair_p95_s', float('nan')))} | {fmt(r.get('rss_mb_median', float('nan')), 0)} "
-            f"| {fmt(r.get('rss_mb_max', float('nan')), 0)} | {fmt(r.get('poll_mean_s', float('nan')))} |"
+            f"| {fmt(r.get('rss_mb_max', float('nan')), 0)} | {fmt(r.get('poll_mean_s', float('nan')))} "
+            f"| {fmt(r.get('publish_mean_s', float('nan')))} |"
         )
     parts = [r for r in rows if r.get("encode_share", float("nan")) == r.get("encode_share", float("nan"))]
     if parts:

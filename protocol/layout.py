@@ -9,8 +9,9 @@ entry is stored under
   window's senders over ``fanout ** l`` shards by a hash of ``(window, sender)``, so a reader who estimates the
   swarm at N senders reads a level where one shard holds about ``poll_senders / poll_shards`` entries, whatever N.
 
-A poll (:class:`ShardReader`) reads a few random shards at its level, the peer keys of the senders it follows and
-one random shard of the top level (an unbiased size estimate), then fetches at most ``poll_records`` new records:
+A poll (:class:`ShardReader`) reads a few shards at its level (the next ones of its own random walk over them, so
+every shard is read once every ``shards / poll_shards`` polls), the peer keys of the senders it follows and one
+random shard of the top level (an unbiased size estimate), then fetches at most ``poll_records`` new records:
 followed senders' first, with ``poll_newcomer_records`` kept for senders it does not follow, drawn uniformly by
 sender from the reader's own randomness. Nobody but the reader chooses what it reads, one sender can list at most
 :data:`MAX_INDEX_DIGESTS` records per window, and a flood of sybil entries competes only for the newcomer slots.
@@ -26,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 import random
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
@@ -285,6 +287,8 @@ class ShardReader:
         self.keep_windows = keep_windows
         self.estimate: float | None = None  # senders per window
         self._anchors: deque[float] = deque(maxlen=ANCHOR_POLLS)
+        #: (window, level) -> the reader's walk over that level's shards (see :class:`ShardWalk`)
+        self._walks: dict[tuple[int, int], ShardWalk] = {}
         self.cache: dict[int, OrderedDict[str, bytes]] = {}  # window -> digest -> record bytes
         self.misses: dict[RecordAddr, int] = {}
         self.stats: dict[str, int] = dict.fromkeys(
@@ -325,7 +329,10 @@ class ShardReader:
         n = self.p.shards(level)
         plan = PollPlan(level)
         for w in windows:
-            picked = set(self.rng.sample(range(n), min(self.p.poll_shards, n)))
+            walk = self._walks.get((w, level))
+            if walk is None:
+                walk = self._walks[(w, level)] = ShardWalk(n, self.rng)
+            picked = set(walk.take(min(self.p.poll_shards, n)))
             plan.shards.extend((w, level, s) for s in sorted(picked))
             for sender in list(prefer)[: self.p.follow_senders]:
                 if shard_of(w, sender, level, self.p.fanout) not in picked:
@@ -463,6 +470,44 @@ class ShardReader:
             del self.cache[w]
         for k in [k for k in self.misses if k[0] < oldest]:
             del self.misses[k]
+        for k in [k for k in self._walks if k[0] < oldest]:
+            del self._walks[k]
+
+
+class ShardWalk:
+    """A reader's own order of the ``n`` shards of one window's level: a random permutation read a few shards per
+    poll, then another one. Every shard is read once in every ``n / poll_shards`` polls (independent draws would
+    leave a shard unread for ``n`` polls with probability ``(1 - 1/n)**n``, about 1/e), and where the walk starts
+    and how it steps are the reader's randomness, so no writer can place itself early in anyone's walk.
+
+    The permutation is affine, ``shard_i = (start + i * step) mod n`` with ``step`` coprime to ``n``: O(1) memory
+    at any level (the top of a big layout has millions of shards)."""
+
+    def __init__(self, n: int, rng: random.Random) -> None:
+        self.n = n
+        self.rng = rng
+        self._new_cycle()
+
+    def _new_cycle(self) -> None:
+        self.start = self.rng.randrange(self.n)
+        self.step = 1
+        if self.n > 2:
+            self.step = self.rng.randrange(1, self.n)
+            while math.gcd(self.step, self.n) != 1:
+                self.step = self.rng.randrange(1, self.n)
+        self.i = 0
+
+    def take(self, k: int) -> list[int]:
+        """The next ``k`` distinct shards (``k <= n``) of the walk; a cycle that runs out starts a new one."""
+        out: list[int] = []
+        while len(out) < min(k, self.n):
+            if self.i == self.n:
+                self._new_cycle()
+            shard = (self.start + self.i * self.step) % self.n
+            self.i += 1
+            if shard not in out:  # a new cycle's first shards may repeat the old one's last, within one poll
+                out.append(shard)
+        return out
 
 
 async def _nothing() -> dict[Any, Any]:
@@ -494,11 +539,13 @@ def expected_reach(
     swarm of ``n_senders`` nodes that each publish ``records_per_poll`` records per poll and follow
     ``follow_senders`` others (so a record's sender is followed by that many readers, who fetch it at once).
 
-    A reader that does not follow the sender reads its shard with probability ``m / S`` per poll (``m`` shards of
-    ``S`` at the reader's level) and, among the new records of the unknown senders it sees, fetches what its
-    remaining budget allows: ``p = min(m / S, B_u / (U * r))`` with ``U`` the unknown senders, ``r`` their records
-    per poll and ``B_u = max(B - F * r, B_new)`` the budget left after the followed senders' records. Only the
-    ``live_polls`` polls while the record's window is still polled count (None: all ``polls``).
+    A reader that does not follow the sender walks the ``S`` shards of its level ``m`` at a time in its own random
+    order (:class:`ShardWalk`), so within ``k`` polls it reads the record's shard ``floor(k m / S)`` times, or once
+    more with probability ``frac(k m / S)``. At each read it fetches the record with probability
+    ``q = min(1, B_u S / (m U r))``: its budget left after the followed senders' records, ``B_u = max(B - F r,
+    B_new)``, shared among the new records of the ``m U / S`` unknown senders it sees (``U`` of them in all, ``r``
+    records per poll each). Only the ``live_polls`` polls while the record's window is still polled count (None:
+    all ``polls``).
     """
     if live_polls is not None:
         polls = min(polls, live_polls)
@@ -512,5 +559,8 @@ def expected_reach(
     shards = params.shards(params.level_for(n_senders))
     m = min(params.poll_shards, shards)
     budget_u = max(params.poll_records - followed * r, params.poll_newcomer_records)
-    p = min(1.0, m / shards, budget_u / (unknown * r))
-    return f + (1 - f) * (1 - (1 - p) ** polls)
+    q = min(1.0, budget_u * shards / (m * unknown * r))
+    visits = polls * m / shards
+    whole, part = math.floor(visits), visits - math.floor(visits)
+    missed = (1 - part) * (1 - q) ** whole + part * (1 - q) ** (whole + 1)
+    return f + (1 - f) * (1 - missed)

@@ -1,4 +1,4 @@
-"""B1's per-run summary: per-reader delivery times and the mean time of one poll, from the workers' results."""
+"""B1's per-run summary: per-reader delivery times and the mean time of one poll and one publish, from the workers' results."""
 
 import math
 
@@ -22,9 +22,10 @@ def test_poll_time_and_reader_delays():
     b = _worker({"rb": 11.0}, {"ra": 12.0}, fetch_s=1.0, polls=4)
     s = b1_common.summarize("hivemind", 2, [a, b], transport="hivemind", guard_in_total=False, require_all_peers=True)
     assert s["poll_mean_s"] == pytest.approx(0.5)  # 4 s of reads over 8 polls
+    assert s["publish_mean_s"] == pytest.approx(1.0)  # 2 s of stores over 2 records
     assert s["pair_p50_s"] == pytest.approx(2.0) and s["pair_p95_s"] == pytest.approx(2.0)
     assert s["incomplete"] == 0 and s["rss_mb_median"] == pytest.approx(100)
-    assert "| 0.50 |" in b1_common.render("hivemind", "m", "d", [s])
+    assert "| 0.50 | 1.00 |" in b1_common.render("hivemind", "m", "d", [s])
 
 
 def test_no_polls_counted_is_not_a_number():

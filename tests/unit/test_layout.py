@@ -8,6 +8,7 @@ from protocol.layout import (
     MAX_INDEX_DIGESTS,
     IndexWriter,
     ShardParams,
+    ShardWalk,
     decode_index_entry,
     encode_index_entry,
     expected_reach,
@@ -66,6 +67,29 @@ def test_expected_reach_arithmetic():
     assert r100 == sorted(r100) and 0 < r100[0] < 1
     # Readers per record per poll stay about constant, so the share falls like 1/N.
     assert expected_reach(10_000, p, 1) * 10_000 == pytest.approx(expected_reach(1000, p, 1) * 1000, rel=0.5)
+    # With budget to spare a reader has walked every shard of its level within S/m polls: 32 senders -> 4 shards.
+    assert p.shards(p.level_for(32)) == 4
+    f = 6 / 31  # the sender's followers fetch at once; the others read its shard at one of their next 4 polls
+    want = [f + (1 - f) * k / 4 for k in (1, 2, 4)]
+    assert [expected_reach(32, p, k, records_per_poll=0.1) for k in (1, 2, 4)] == pytest.approx(want)
+    # A binding budget: each read of the shard fetches the record with probability q < 1, so reach stays below 1.
+    assert 0.6 < expected_reach(32, p, 4, records_per_poll=1.0) < 0.8
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 16, 1024, 4**9])
+def test_a_walk_reads_every_shard_once_per_cycle(n):
+    import random
+
+    walk = ShardWalk(n, random.Random(n))
+    for k in (1, 3):
+        polls = [walk.take(k) for _ in range(max(1, min(n, 4096) // k))]
+        assert all(len(set(shards)) == len(shards) == min(k, n) for shards in polls)
+        if n <= 4096 and n % k == 0:  # whole cycles: each shard exactly once
+            seen = [s for shards in polls for s in shards]
+            assert sorted(seen) == list(range(n)) * (len(seen) // n)
+    if n >= 16:  # the order is the reader's own: other seeds walk other orders
+        orders = {tuple(ShardWalk(n, random.Random(seed)).take(4)) for seed in range(5)}
+        assert len(orders) == 5
 
 
 async def publish(t: MemoryTransport, writer: IndexWriter, data: bytes, window: int) -> None:
@@ -109,6 +133,27 @@ async def test_poll_cost_is_bounded_whatever_the_swarm_size():
     # a shard's worth per window per poll (about poll_senders), not 1,000 entries
     assert s["index_entries"] - first["index_entries"] <= 4 * 3 * 2 * cfg.poll_senders
     assert s["read_level"] >= 3
+
+
+async def test_a_reader_has_every_record_of_a_32_sender_window_after_walking_its_shards():
+    """32 senders, one record each: after its first poll (level 0, budget-bound) a reader reads level 1's 4 shards
+    one per poll and has every record once it has walked all 4 (independent draws would miss one about 9 times in
+    10: 1 - 4!/4**4)."""
+    cfg = ProtocolConfig()
+    net = MemoryNetwork()
+    pub = MemoryTransport(net, "pub", protocol=cfg)
+    records = {f"record {i}".encode() for i in range(32)}
+    for i, data in enumerate(sorted(records)):
+        await publish(pub, IndexWriter(ident(i), SWARM), data, 10)
+    for seed in range(5):
+        reader = MemoryTransport(net, f"reader{seed}", protocol=cfg, swarm=SWARM, seed=seed)
+        await reader.fetch_recent([10])
+        levels = []
+        for _ in range(4):
+            got = await reader.fetch_recent([10])
+            levels.append(reader.stats()["read_level"])
+        assert levels == [1, 1, 1, 1]
+        assert set(got) == records
 
 
 async def test_a_crowded_shard_is_sampled_not_decoded_whole():
