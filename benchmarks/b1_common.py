@@ -47,6 +47,7 @@ MEDIAN_KEYS = (
     "rss_mb_median",
     "rss_mb_max",
     "poll_mean_s",
+    "publish_mean_s",
 )
 
 

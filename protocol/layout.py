@@ -15,8 +15,9 @@ random shard of the top level (an unbiased size estimate), then fetches at most 
 followed senders' first, with ``poll_newcomer_records`` kept for senders it does not follow, drawn uniformly by
 sender from the reader's own randomness. Nobody but the reader chooses what it reads, one sender can list at most
 :data:`MAX_INDEX_DIGESTS` records per window, and a flood of sybil entries competes only for the newcomer slots.
-Writers write the levels from one below their own reading level up to the top (:meth:`ShardReader.write_levels`),
-so no key collects every sender of a big swarm. ``protocol/SPEC.md`` section 7 is the normative description.
+Writers write their own reading level, the levels just below and above it, and the top
+(:meth:`ShardReader.write_levels`), so no key collects every sender of a big swarm and a publish writes at most four
+shard keys whatever the number of levels. ``protocol/SPEC.md`` section 7 is the normative description.
 
 Knows nothing about how a transport stores or moves bytes (it is given async getters), nor about what a record
 means beyond the digest it is listed under.
@@ -314,10 +315,14 @@ class ShardReader:
     def read_level(self) -> int:
         return 0 if self.estimate is None else self.p.level_for(self.estimate)
 
-    def write_levels(self) -> range:
-        """Levels a publisher writes its entry to: one below its reading level (readers whose estimate is up to
-        ``fanout`` times smaller still find it) up to the top (the anchor every reader samples)."""
-        return range(max(0, self.read_level() - 1), self.p.levels)
+    def write_levels(self) -> list[int]:
+        """Levels a publisher writes its entry to: its reading level and the ones above and below it (readers whose
+        estimate is up to ``fanout`` times smaller or larger find it), and the top (the anchor every reader samples).
+        Before its first poll a node knows nothing of the swarm's size and writes every level."""
+        if self.estimate is None:
+            return list(range(self.p.levels))
+        level = self.read_level()
+        return sorted({*range(max(0, level - 1), min(self.p.top, level + 1) + 1), self.p.top})
 
     def remember_own(self, data: bytes, window: int) -> None:
         self.cache.setdefault(window, OrderedDict())[record_digest_hex(data)] = data

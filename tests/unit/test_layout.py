@@ -76,6 +76,19 @@ def test_expected_reach_arithmetic():
     assert 0.6 < expected_reach(32, p, 4, records_per_poll=1.0) < 0.8
 
 
+def test_a_writer_writes_around_its_reading_level_and_the_top():
+    from protocol.layout import ShardReader
+
+    r = ShardReader(SWARM, ShardParams())
+    assert r.write_levels() == list(range(7))  # no estimate yet: every level
+    for n, levels in ((5, [0, 1, 6]), (32, [0, 1, 2, 6]), (100, [1, 2, 3, 6]), (10_000, [4, 5, 6]), (1e6, [5, 6])):
+        r.estimate = n
+        assert r.write_levels() == levels
+        # every reader whose estimate is within a factor fanout of the writer's reads a level the writer wrote
+        for other in (n / 4, n, n * 4):
+            assert r.p.level_for(other) in levels
+
+
 @pytest.mark.parametrize("n", [1, 2, 4, 16, 1024, 4**9])
 def test_a_walk_reads_every_shard_once_per_cycle(n):
     import random
