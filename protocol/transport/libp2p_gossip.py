@@ -390,14 +390,14 @@ class Libp2pTransport(Transport):
             self._counters.stat("gossip_records")
             return True
         if tag == TAG_ANNOUNCE:
-            return await self._t_validate_announce(forwarder, body)
+            return await self._t_validate_announce(forwarder, body, msg)
         return self._reject_frame("malformed")
 
     def _reject_frame(self, reason: str) -> bool:
         self._counters.reject(reason)
         return False
 
-    async def _t_validate_announce(self, forwarder: ID, body: bytes) -> bool:
+    async def _t_validate_announce(self, forwarder: ID, body: bytes, msg: Any) -> bool:
         try:
             ann = msgpack.unpackb(body, raw=False, max_bin_len=64, max_str_len=64, max_array_len=0, max_map_len=8)
             digest, size = ann["digest"], ann["size"]
@@ -417,8 +417,12 @@ class Libp2pTransport(Transport):
             with trio.fail_after(self.cfg.request_timeout_s * 0.8):
                 got = await self._sync.get(forwarder, [digest])
         except Exception as e:
+            # Not proof of anything (the forwarder may just be slow): dropped without a penalty, and the next copy
+            # of the announcement, from any forwarder, is fetched again; anti-entropy sync heals the rest.
             logger.debug("announce fetch from %s failed: %s", forwarder, e)
             self._counters.drop("announce_fetch_failed")
+            assert self._pubsub is not None
+            self._pubsub.unjudged(msg)
             return False
         if not got:
             return self._reject_frame("announce_unavailable")

@@ -235,3 +235,50 @@ async def test_a_peer_of_another_major_version_is_reported_once_counted_and_drop
     finally:
         version.override_local_version(None)
         await other.close()
+
+
+def test_a_message_the_validator_cannot_judge_costs_nobody_score_and_is_not_cached():
+    """A failed announce fetch (slow forwarder) drops that copy only: the forwarder keeps its score and the next
+    copy is validated afresh. A message judged invalid still costs its forwarder and its verdict is cached."""
+    import trio
+    from libp2p import new_host
+    from libp2p.crypto.ed25519 import create_new_key_pair
+    from libp2p.peer.id import ID
+    from libp2p.pubsub.pb import rpc_pb2
+    from libp2p.pubsub.pubsub import ValidationError
+
+    from protocol.transport.lp2p.gossipsub import build_pubsub
+
+    counted: list[str] = []
+    pubsub, router = build_pubsub(new_host(key_pair=create_new_key_pair()), Libp2pTransportConfig(), counted.append)
+    forwarder = ID.from_pubkey(create_new_key_pair().public_key)
+    topic = "t"
+    verdicts: dict[bytes, str] = {b"slow": "unjudged", b"bad": "invalid"}
+    calls: list[bytes] = []
+
+    async def validate(_peer, msg) -> bool:
+        calls.append(msg.data)
+        if verdicts[msg.data] == "unjudged":
+            pubsub.unjudged(msg)
+        return False
+
+    pubsub.set_topic_validator(topic, validate, True)
+    scorer = router.scorer
+    msgs = {d: rpc_pb2.Message(data=d, topicIDs=[topic], from_id=forwarder.to_bytes(), seqno=d) for d in verdicts}
+
+    async def push(data: bytes) -> None:
+        with pytest.raises(ValidationError):
+            await pubsub.validate_msg(forwarder, msgs[data])
+        scorer.on_invalid_message(forwarder, topic)  # what push_msg does right after a failed validation
+
+    async def main() -> None:
+        await push(b"slow")
+        await push(b"slow")  # not cached: the validator runs again
+        assert calls == [b"slow", b"slow"] and counted == ["unjudged", "unjudged"]
+        assert scorer.score(forwarder, [topic]) == 0.0
+        await push(b"bad")
+        await push(b"bad")  # cached: refused without running the validator, penalized again
+        assert calls == [b"slow", b"slow", b"bad"]
+        assert scorer.score(forwarder, [topic]) < 0.0
+
+    trio.run(main)

@@ -18,7 +18,7 @@ from typing import Any
 import trio
 from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
-from libp2p.pubsub.pubsub import Pubsub
+from libp2p.pubsub.pubsub import Pubsub, ValidationError
 from libp2p.pubsub.score import ScoreParams, TopicScoreParams
 
 from protocol.transport.config import Libp2pTransportConfig
@@ -56,6 +56,30 @@ class CountingPubsub(Pubsub):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._write_locks: weakref.WeakKeyDictionary[Any, trio.Lock] = weakref.WeakKeyDictionary()
+        self._unjudged: set[bytes] = set()
+        #: The forwarder whose message just failed validation without being judged (see :meth:`unjudged`).
+        self.spared: ID | None = None
+
+    def unjudged(self, msg: Any) -> None:
+        """The validator could not tell whether ``msg`` is valid (e.g. fetching an announced record timed out):
+        drop it this time without costing its forwarder score and without caching the failure.
+
+        py-libp2p knows only valid and invalid: an invalid message costs its forwarder a P4 point and the verdict
+        is cached for 5 minutes by message id, so every later forwarder of the same message is refused and
+        penalized too. Under load one slow fetch would then cost many honest peers their score, and the record
+        could not arrive by gossip at all."""
+        self._unjudged.add(self._msg_id_constructor(msg))
+
+    async def validate_msg(self, msg_forwarder: ID, msg: Any) -> None:
+        try:
+            await super().validate_msg(msg_forwarder, msg)
+        except ValidationError:
+            msg_id = self._msg_id_constructor(msg)
+            if msg_id in self._unjudged:
+                self._unjudged.discard(msg_id)
+                self.validation_cache.cache.pop(msg_id, None)  # the next copy is validated afresh
+                self.spared = msg_forwarder  # push_msg scores right after this raise, with no await between
+            raise
 
     async def write_msg(self, stream: Any, rpc_msg: Any) -> bool:
         lock = self._write_locks.get(stream)
@@ -102,8 +126,19 @@ def build_pubsub(host: Any, cfg: Libp2pTransportConfig, count: Count) -> tuple[C
             count("low_peer_score")
         return ok
 
-    # Count refusals by score: the scorer's method is wrapped on this instance (py-libp2p offers no hook).
-    setattr(scorer, "allow_publish", allow_publish)  # noqa: B010
     pubsub = CountingPubsub(host, router, validation_timeout=cfg.request_timeout_s)
     pubsub.count = count
+    penalize = scorer.on_invalid_message
+
+    def on_invalid_message(peer: ID, topic: str) -> None:
+        if pubsub.spared is not None and pubsub.spared == peer:
+            pubsub.spared = None
+            count("unjudged")
+            return
+        penalize(peer, topic)
+
+    # Count refusals by score and spare unjudged messages: the scorer's methods are wrapped on this instance
+    # (py-libp2p offers no hook).
+    setattr(scorer, "allow_publish", allow_publish)  # noqa: B010
+    setattr(scorer, "on_invalid_message", on_invalid_message)  # noqa: B010
     return pubsub, router
