@@ -136,6 +136,7 @@ def run_swarm(
                 "window_seconds": opts.window_seconds,
                 "leave_after": getattr(opts, "boot_leaves_after", 0),
                 "discovery": getattr(opts, "discovery", None),
+                "inline_max_bytes": getattr(opts, "inline_max_bytes", None),
                 "outfile": str(out),
             }
             log = (workdir / f"{mode}_{peers}_{i}.log").open("w")

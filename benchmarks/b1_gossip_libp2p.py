@@ -79,6 +79,7 @@ async def worker(args: dict) -> None:
         startup_timeout_s=120,
         peer_exchange=discovery == "exchange",
         gossipsub_px=discovery == "gossipsub-px",
+        **({"inline_max_bytes": args["inline_max_bytes"]} if args.get("inline_max_bytes") else {}),
     )
     transport = await Libp2pTransport.create(cfg, swarm=SWARM, validate=validator.verdict, protocol=pc)
     print("READY", transport.addresses()[0], flush=True)
@@ -294,7 +295,9 @@ def render(rows: list[dict], machine: str, opts: argparse.Namespace) -> str:
         f"(incomplete records count as inf). Median of {opts.repeats} repeat(s). raw = bare py-libp2p GossipSub "
         f"with the same router settings carrying the same bytes, no validation, decoding or sync. codec share = "
         f"(encode+sign + receive validate+decode + edge validator) / (encode + publish + fetch + receive checks "
-        f"+ edge validator). Peer discovery: {opts.discovery}. Compare with the hivemind transport in `b1_gossip.md`."
+        f"+ edge validator). Peer discovery: {opts.discovery}. Records over "
+        f"{opts.inline_max_bytes or 900_000:,} bytes are announced and fetched, smaller ones travel in the gossip "
+        f"message. Compare with the hivemind transport in `b1_gossip.md`."
     )
     drops = {k: v for r in rows for k, v in r.get("drops", {}).items()}
     notes = ["", f"Drops counted by the transport (all runs): {json.dumps(drops) if drops else 'none'}."]
@@ -326,6 +329,12 @@ def main(argv: list[str] | None = None) -> int:
         default="exchange",
         help="how peers find each other: the transport's signed peer exchange (default), GossipSub v1.1 PX on "
         "PRUNE instead, or nothing (a star around the bootstrap node)",
+    )
+    ap.add_argument(
+        "--inline-max-bytes",
+        type=int,
+        help="records up to this size travel inside the gossip message, larger ones are announced and fetched "
+        "(the transport's inline_max_bytes; default its own, 900,000)",
     )
     opts = ap.parse_args(argv)
     if opts.worker:
