@@ -235,11 +235,15 @@ def raw_worker(args: dict) -> None:
 def summarize(mode: str, peers: int, results: list[dict]) -> dict:
     # The edge validator runs in the router, outside publish and fetch: it counts in the time spent too.
     row = b1_common.summarize(mode, peers, results, transport="libp2p", guard_in_total=True, require_all_peers=True)
-    drops: dict[str, int] = {}
-    for r in results:
-        for k, v in r.get("drops", {}).items():
-            drops[k] = drops.get(k, 0) + v
-    row["drops"] = drops
+    for key, of in (
+        ("drops", lambda r: r.get("drops", {})),
+        ("rejected", lambda r: r.get("stats", {}).get("rejected", {})),
+    ):
+        total: dict[str, int] = {}
+        for r in results:
+            for k, v in of(r).items():
+                total[k] = total.get(k, 0) + v
+        row[key] = total
     row["mesh"] = mesh_summary(results) if mode != "raw" else None
     return row
 
@@ -300,7 +304,9 @@ def render(rows: list[dict], machine: str, opts: argparse.Namespace) -> str:
         f"message. Compare with the hivemind transport in `b1_gossip.md`."
     )
     drops = {k: v for r in rows for k, v in r.get("drops", {}).items()}
+    refused = {k: v for r in rows for k, v in r.get("rejected", {}).items()}
     notes = ["", f"Drops counted by the transport (all runs): {json.dumps(drops) if drops else 'none'}."]
+    notes += ["", f"Refused at the edge, by reason (all runs): {json.dumps(refused) if refused else 'none'}."]
     notes += [
         "",
         "Mesh at the end of each run (median over repeats): mean connections per peer; the fewest connections a peer "
@@ -352,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
         group = []
         for mode, runs in per_mode.items():
             row = b1_common.median_row(mode, peers, runs)
-            row["drops"] = {k: v for r in runs for k, v in r["drops"].items()}
+            for key in ("drops", "rejected"):
+                row[key] = {k: v for r in runs for k, v in r.get(key, {}).items()}
             meshes = [r["mesh"] for r in runs if r.get("mesh")]
             if meshes:
                 row["mesh"] = {k: statistics.median(m[k] for m in meshes) for k in meshes[0]}

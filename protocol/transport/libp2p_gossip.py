@@ -131,6 +131,7 @@ class Libp2pTransport(Transport):
         self._key_pair: Any = None
         self._pubsub: Any = None
         self._sync: SyncClient | None = None
+        self._fetching: dict[bytes, trio.Event] = {}  # digest -> set when the announce fetch of it ends
         self._table = PeerTable(cfg.max_known_peers, cfg.advertisement_ttl_s, clock)
         self._own_ad: tuple[float, bytes] | None = None
         self._incompatible: set[str] = set()
@@ -411,19 +412,31 @@ class Libp2pTransport(Transport):
             return True
         if forwarder == self._host.get_id():
             return self._reject_frame("announce_unknown_record")
-        assert self._sync is not None
+        assert self._sync is not None and self._pubsub is not None
+        wait = self.cfg.request_timeout_s * 0.8  # inside pubsub's validation timeout (request_timeout_s)
+        pending = self._fetching.get(digest)
+        if pending is not None:
+            # Each neighbour forwards the announcement: one fetch per record, and the other copies share its outcome.
+            with trio.move_on_after(wait):
+                await pending.wait()
+            if self._store.has(digest):
+                return True
+            self._pubsub.unjudged(msg)
+            return False
+        self._fetching[digest] = done = trio.Event()
         try:
-            # Inside pubsub's validation timeout (request_timeout_s), so a slow fetch is our drop, not a penalty.
-            with trio.fail_after(self.cfg.request_timeout_s * 0.8):
+            with trio.fail_after(wait):
                 got = await self._sync.get(forwarder, [digest])
         except Exception as e:
             # Not proof of anything (the forwarder may just be slow): dropped without a penalty, and the next copy
             # of the announcement, from any forwarder, is fetched again; anti-entropy sync heals the rest.
             logger.debug("announce fetch from %s failed: %s", forwarder, e)
             self._counters.drop("announce_fetch_failed")
-            assert self._pubsub is not None
             self._pubsub.unjudged(msg)
             return False
+        finally:
+            del self._fetching[digest]
+            done.set()
         if not got:
             return self._reject_frame("announce_unavailable")
         if self._edge.admit(got[0], digest) is not None:

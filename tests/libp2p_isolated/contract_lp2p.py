@@ -238,8 +238,9 @@ async def test_a_peer_of_another_major_version_is_reported_once_counted_and_drop
 
 
 def test_a_message_the_validator_cannot_judge_costs_nobody_score_and_is_not_cached():
-    """A failed announce fetch (slow forwarder) drops that copy only: the forwarder keeps its score and the next
-    copy is validated afresh. A message judged invalid still costs its forwarder and its verdict is cached."""
+    """A failed announce fetch (slow forwarder) or py-libp2p's validation timeout drops that copy only: the
+    forwarder keeps its score and the next copy is validated afresh. A message judged invalid still costs its
+    forwarder and its verdict is cached."""
     import trio
     from libp2p import new_host
     from libp2p.crypto.ed25519 import create_new_key_pair
@@ -250,16 +251,19 @@ def test_a_message_the_validator_cannot_judge_costs_nobody_score_and_is_not_cach
     from protocol.transport.lp2p.gossipsub import build_pubsub
 
     counted: list[str] = []
-    pubsub, router = build_pubsub(new_host(key_pair=create_new_key_pair()), Libp2pTransportConfig(), counted.append)
+    cfg = Libp2pTransportConfig(request_timeout_s=0.2)  # py-libp2p's validation timeout
+    pubsub, router = build_pubsub(new_host(key_pair=create_new_key_pair()), cfg, counted.append)
     forwarder = ID.from_pubkey(create_new_key_pair().public_key)
     topic = "t"
-    verdicts: dict[bytes, str] = {b"slow": "unjudged", b"bad": "invalid"}
+    verdicts: dict[bytes, str] = {b"slow": "unjudged", b"stuck": "timeout", b"bad": "invalid"}
     calls: list[bytes] = []
 
     async def validate(_peer, msg) -> bool:
         calls.append(msg.data)
         if verdicts[msg.data] == "unjudged":
             pubsub.unjudged(msg)
+        elif verdicts[msg.data] == "timeout":
+            await trio.sleep(5)  # cancelled by py-libp2p's own timeout
         return False
 
     pubsub.set_topic_validator(topic, validate, True)
@@ -275,10 +279,13 @@ def test_a_message_the_validator_cannot_judge_costs_nobody_score_and_is_not_cach
         await push(b"slow")
         await push(b"slow")  # not cached: the validator runs again
         assert calls == [b"slow", b"slow"] and counted == ["unjudged", "unjudged"]
+        await push(b"stuck")  # py-libp2p's validation timeout is no verdict either
+        await push(b"stuck")
+        assert calls == [b"slow", b"slow", b"stuck", b"stuck"] and counted.count("unjudged") == 4
         assert scorer.score(forwarder, [topic]) == 0.0
         await push(b"bad")
         await push(b"bad")  # cached: refused without running the validator, penalized again
-        assert calls == [b"slow", b"slow", b"bad"]
+        assert calls == [b"slow", b"slow", b"stuck", b"stuck", b"bad"]
         assert scorer.score(forwarder, [topic]) < 0.0
 
     trio.run(main)

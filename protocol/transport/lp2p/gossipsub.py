@@ -75,6 +75,11 @@ class CountingPubsub(Pubsub):
             await super().validate_msg(msg_forwarder, msg)
         except ValidationError:
             msg_id = self._msg_id_constructor(msg)
+            cached = self.validation_cache.cache.get(msg_id)
+            # py-libp2p's own timeout starts while a validation still queues for one of its 10 slots: under load
+            # an honest message can run out of time before it is even looked at.
+            if cached is not None and cached.error_message == "Validation timeout":
+                self._unjudged.add(msg_id)
             if msg_id in self._unjudged:
                 self._unjudged.discard(msg_id)
                 self.validation_cache.cache.pop(msg_id, None)  # the next copy is validated afresh
