@@ -80,6 +80,8 @@ class CountingPubsub(Pubsub):
             # an honest message can run out of time before it is even looked at.
             if cached is not None and cached.error_message == "Validation timeout":
                 self._unjudged.add(msg_id)
+            if cached is not None and (cached.error_message or "").startswith("Validation error"):
+                self.count("validator_raised")  # a bug of ours, not the forwarder's: counted to be seen
             if msg_id in self._unjudged:
                 self._unjudged.discard(msg_id)
                 self.validation_cache.cache.pop(msg_id, None)  # the next copy is validated afresh
