@@ -475,8 +475,8 @@ class ShardReader:
             del self.cache[w]
         for k in [k for k in self.misses if k[0] < oldest]:
             del self.misses[k]
-        for k in [k for k in self._walks if k[0] < oldest]:
-            del self._walks[k]
+        for walk in [walk for walk in self._walks if walk[0] < oldest]:
+            del self._walks[walk]
 
 
 class ShardWalk:

@@ -182,7 +182,14 @@ class MemoryNetwork:
     # -- storage ---------------------------------------------------------------------------------------
 
     def _store(
-        self, publisher: str, window: int, sender: str, data: bytes, index: bytes | None, levels: range, fanout: int
+        self,
+        publisher: str,
+        window: int,
+        sender: str,
+        data: bytes,
+        index: bytes | None,
+        levels: Sequence[int],
+        fanout: int,
     ) -> None:
         """Store a record and its sender's index entry, checked as an honest DHT replica checks them (signature,
         window, sender, lists this record); without a valid entry the record is not listed and not kept."""

@@ -1,4 +1,5 @@
-"""B1's per-run summary: per-reader delivery times and the mean time of one poll and one publish, from the workers' results."""
+"""B1's per-run summary: per-reader delivery times and the mean times of one poll and one publish, from the workers'
+results."""
 
 import math
 
