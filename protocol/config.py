@@ -7,6 +7,8 @@ written into the run directory.
 
 from __future__ import annotations
 
+import os
+
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -108,7 +110,7 @@ def write_resolved(config: BaseModel, run_dir: str | Path, name: str = "config.y
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / name
-    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # unique: two runs may share a run dir
     tmp.write_text(dump_config(config))
     tmp.replace(path)
     return path

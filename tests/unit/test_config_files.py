@@ -82,3 +82,26 @@ def test_transport_section_without_type_means_hivemind():
 def test_publish_rate_must_fit_the_peer_quota():
     with pytest.raises(ConfigError, match=r"raise runtime.publish_interval_s to at least"):
         load_config(NodeConfig, None, ["runtime.publish_interval_s=0.1"])
+
+
+def test_two_processes_can_write_the_resolved_config_into_one_run_dir(tmp_path):
+    """Parallel benchmark runs share a run directory: neither may lose the other's temporary file."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from node.config import NodeConfig\n"
+        "from protocol.config import load_config, write_resolved\n"
+        "cfg = load_config(NodeConfig, None, [])\n"
+        "for _ in range(300):\n"
+        "    write_resolved(cfg, sys.argv[1])\n"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errors
+    assert validate_config(NodeConfig, read_yaml(tmp_path / "config.yaml")) == load_config(NodeConfig, None, [])
+    assert not list(tmp_path.glob("*.tmp")), "no temporary file is left behind"
