@@ -8,7 +8,6 @@ written into the run directory.
 from __future__ import annotations
 
 import os
-
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
