@@ -289,3 +289,56 @@ def test_a_message_the_validator_cannot_judge_costs_nobody_score_and_is_not_cach
         assert scorer.score(forwarder, [topic]) < 0.0
 
     trio.run(main)
+
+
+def test_copies_of_one_message_that_fail_unjudged_together_cost_none_of_their_forwarders():
+    """Every neighbour forwards an announcement, so several copies of one message are validated at once (sharing
+    one fetch). When that fetch fails, each copy is unjudged: no forwarder loses score and no verdict is cached."""
+    import trio
+    from libp2p import new_host
+    from libp2p.crypto.ed25519 import create_new_key_pair
+    from libp2p.peer.id import ID
+    from libp2p.pubsub.pb import rpc_pb2
+    from libp2p.pubsub.pubsub import ValidationError
+
+    from protocol.transport.lp2p.gossipsub import build_pubsub
+
+    counted: list[str] = []
+    pubsub, router = build_pubsub(new_host(key_pair=create_new_key_pair()), Libp2pTransportConfig(), counted.append)
+    origin = ID.from_pubkey(create_new_key_pair().public_key)
+    forwarders = [ID.from_pubkey(create_new_key_pair().public_key) for _ in range(4)]
+    topic = "t"
+    msg = rpc_pb2.Message(data=b"announce", topicIDs=[topic], from_id=origin.to_bytes(), seqno=b"1")
+    calls = 0
+
+    async def validate(_peer, m) -> bool:
+        nonlocal calls
+        calls += 1
+        await fetch_failed.wait()  # the copies wait on one fetch, which then fails
+        pubsub.unjudged(m)
+        return False
+
+    pubsub.set_topic_validator(topic, validate, True)
+    scorer = router.scorer
+
+    async def push(forwarder: ID) -> None:
+        with pytest.raises(ValidationError):
+            await pubsub.validate_msg(forwarder, msg)
+        scorer.on_invalid_message(forwarder, topic)  # what push_msg does right after a failed validation
+
+    async def main() -> None:
+        nonlocal fetch_failed
+        fetch_failed = trio.Event()
+        async with trio.open_nursery() as nursery:
+            for f in forwarders:
+                nursery.start_soon(push, f)
+            await trio.sleep(0.05)
+            assert calls == len(forwarders)  # all copies are in validation at the same time
+            fetch_failed.set()
+        assert [scorer.score(f, [topic]) for f in forwarders] == [0.0] * len(forwarders)
+        assert counted.count("unjudged") == len(forwarders)
+        await push(forwarders[0])  # not cached: validated afresh
+        assert calls == len(forwarders) + 1 and scorer.score(forwarders[0], [topic]) == 0.0
+
+    fetch_failed: trio.Event
+    trio.run(main)

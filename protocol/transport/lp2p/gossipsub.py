@@ -12,6 +12,7 @@ Knows nothing about records or the sync protocol.
 from __future__ import annotations
 
 import weakref
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -56,7 +57,9 @@ class CountingPubsub(Pubsub):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._write_locks: weakref.WeakKeyDictionary[Any, trio.Lock] = weakref.WeakKeyDictionary()
-        self._unjudged: set[bytes] = set()
+        # message id -> validations of it that ended without a verdict and have not yet been seen failing: a count,
+        # since copies of one message from several forwarders are validated at the same time
+        self._unjudged: Counter[bytes] = Counter()
         #: The forwarder whose message just failed validation without being judged (see :meth:`unjudged`).
         self.spared: ID | None = None
 
@@ -68,7 +71,7 @@ class CountingPubsub(Pubsub):
         is cached for 5 minutes by message id, so every later forwarder of the same message is refused and
         penalized too. Under load one slow fetch would then cost many honest peers their score, and the record
         could not arrive by gossip at all."""
-        self._unjudged.add(self._msg_id_constructor(msg))
+        self._unjudged[self._msg_id_constructor(msg)] += 1
 
     async def validate_msg(self, msg_forwarder: ID, msg: Any) -> None:
         try:
@@ -79,11 +82,13 @@ class CountingPubsub(Pubsub):
             # py-libp2p's own timeout starts while a validation still queues for one of its 10 slots: under load
             # an honest message can run out of time before it is even looked at.
             if cached is not None and cached.error_message == "Validation timeout":
-                self._unjudged.add(msg_id)
+                self._unjudged[msg_id] += 1
             if cached is not None and (cached.error_message or "").startswith("Validation error"):
                 self.count("validator_raised")  # a bug of ours, not the forwarder's: counted to be seen
-            if msg_id in self._unjudged:
-                self._unjudged.discard(msg_id)
+            if self._unjudged[msg_id] > 0:
+                self._unjudged[msg_id] -= 1
+                if not self._unjudged[msg_id]:
+                    del self._unjudged[msg_id]
                 self.validation_cache.cache.pop(msg_id, None)  # the next copy is validated afresh
                 self.spared = msg_forwarder  # push_msg scores right after this raise, with no await between
             raise
