@@ -438,6 +438,7 @@ class Libp2pTransport(Transport):
             del self._fetching[digest]
             done.set()
         if not got:
+            self._pubsub.forwarder_failed(msg)  # its penalty; the next forwarder of the announcement is asked afresh
             return self._reject_frame("announce_unavailable")
         if self._edge.admit(got[0], digest) is not None:
             return False

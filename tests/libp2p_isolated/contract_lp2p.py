@@ -342,3 +342,42 @@ def test_copies_of_one_message_that_fail_unjudged_together_cost_none_of_their_fo
 
     fetch_failed: trio.Event
     trio.run(main)
+
+
+def test_an_announcement_its_forwarder_cannot_serve_costs_that_forwarder_only():
+    """A forwarder that announced a record and then did not serve it pays a P4 point; the announcement itself is not
+    judged, so the same message from another forwarder is validated afresh (and here passes)."""
+    import trio
+    from libp2p import new_host
+    from libp2p.crypto.ed25519 import create_new_key_pair
+    from libp2p.peer.id import ID
+    from libp2p.pubsub.pb import rpc_pb2
+    from libp2p.pubsub.pubsub import ValidationError
+
+    from protocol.transport.lp2p.gossipsub import build_pubsub
+
+    pubsub, router = build_pubsub(new_host(key_pair=create_new_key_pair()), Libp2pTransportConfig(), lambda r: None)
+    empty, serving = (ID.from_pubkey(create_new_key_pair().public_key) for _ in range(2))
+    topic = "t"
+    msg = rpc_pb2.Message(data=b"announce", topicIDs=[topic], from_id=serving.to_bytes(), seqno=b"1")
+    asked: list[ID] = []
+
+    async def validate(peer, m) -> bool:
+        asked.append(peer)
+        if peer == empty:
+            pubsub.forwarder_failed(m)
+            return False
+        return True
+
+    pubsub.set_topic_validator(topic, validate, True)
+    scorer = router.scorer
+
+    async def main() -> None:
+        with pytest.raises(ValidationError):
+            await pubsub.validate_msg(empty, msg)
+        scorer.on_invalid_message(empty, topic)  # what push_msg does right after a failed validation
+        await pubsub.validate_msg(serving, msg)  # not refused from the cache: asked afresh, and valid
+        assert asked == [empty, serving]
+        assert scorer.score(empty, [topic]) < 0.0 and scorer.score(serving, [topic]) == 0.0
+
+    trio.run(main)

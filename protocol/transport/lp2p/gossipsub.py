@@ -60,6 +60,7 @@ class CountingPubsub(Pubsub):
         # message id -> validations of it that ended without a verdict and have not yet been seen failing: a count,
         # since copies of one message from several forwarders are validated at the same time
         self._unjudged: Counter[bytes] = Counter()
+        self._forwarder_failed: Counter[bytes] = Counter()  # the same, for :meth:`forwarder_failed`
         #: The forwarder whose message just failed validation without being judged (see :meth:`unjudged`).
         self.spared: ID | None = None
 
@@ -73,6 +74,22 @@ class CountingPubsub(Pubsub):
         could not arrive by gossip at all."""
         self._unjudged[self._msg_id_constructor(msg)] += 1
 
+    def forwarder_failed(self, msg: Any) -> None:
+        """The forwarder of ``msg`` failed us (it announced a record it then did not serve), which says nothing
+        about the message itself: its forwarder pays the P4 point, but the failure is not cached, so the same
+        announcement from another forwarder is validated afresh."""
+        self._forwarder_failed[self._msg_id_constructor(msg)] += 1
+
+    @staticmethod
+    def _take(counter: Counter[bytes], msg_id: bytes) -> bool:
+        if counter[msg_id] <= 0:
+            counter.pop(msg_id, None)
+            return False
+        counter[msg_id] -= 1
+        if not counter[msg_id]:
+            del counter[msg_id]
+        return True
+
     async def validate_msg(self, msg_forwarder: ID, msg: Any) -> None:
         try:
             await super().validate_msg(msg_forwarder, msg)
@@ -85,12 +102,11 @@ class CountingPubsub(Pubsub):
                 self._unjudged[msg_id] += 1
             if cached is not None and (cached.error_message or "").startswith("Validation error"):
                 self.count("validator_raised")  # a bug of ours, not the forwarder's: counted to be seen
-            if self._unjudged[msg_id] > 0:
-                self._unjudged[msg_id] -= 1
-                if not self._unjudged[msg_id]:
-                    del self._unjudged[msg_id]
+            if self._take(self._unjudged, msg_id):
                 self.validation_cache.cache.pop(msg_id, None)  # the next copy is validated afresh
                 self.spared = msg_forwarder  # push_msg scores right after this raise, with no await between
+            elif self._take(self._forwarder_failed, msg_id):
+                self.validation_cache.cache.pop(msg_id, None)
             raise
 
     async def write_msg(self, stream: Any, rpc_msg: Any) -> bool:
