@@ -29,6 +29,7 @@ SWARM = "b1"
 COMPLETIONS = 64
 WORDS = ("the", "answer", "is", "so", "we", "add", "then", "sum", "carry", "step", "check", "result", "of", "and")
 MEDIAN_KEYS = (
+    "pairs_delivered",
     "p50_s",
     "p95_s",
     "records_per_s",
@@ -219,6 +220,9 @@ def summarize(
         for r in results
         if rid not in r["published"] and r.get("left_at") is None and rid in r["seen"]
     )
+    expected_pairs = sum(
+        1 for rid in published for r in results if rid not in r["published"] and r.get("left_at") is None
+    )
     rss = [r["rss_bytes"] for r in results if r.get("rss_bytes")]
     polls = sum(r["timing"].get("polls", 0) for r in results)
     return {
@@ -226,6 +230,8 @@ def summarize(
         "poll_mean_s": timing["fetch"] / polls if polls else float("nan"),
         # how long one publish took (the record and its index entries stored), after encode+sign
         "publish_mean_s": timing["publish"] / len(published) if published else float("nan"),
+        # the share of (record, reader) pairs delivered at all: how close an incomplete record came
+        "pairs_delivered": len(pairs) / expected_pairs if expected_pairs else float("nan"),
         "pair_p50_s": pairs[len(pairs) // 2] if pairs else float("nan"),
         "pair_p95_s": pairs[min(len(pairs) - 1, int(0.95 * len(pairs)))] if pairs else float("nan"),
         "rss_mb_median": statistics.median(rss) / 2**20 if rss else float("nan"),
@@ -345,18 +351,19 @@ def render(transport: str, machine: str, description: str, rows: list[dict], not
         "Per reader and memory: p50/p95 over every (record, reader) pair of the time until that reader had the record; "
         "resident memory per peer at the end of the run (the Python process and its children, e.g. p2pd); the mean "
         "time one poll's reads took (index and record fetches, not the pause between polls) and one publish took (the "
-        "record and its index entries stored, after encode+sign).",
+        "record and its index entries stored, after encode+sign); the share of (record, reader) pairs delivered at "
+        "all.",
         "",
         "| peers | mode | reader p50 s | reader p95 s | RSS per peer MB (median) | RSS per peer MB (max) "
-        "| poll s (mean) | publish s (mean) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| poll s (mean) | publish s (mean) | pairs delivered |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['peers']} | {r['mode']} | {fmt(r.get('pair_p50_s', float('nan')))} "
             f"| {fmt(r.get('pair_p95_s', float('nan')))} | {fmt(r.get('rss_mb_median', float('nan')), 0)} "
             f"| {fmt(r.get('rss_mb_max', float('nan')), 0)} | {fmt(r.get('poll_mean_s', float('nan')))} "
-            f"| {fmt(r.get('publish_mean_s', float('nan')))} |"
+            f"| {fmt(r.get('publish_mean_s', float('nan')))} | {pct(r, 'pairs_delivered')} |"
         )
     parts = [r for r in rows if r.get("encode_share", float("nan")) == r.get("encode_share", float("nan"))]
     if parts:

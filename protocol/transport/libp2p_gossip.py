@@ -131,7 +131,7 @@ class Libp2pTransport(Transport):
         self._key_pair: Any = None
         self._pubsub: Any = None
         self._sync: SyncClient | None = None
-        self._fetching: dict[bytes, trio.Event] = {}  # digest -> set when the announce fetch of it ends
+        self._fetching: set[bytes] = set()  # digests of the announced records being fetched
         self._table = PeerTable(cfg.max_known_peers, cfg.advertisement_ttl_s, clock)
         self._own_ad: tuple[float, bytes] | None = None
         self._incompatible: set[str] = set()
@@ -414,16 +414,16 @@ class Libp2pTransport(Transport):
             return self._reject_frame("announce_unknown_record")
         assert self._sync is not None and self._pubsub is not None
         wait = self.cfg.request_timeout_s * 0.8  # inside pubsub's validation timeout (request_timeout_s)
-        pending = self._fetching.get(digest)
-        if pending is not None:
-            # Each neighbour forwards the announcement: one fetch per record, and the other copies share its outcome.
-            with trio.move_on_after(wait):
-                await pending.wait()
-            if self._store.has(digest):
-                return True
+        if digest in self._fetching:
+            # Each neighbour forwards the announcement; one copy is being fetched. Waiting for that fetch would hold
+            # one of py-libp2p's 10 validator slots per copy (it marks a message seen only once validated, unlike
+            # go-libp2p), and under load those slots would all wait on a few fetches while new announcements time
+            # out. So the copy is dropped at once, unjudged: the fetching copy carries the message on, and if its
+            # fetch fails, a later copy or the anti-entropy sync brings the record.
+            self._counters.stat("announce_copy_in_flight")
             self._pubsub.unjudged(msg)
             return False
-        self._fetching[digest] = done = trio.Event()
+        self._fetching.add(digest)
         try:
             with trio.fail_after(wait):
                 got = await self._sync.get(forwarder, [digest])
@@ -435,8 +435,7 @@ class Libp2pTransport(Transport):
             self._pubsub.unjudged(msg)
             return False
         finally:
-            del self._fetching[digest]
-            done.set()
+            self._fetching.discard(digest)
         if not got:
             self._pubsub.forwarder_failed(msg)  # its penalty; the next forwarder of the announcement is asked afresh
             return self._reject_frame("announce_unavailable")

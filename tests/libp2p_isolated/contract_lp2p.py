@@ -381,3 +381,61 @@ def test_an_announcement_its_forwarder_cannot_serve_costs_that_forwarder_only():
         assert scorer.score(empty, [topic]) < 0.0 and scorer.score(serving, [topic]) == 0.0
 
     trio.run(main)
+
+
+def test_copies_of_an_announcement_being_fetched_are_dropped_at_once_and_the_record_is_fetched_once():
+    """py-libp2p validates every copy of a message until one passes, each in one of its 10 validator slots; copies
+    of an announcement whose record is being fetched must not sit in those slots waiting for that fetch."""
+    import msgpack
+    import trio
+    from libp2p.crypto.ed25519 import create_new_key_pair
+    from libp2p.peer.id import ID
+
+    from protocol.transport.lp2p.store import digest_of
+
+    record = make_record(Identity.generate(), window=now_window(), size=2000)
+    digest = digest_of(record)
+    body = msgpack.packb({"digest": digest, "size": len(record)}, use_bin_type=True)
+    me, *forwarders = (ID.from_pubkey(create_new_key_pair().public_key) for _ in range(4))
+    fetched: list[ID] = []
+    unjudged: list[object] = []
+
+    class Sync:
+        async def get(self, peer, digests):
+            fetched.append(peer)
+            await release.wait()
+            return [record]
+
+    class Host:
+        def get_id(self):
+            return me
+
+    class Pubsub:
+        def unjudged(self, msg):
+            unjudged.append(msg)
+
+    validator = RecordValidator.from_config(SWARM, PROTOCOL)
+    # The constructor starts nothing: the validator runs against fakes for the host, the sync client and pubsub.
+    t = Libp2pTransport(Libp2pTransportConfig(inline_max_bytes=1024), PROTOCOL, SWARM, validator.verdict)
+    t._sync, t._host, t._pubsub = Sync(), Host(), Pubsub()
+    msgs = [object() for _ in forwarders]
+    verdicts: dict[int, bool] = {}
+    release = trio.Event()
+
+    async def validate(i: int) -> None:
+        verdicts[i] = await t._t_validate_announce(forwarders[i], body, msgs[i])
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(validate, 0)
+            await trio.sleep(0.05)  # the first copy is fetching
+            for i in (1, 2):
+                nursery.start_soon(validate, i)
+            await trio.sleep(0.05)
+            assert verdicts == {1: False, 2: False}, "later copies are dropped without waiting for the fetch"
+            assert sorted(map(id, unjudged)) == sorted(map(id, msgs[1:])), "and unjudged (no penalty, no cache)"
+            release.set()
+        assert verdicts[0] is True and fetched == [forwarders[0]] and t._store.has(digest)
+        assert t.stats().get("announce_copy_in_flight") == 2
+
+    trio.run(main)

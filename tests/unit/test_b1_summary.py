@@ -26,7 +26,19 @@ def test_poll_time_and_reader_delays():
     assert s["publish_mean_s"] == pytest.approx(1.0)  # 2 s of stores over 2 records
     assert s["pair_p50_s"] == pytest.approx(2.0) and s["pair_p95_s"] == pytest.approx(2.0)
     assert s["incomplete"] == 0 and s["rss_mb_median"] == pytest.approx(100)
-    assert "| 0.50 | 1.00 |" in b1_common.render("hivemind", "m", "d", [s])
+    assert s["pairs_delivered"] == pytest.approx(1.0)
+    assert "| 0.50 | 1.00 | 100.0% |" in b1_common.render("hivemind", "m", "d", [s])
+
+
+def test_pairs_delivered_counts_what_each_reader_got_of_an_incomplete_record():
+    a = _worker({"ra": 10.0}, {}, fetch_s=1.0, polls=1)
+    b = _worker({"rb": 11.0}, {"ra": 12.0}, fetch_s=1.0, polls=1)
+    c = _worker({}, {"rb": 12.5}, fetch_s=1.0, polls=1)
+    s = b1_common.summarize(
+        "hivemind", 3, [a, b, c], transport="hivemind", guard_in_total=False, require_all_peers=True
+    )
+    # ra reached b but not c, rb reached c but not a: both records incomplete, 2 of 4 pairs delivered
+    assert s["incomplete"] == 2 and s["pairs_delivered"] == pytest.approx(0.5)
 
 
 def test_no_polls_counted_is_not_a_number():
