@@ -232,12 +232,18 @@ def raw_worker(args: dict) -> None:
 # -- coordinator ----------------------------------------------------------------------------------------------
 
 
+# How records arrived at a peer: inline in a gossip message, fetched after an announcement, pulled by sync; and how
+# many copies of an announcement were dropped because its record was already being fetched.
+ARRIVAL_STATS = ("gossip_records", "fetched_large", "synced", "announce_copy_in_flight")
+
+
 def summarize(mode: str, peers: int, results: list[dict]) -> dict:
     # The edge validator runs in the router, outside publish and fetch: it counts in the time spent too.
     row = b1_common.summarize(mode, peers, results, transport="libp2p", guard_in_total=True, require_all_peers=True)
     for key, of in (
         ("drops", lambda r: r.get("drops", {})),
         ("rejected", lambda r: r.get("stats", {}).get("rejected", {})),
+        ("arrivals", lambda r: {k: r.get("stats", {}).get(k, 0) for k in ARRIVAL_STATS}),
     ):
         total: dict[str, int] = {}
         for r in results:
@@ -307,6 +313,9 @@ def render(rows: list[dict], machine: str, opts: argparse.Namespace) -> str:
     refused = {k: v for r in rows for k, v in r.get("rejected", {}).items()}
     notes = ["", f"Drops counted by the transport (all runs): {json.dumps(drops) if drops else 'none'}."]
     notes += ["", f"Refused at the edge, by reason (all runs): {json.dumps(refused) if refused else 'none'}."]
+    for r in rows:
+        if any(r.get("arrivals", {}).values()):
+            notes += ["", f"How records arrived, {r['peers']} peers, {r['mode']}: {json.dumps(r['arrivals'])}."]
     notes += [
         "",
         "Mesh at the end of each run (median over repeats): mean connections per peer; the fewest connections a peer "
@@ -358,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         group = []
         for mode, runs in per_mode.items():
             row = b1_common.median_row(mode, peers, runs)
-            for key in ("drops", "rejected"):
+            for key in ("drops", "rejected", "arrivals"):
                 row[key] = {k: v for r in runs for k, v in r.get(key, {}).items()}
             meshes = [r["mesh"] for r in runs if r.get("mesh")]
             if meshes:
