@@ -47,6 +47,7 @@ MEDIAN_KEYS = (
     "pair_p95_s",
     "rss_mb_median",
     "rss_mb_max",
+    "pss_mb_median",
     "poll_mean_s",
     "publish_mean_s",
 )
@@ -79,21 +80,32 @@ def make_batch(record_kb: float, step: int, rng: random.Random):
     )
 
 
-def rss_tree_bytes(pid: int | None = None) -> int:
-    """Resident memory of a process and all its descendants (a hivemind peer is the Python process plus its p2pd
-    daemon), from ``/proc`` (Linux); 0 where it cannot be read."""
-    pid = os.getpid() if pid is None else pid
+def _tree_kb(pid: int, path: str, key: str) -> int:
+    """The sum of ``key`` (a ``kB`` line of ``/proc/PID/<path>``) over a process and all its descendants."""
     total = 0
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                total += int(line.split()[1]) * 1024
+        for line in Path(f"/proc/{pid}/{path}").read_text().splitlines():
+            if line.startswith(key + ":"):
+                total += int(line.split()[1])
         for task in Path(f"/proc/{pid}/task").iterdir():
             for child in (task / "children").read_text().split():
-                total += rss_tree_bytes(int(child))
+                total += _tree_kb(int(child), path, key)
     except (OSError, ValueError):
         pass
     return total
+
+
+def rss_tree_bytes(pid: int | None = None) -> int:
+    """Resident memory of a process and all its descendants (a hivemind peer is the Python process plus its p2pd
+    daemon), from ``/proc`` (Linux); 0 where it cannot be read. Pages shared between peers (library code) count
+    in every peer's RSS."""
+    return _tree_kb(os.getpid() if pid is None else pid, "status", "VmRSS") * 1024
+
+
+def pss_tree_bytes(pid: int | None = None) -> int:
+    """Proportional set size of a process and its descendants: each page shared by k processes counts 1/k, so the
+    sum over all peers is the memory the swarm really takes; 0 where it cannot be read."""
+    return _tree_kb(os.getpid() if pid is None else pid, "smaps_rollup", "Pss") * 1024
 
 
 # -- coordinator ----------------------------------------------------------------------------------------------
@@ -224,6 +236,7 @@ def summarize(
         1 for rid in published for r in results if rid not in r["published"] and r.get("left_at") is None
     )
     rss = [r["rss_bytes"] for r in results if r.get("rss_bytes")]
+    pss = [r["pss_bytes"] for r in results if r.get("pss_bytes")]
     polls = sum(r["timing"].get("polls", 0) for r in results)
     return {
         # how long one poll's reads took (index and record fetches, not the pause between polls)
@@ -236,6 +249,7 @@ def summarize(
         "pair_p95_s": pairs[min(len(pairs) - 1, int(0.95 * len(pairs)))] if pairs else float("nan"),
         "rss_mb_median": statistics.median(rss) / 2**20 if rss else float("nan"),
         "rss_mb_max": max(rss) / 2**20 if rss else float("nan"),
+        "pss_mb_median": statistics.median(pss) / 2**20 if pss else float("nan"),
         "mode": mode,
         "peers": peers,
         "records": len(published),
@@ -349,20 +363,22 @@ def render(transport: str, machine: str, description: str, rows: list[dict], not
     lines += [
         "",
         "Per reader and memory: p50/p95 over every (record, reader) pair of the time until that reader had the record; "
-        "resident memory per peer at the end of the run (the Python process and its children, e.g. p2pd); the mean "
+        "resident memory per peer at the end of the run (the Python process and its children, e.g. p2pd; PSS counts a "
+        "page shared by k processes as 1/k, so PSS x peers is what the swarm takes); the mean "
         "time one poll's reads took (index and record fetches, not the pause between polls) and one publish took (the "
         "record and its index entries stored, after encode+sign); the share of (record, reader) pairs delivered at "
         "all.",
         "",
         "| peers | mode | reader p50 s | reader p95 s | RSS per peer MB (median) | RSS per peer MB (max) "
-        "| poll s (mean) | publish s (mean) | pairs delivered |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| PSS per peer MB (median) | poll s (mean) | publish s (mean) | pairs delivered |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['peers']} | {r['mode']} | {fmt(r.get('pair_p50_s', float('nan')))} "
             f"| {fmt(r.get('pair_p95_s', float('nan')))} | {fmt(r.get('rss_mb_median', float('nan')), 0)} "
-            f"| {fmt(r.get('rss_mb_max', float('nan')), 0)} | {fmt(r.get('poll_mean_s', float('nan')))} "
+            f"| {fmt(r.get('rss_mb_max', float('nan')), 0)} | {fmt(r.get('pss_mb_median', float('nan')), 0)} "
+            f"| {fmt(r.get('poll_mean_s', float('nan')))} "
             f"| {fmt(r.get('publish_mean_s', float('nan')))} | {pct(r, 'pairs_delivered')} |"
         )
     parts = [r for r in rows if r.get("encode_share", float("nan")) == r.get("encode_share", float("nan"))]

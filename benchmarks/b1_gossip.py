@@ -139,6 +139,7 @@ async def worker(args: dict) -> None:
         "sizes": sizes,
         "timing": {**timing, "guard": guard_s, "guard_cpu": guard_cpu},
         "rss_bytes": b1_common.rss_tree_bytes(),
+        "pss_bytes": b1_common.pss_tree_bytes(),
     }
     await transport.close()
     Path(args["outfile"]).write_text(json.dumps(out))

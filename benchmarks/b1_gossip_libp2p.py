@@ -139,6 +139,7 @@ async def worker(args: dict) -> None:
     await transport.close()
     out = {
         "rss_bytes": b1_common.rss_tree_bytes(),
+        "pss_bytes": b1_common.pss_tree_bytes(),
         "index": args["index"],
         "left_at": left_at,
         "peer_id": transport.addresses()[0].rsplit("/p2p/", 1)[1],

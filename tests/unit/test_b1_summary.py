@@ -15,6 +15,7 @@ def _worker(published, seen, fetch_s, polls):
         "sizes": [1000] * len(published),
         "timing": {"encode": 0.1, "check": 0.1, "publish": 1.0, "fetch": fetch_s, "guard": 0.0, "polls": polls},
         "rss_bytes": 100 * 2**20,
+        "pss_bytes": 60 * 2**20,
     }
 
 
@@ -27,7 +28,8 @@ def test_poll_time_and_reader_delays():
     assert s["pair_p50_s"] == pytest.approx(2.0) and s["pair_p95_s"] == pytest.approx(2.0)
     assert s["incomplete"] == 0 and s["rss_mb_median"] == pytest.approx(100)
     assert s["pairs_delivered"] == pytest.approx(1.0)
-    assert "| 0.50 | 1.00 | 100.0% |" in b1_common.render("hivemind", "m", "d", [s])
+    assert s["pss_mb_median"] == pytest.approx(60)
+    assert "| 100 | 100 | 60 | 0.50 | 1.00 | 100.0% |" in b1_common.render("hivemind", "m", "d", [s])
 
 
 def test_pairs_delivered_counts_what_each_reader_got_of_an_incomplete_record():
@@ -45,3 +47,20 @@ def test_no_polls_counted_is_not_a_number():
     a = _worker({"ra": 10.0}, {}, fetch_s=0.0, polls=0)
     s = b1_common.summarize("raw", 1, [a], transport="hivemind", guard_in_total=False, require_all_peers=False)
     assert math.isnan(s["poll_mean_s"])
+
+
+def test_pss_of_a_process_tree_is_positive_and_below_its_rss():
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        import time
+
+        time.sleep(0.5)
+        rss, pss = b1_common.rss_tree_bytes(), b1_common.pss_tree_bytes()
+        assert 0 < pss < rss  # the child's interpreter pages are shared with this one
+        assert b1_common.pss_tree_bytes(child.pid) < b1_common.pss_tree_bytes()
+    finally:
+        child.kill()
+        child.wait()
