@@ -235,6 +235,8 @@ def summarize(
     expected_pairs = sum(
         1 for rid in published for r in results if rid not in r["published"] and r.get("left_at") is None
     )
+    if require_all_peers:  # a peer that died got nothing (its result file is missing)
+        expected_pairs += max(0, peers - len(results)) * len(published)
     rss = [r["rss_bytes"] for r in results if r.get("rss_bytes")]
     pss = [r["pss_bytes"] for r in results if r.get("pss_bytes")]
     polls = sum(r["timing"].get("polls", 0) for r in results)

@@ -34,6 +34,7 @@ import random
 import statistics
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,10 +137,11 @@ async def worker(args: dict) -> None:
         await asyncio.sleep(0.5)
     connections = await transport.peers()
     stats = transport.stats()
+    rss, pss = b1_common.rss_tree_bytes(), b1_common.pss_tree_bytes()  # before close, as the hivemind worker does
     await transport.close()
     out = {
-        "rss_bytes": b1_common.rss_tree_bytes(),
-        "pss_bytes": b1_common.pss_tree_bytes(),
+        "rss_bytes": rss,
+        "pss_bytes": pss,
         "index": args["index"],
         "left_at": left_at,
         "peer_id": transport.addresses()[0].rsplit("/p2p/", 1)[1],
@@ -310,13 +312,16 @@ def render(rows: list[dict], machine: str, opts: argparse.Namespace) -> str:
         f"{opts.inline_max_bytes or 900_000:,} bytes are announced and fetched, smaller ones travel in the gossip "
         f"message. Compare with the hivemind transport in `b1_gossip.md`."
     )
-    drops = {k: v for r in rows for k, v in r.get("drops", {}).items()}
-    refused = {k: v for r in rows for k, v in r.get("rejected", {}).items()}
+    drops = dict(sum((Counter(r.get("drops", {})) for r in rows), Counter()))
+    refused = dict(sum((Counter(r.get("rejected", {})) for r in rows), Counter()))
     notes = ["", f"Drops counted by the transport (all runs): {json.dumps(drops) if drops else 'none'}."]
     notes += ["", f"Refused at the edge, by reason (all runs): {json.dumps(refused) if refused else 'none'}."]
     for r in rows:
         if any(r.get("arrivals", {}).values()):
-            notes += ["", f"How records arrived, {r['peers']} peers, {r['mode']}: {json.dumps(r['arrivals'])}."]
+            notes += [
+                "",
+                f"How records arrived, {r['peers']} peers, {r['mode']} (all repeats): {json.dumps(r['arrivals'])}.",
+            ]
     notes += [
         "",
         "Mesh at the end of each run (median over repeats): mean connections per peer; the fewest connections a peer "
@@ -368,8 +373,8 @@ def main(argv: list[str] | None = None) -> int:
         group = []
         for mode, runs in per_mode.items():
             row = b1_common.median_row(mode, peers, runs)
-            for key in ("drops", "rejected", "arrivals"):
-                row[key] = {k: v for r in runs for k, v in r.get(key, {}).items()}
+            for key in ("drops", "rejected", "arrivals"):  # summed over the repeats
+                row[key] = dict(sum((Counter(r.get(key, {})) for r in runs), Counter()))
             meshes = [r["mesh"] for r in runs if r.get("mesh")]
             if meshes:
                 row["mesh"] = {k: statistics.median(m[k] for m in meshes) for k in meshes[0]}

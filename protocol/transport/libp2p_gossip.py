@@ -84,6 +84,8 @@ __all__ = [
 #: Gossip message tags.
 TAG_RECORD = 0x01
 TAG_ANNOUNCE = 0x02
+#: Forwarders remembered per announced record being fetched, to ask if that fetch fails.
+MAX_ANNOUNCE_ALTERNATES = 8
 #: Most peers one peer-exchange round dials at once.
 MAX_DIALS_PER_ROUND = 4
 
@@ -131,7 +133,9 @@ class Libp2pTransport(Transport):
         self._key_pair: Any = None
         self._pubsub: Any = None
         self._sync: SyncClient | None = None
-        self._fetching: set[bytes] = set()  # digests of the announced records being fetched
+        # digest of an announced record being fetched -> forwarders of the copies dropped meanwhile (they hold it)
+        self._fetching: dict[bytes, list[ID]] = {}
+        self._nursery: trio.Nursery | None = None  # the trio thread's, for background fetches
         self._table = PeerTable(cfg.max_known_peers, cfg.advertisement_ttl_s, clock)
         self._own_ad: tuple[float, bytes] | None = None
         self._incompatible: set[str] = set()
@@ -312,6 +316,7 @@ class Libp2pTransport(Transport):
                     return
                 raise
             self._bridge.serve(nursery)
+            self._nursery = nursery
             self._ready.set_result(self._t_full_addrs())
             nursery.start_soon(self._t_join, connected)
             nursery.start_soon(self._t_sync_loop)
@@ -319,6 +324,7 @@ class Libp2pTransport(Transport):
                 nursery.start_soon(self._t_mesh_loop)
             await self._bridge.wait_stop_requested()
             self._bridge.serve(None)
+            self._nursery = None
             nursery.cancel_scope.cancel()
 
     def _t_full_addrs(self) -> list[str]:
@@ -418,31 +424,67 @@ class Libp2pTransport(Transport):
             # Each neighbour forwards the announcement; one copy is being fetched. Waiting for that fetch would hold
             # one of py-libp2p's 10 validator slots per copy (it marks a message seen only once validated, unlike
             # go-libp2p), and under load those slots would all wait on a few fetches while new announcements time
-            # out. So the copy is dropped at once, unjudged: the fetching copy carries the message on, and if its
-            # fetch fails, a later copy or the anti-entropy sync brings the record.
+            # out. So the copy is dropped at once, unjudged, and its forwarder (which holds the record: a peer
+            # forwards an announcement only once it has it) is remembered in case that fetch fails.
+            alternates = self._fetching[digest]
+            if forwarder not in alternates and len(alternates) < MAX_ANNOUNCE_ALTERNATES:
+                alternates.append(forwarder)
             self._counters.stat("announce_copy_in_flight")
-            self._pubsub.unjudged(msg)
+            self._pubsub.unjudged()
             return False
-        self._fetching.add(digest)
+        self._fetching[digest] = []
         try:
             with trio.fail_after(wait):
                 got = await self._sync.get(forwarder, [digest])
         except Exception as e:
-            # Not proof of anything (the forwarder may just be slow): dropped without a penalty, and the next copy
-            # of the announcement, from any forwarder, is fetched again; anti-entropy sync heals the rest.
+            # Not proof of anything (the forwarder may just be slow): dropped without a penalty; the record is asked
+            # of the forwarders of the copies dropped meanwhile, and anti-entropy sync heals the rest.
             logger.debug("announce fetch from %s failed: %s", forwarder, e)
             self._counters.drop("announce_fetch_failed")
-            self._pubsub.unjudged(msg)
+            self._pubsub.unjudged()
+            self._t_fetch_elsewhere(digest)
             return False
-        finally:
-            self._fetching.discard(digest)
         if not got:
-            self._pubsub.forwarder_failed(msg)  # its penalty; the next forwarder of the announcement is asked afresh
+            self._pubsub.forwarder_failed()  # its penalty; the next forwarder of the announcement is asked afresh
+            self._t_fetch_elsewhere(digest)
             return self._reject_frame("announce_unavailable")
+        del self._fetching[digest]
         if self._edge.admit(got[0], digest) is not None:
             return False
         self._counters.stat("fetched_large")
         return True
+
+    def _t_fetch_elsewhere(self, digest: bytes) -> None:
+        """The fetch of an announced record failed: ask the forwarders of the copies dropped while it ran, in the
+        background (outside py-libp2p's validator slots)."""
+        if not self._fetching.get(digest) or self._nursery is None:
+            self._fetching.pop(digest, None)
+            return
+        self._nursery.start_soon(self._t_fetch_from_alternates, digest)
+
+    async def _t_fetch_from_alternates(self, digest: bytes) -> None:
+        assert self._sync is not None
+        tried: set[ID] = set()
+        try:
+            while not self._store.has(digest):
+                # copies arriving meanwhile are still dropped and add their forwarders here
+                untried = [p for p in self._fetching.get(digest, []) if p not in tried]
+                if not untried:
+                    return
+                tried.add(untried[0])
+                try:
+                    with trio.fail_after(self.cfg.request_timeout_s):
+                        got = await self._sync.get(untried[0], [digest])
+                except Exception as e:
+                    logger.debug("announce retry from %s failed: %s", untried[0], e)
+                    self._counters.drop("announce_retry_failed")
+                    continue
+                if got:
+                    if self._edge.admit(got[0], digest) is None:
+                        self._counters.stat("fetched_large_retry")
+                    return
+        finally:
+            self._fetching.pop(digest, None)
 
     # -- trio thread: anti-entropy ---------------------------------------------------------------------------------
 

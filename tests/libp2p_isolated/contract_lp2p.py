@@ -261,7 +261,7 @@ def test_a_message_the_validator_cannot_judge_costs_nobody_score_and_is_not_cach
     async def validate(_peer, msg) -> bool:
         calls.append(msg.data)
         if verdicts[msg.data] == "unjudged":
-            pubsub.unjudged(msg)
+            pubsub.unjudged()
         elif verdicts[msg.data] == "timeout":
             await trio.sleep(5)  # cancelled by py-libp2p's own timeout
         return False
@@ -291,57 +291,123 @@ def test_a_message_the_validator_cannot_judge_costs_nobody_score_and_is_not_cach
     trio.run(main)
 
 
-def test_copies_of_one_message_that_fail_unjudged_together_cost_none_of_their_forwarders():
-    """Every neighbour forwards an announcement, so several copies of one message are validated at once (sharing
-    one fetch). When that fetch fails, each copy is unjudged: no forwarder loses score and no verdict is cached."""
-    import trio
+def _scored_pubsub():
+    """A CountingPubsub (not started) with its router's scorer, a topic, and a message maker."""
     from libp2p import new_host
     from libp2p.crypto.ed25519 import create_new_key_pair
     from libp2p.peer.id import ID
     from libp2p.pubsub.pb import rpc_pb2
-    from libp2p.pubsub.pubsub import ValidationError
 
     from protocol.transport.lp2p.gossipsub import build_pubsub
 
     counted: list[str] = []
     pubsub, router = build_pubsub(new_host(key_pair=create_new_key_pair()), Libp2pTransportConfig(), counted.append)
     origin = ID.from_pubkey(create_new_key_pair().public_key)
-    forwarders = [ID.from_pubkey(create_new_key_pair().public_key) for _ in range(4)]
-    topic = "t"
-    msg = rpc_pb2.Message(data=b"announce", topicIDs=[topic], from_id=origin.to_bytes(), seqno=b"1")
+
+    def message(seqno: bytes):
+        return rpc_pb2.Message(data=b"announce", topicIDs=["t"], from_id=origin.to_bytes(), seqno=seqno)
+
+    def peers(n: int) -> list:
+        return [ID.from_pubkey(create_new_key_pair().public_key) for _ in range(n)]
+
+    return pubsub, router.scorer, counted, message, peers
+
+
+def test_copies_of_one_message_that_fail_unjudged_together_cost_none_of_their_forwarders():
+    """Every neighbour forwards an announcement, so several copies of one message are validated at the same time.
+    When each of them ends unjudged, no forwarder loses score and no verdict is cached; a copy later judged invalid
+    still costs its forwarder."""
+    import trio
+    from libp2p.pubsub.pubsub import ValidationError
+
+    pubsub, scorer, counted, message, peers = _scored_pubsub()
+    forwarders = peers(4)
+    msg = message(b"1")
     calls = 0
+    judge = False
 
     async def validate(_peer, m) -> bool:
         nonlocal calls
         calls += 1
-        await fetch_failed.wait()  # the copies wait on one fetch, which then fails
-        pubsub.unjudged(m)
+        await release.wait()
+        if not judge:
+            pubsub.unjudged()
         return False
 
-    pubsub.set_topic_validator(topic, validate, True)
-    scorer = router.scorer
+    pubsub.set_topic_validator("t", validate, True)
 
-    async def push(forwarder: ID) -> None:
+    async def push(forwarder) -> None:
         with pytest.raises(ValidationError):
             await pubsub.validate_msg(forwarder, msg)
-        scorer.on_invalid_message(forwarder, topic)  # what push_msg does right after a failed validation
+        scorer.on_invalid_message(forwarder, "t")  # what push_msg does right after a failed validation
 
     async def main() -> None:
-        nonlocal fetch_failed
-        fetch_failed = trio.Event()
+        nonlocal judge
         async with trio.open_nursery() as nursery:
             for f in forwarders:
                 nursery.start_soon(push, f)
             await trio.sleep(0.05)
             assert calls == len(forwarders)  # all copies are in validation at the same time
-            fetch_failed.set()
-        assert [scorer.score(f, [topic]) for f in forwarders] == [0.0] * len(forwarders)
+            release.set()
+        assert [scorer.score(f, ["t"]) for f in forwarders] == [0.0] * len(forwarders)
         assert counted.count("unjudged") == len(forwarders)
-        await push(forwarders[0])  # not cached: validated afresh
-        assert calls == len(forwarders) + 1 and scorer.score(forwarders[0], [topic]) == 0.0
+        judge = True
+        await push(forwarders[0])  # not cached: validated afresh, and this time judged invalid
+        await push(forwarders[1])  # that verdict is cached: refused without the validator, penalized
+        assert calls == len(forwarders) + 1
+        assert scorer.score(forwarders[0], ["t"]) < 0.0 and scorer.score(forwarders[1], ["t"]) < 0.0
 
-    fetch_failed: trio.Event
+    release = trio.Event()
     trio.run(main)
+
+
+def _race_an_unjudged_copy_against_a_failing_forwarder() -> None:
+    import trio
+    from libp2p.pubsub.pubsub import ValidationError
+
+    pubsub, scorer, _, message, peers = _scored_pubsub()
+    slow, empty = peers(2)
+    msg = message(b"1")
+    release = trio.Event()
+
+    async def validate(peer, m) -> bool:
+        await release.wait()
+        if peer == slow:
+            pubsub.unjudged()
+        else:
+            pubsub.forwarder_failed()
+        return False
+
+    pubsub.set_topic_validator("t", validate, True)
+
+    async def push(forwarder) -> None:
+        with pytest.raises(ValidationError):
+            await pubsub.validate_msg(forwarder, msg)
+        scorer.on_invalid_message(forwarder, "t")
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(push, slow)
+            nursery.start_soon(push, empty)
+            await trio.sleep(0.01)
+            release.set()  # both validations end in the same scheduler round, in trio's (random) order
+
+    trio.run(main)
+    assert scorer.score(slow, ["t"]) == 0.0 and scorer.score(empty, ["t"]) < 0.0
+    assert pubsub._msg_id_constructor(msg) not in pubsub.validation_cache.cache
+
+
+def test_concurrent_copies_each_get_their_own_qualifier():
+    """One copy's validation ends unjudged and another's with its forwarder failing, in the same scheduler round:
+    only the failing forwarder loses score (a qualifier must not pass from one copy to the other)."""
+    for _ in range(20):
+        _race_an_unjudged_copy_against_a_failing_forwarder()
+
+
+def test_a_qualifier_outside_a_validation_is_a_clear_error():
+    pubsub, *_ = _scored_pubsub()
+    with pytest.raises(RuntimeError, match="topic validator"):
+        pubsub.unjudged()
 
 
 def test_an_announcement_its_forwarder_cannot_serve_costs_that_forwarder_only():
@@ -365,7 +431,7 @@ def test_an_announcement_its_forwarder_cannot_serve_costs_that_forwarder_only():
     async def validate(peer, m) -> bool:
         asked.append(peer)
         if peer == empty:
-            pubsub.forwarder_failed(m)
+            pubsub.forwarder_failed()
             return False
         return True
 
@@ -383,59 +449,106 @@ def test_an_announcement_its_forwarder_cannot_serve_costs_that_forwarder_only():
     trio.run(main)
 
 
+class _AnnounceRig:
+    """A transport whose announce validator runs against fakes for the host, the sync client and pubsub (the
+    constructor starts nothing). ``serve[peer]`` says what a fetch from that peer does: "ok", "empty" or "fail"."""
+
+    def __init__(self, n_forwarders: int) -> None:
+        import msgpack
+        from libp2p.crypto.ed25519 import create_new_key_pair
+        from libp2p.peer.id import ID
+
+        from protocol.transport.lp2p.store import digest_of
+
+        self.record = make_record(Identity.generate(), window=now_window(), size=2000)
+        self.digest = digest_of(self.record)
+        self.body = msgpack.packb({"digest": self.digest, "size": len(self.record)}, use_bin_type=True)
+        me, *self.forwarders = (ID.from_pubkey(create_new_key_pair().public_key) for _ in range(n_forwarders + 1))
+        self.serve = {f: "ok" for f in self.forwarders}
+        self.fetched: list = []
+        self.qualified: list[str] = []
+        self.release = None
+        rig = self
+
+        class Sync:
+            async def get(self, peer, digests):
+                rig.fetched.append(peer)
+                if rig.release is not None:
+                    await rig.release.wait()
+                if rig.serve[peer] == "fail":
+                    raise ConnectionError("stream reset")
+                return [rig.record] if rig.serve[peer] == "ok" else []
+
+        class Host:
+            def get_id(self):
+                return me
+
+        class Pubsub:
+            def unjudged(self):
+                rig.qualified.append("unjudged")
+
+            def forwarder_failed(self):
+                rig.qualified.append("forwarder_failed")
+
+        validator = RecordValidator.from_config(SWARM, PROTOCOL)
+        self.t = Libp2pTransport(Libp2pTransportConfig(inline_max_bytes=1024), PROTOCOL, SWARM, validator.verdict)
+        self.t._sync, self.t._host, self.t._pubsub = Sync(), Host(), Pubsub()
+
+    async def validate(self, i: int, verdicts: dict[int, bool]) -> None:
+        verdicts[i] = await self.t._t_validate_announce(self.forwarders[i], self.body, object())
+
+
 def test_copies_of_an_announcement_being_fetched_are_dropped_at_once_and_the_record_is_fetched_once():
     """py-libp2p validates every copy of a message until one passes, each in one of its 10 validator slots; copies
     of an announcement whose record is being fetched must not sit in those slots waiting for that fetch."""
-    import msgpack
     import trio
-    from libp2p.crypto.ed25519 import create_new_key_pair
-    from libp2p.peer.id import ID
 
-    from protocol.transport.lp2p.store import digest_of
-
-    record = make_record(Identity.generate(), window=now_window(), size=2000)
-    digest = digest_of(record)
-    body = msgpack.packb({"digest": digest, "size": len(record)}, use_bin_type=True)
-    me, *forwarders = (ID.from_pubkey(create_new_key_pair().public_key) for _ in range(4))
-    fetched: list[ID] = []
-    unjudged: list[object] = []
-
-    class Sync:
-        async def get(self, peer, digests):
-            fetched.append(peer)
-            await release.wait()
-            return [record]
-
-    class Host:
-        def get_id(self):
-            return me
-
-    class Pubsub:
-        def unjudged(self, msg):
-            unjudged.append(msg)
-
-    validator = RecordValidator.from_config(SWARM, PROTOCOL)
-    # The constructor starts nothing: the validator runs against fakes for the host, the sync client and pubsub.
-    t = Libp2pTransport(Libp2pTransportConfig(inline_max_bytes=1024), PROTOCOL, SWARM, validator.verdict)
-    t._sync, t._host, t._pubsub = Sync(), Host(), Pubsub()
-    msgs = [object() for _ in forwarders]
+    rig = _AnnounceRig(3)
     verdicts: dict[int, bool] = {}
-    release = trio.Event()
-
-    async def validate(i: int) -> None:
-        verdicts[i] = await t._t_validate_announce(forwarders[i], body, msgs[i])
 
     async def main() -> None:
+        rig.release = trio.Event()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(validate, 0)
+            nursery.start_soon(rig.validate, 0, verdicts)
             await trio.sleep(0.05)  # the first copy is fetching
             for i in (1, 2):
-                nursery.start_soon(validate, i)
+                nursery.start_soon(rig.validate, i, verdicts)
             await trio.sleep(0.05)
             assert verdicts == {1: False, 2: False}, "later copies are dropped without waiting for the fetch"
-            assert sorted(map(id, unjudged)) == sorted(map(id, msgs[1:])), "and unjudged (no penalty, no cache)"
-            release.set()
-        assert verdicts[0] is True and fetched == [forwarders[0]] and t._store.has(digest)
-        assert t.stats().get("announce_copy_in_flight") == 2
+            assert rig.qualified == ["unjudged", "unjudged"], "and unjudged (no penalty, no cache)"
+            rig.release.set()
+        assert verdicts[0] is True and rig.fetched == [rig.forwarders[0]] and rig.t._store.has(rig.digest)
+        assert rig.t.stats().get("announce_copy_in_flight") == 2 and not rig.t._fetching
+
+    trio.run(main)
+
+
+@pytest.mark.parametrize("first", ["fail", "empty"])
+def test_when_the_fetch_fails_the_forwarders_of_the_dropped_copies_are_asked(first):
+    """They hold the record (a peer forwards an announcement only once it has it): after the first fetch fails
+    (a timeout is no verdict; an empty answer costs that forwarder), they are asked in turn, in the background."""
+    import trio
+
+    rig = _AnnounceRig(3)
+    rig.serve[rig.forwarders[0]] = first
+    rig.serve[rig.forwarders[1]] = "fail"
+    verdicts: dict[int, bool] = {}
+
+    async def main() -> None:
+        rig.release = trio.Event()
+        async with trio.open_nursery() as nursery:
+            rig.t._nursery = nursery
+            nursery.start_soon(rig.validate, 0, verdicts)
+            await trio.sleep(0.05)
+            for i in (1, 2, 1):  # forwarder 1 twice: remembered once
+                nursery.start_soon(rig.validate, i, verdicts)
+                await trio.sleep(0.01)
+            rig.release.set()
+        assert verdicts[0] is False and rig.fetched == rig.forwarders[:3]
+        assert rig.qualified[-1] == ("unjudged" if first == "fail" else "forwarder_failed")
+        assert rig.t._store.has(rig.digest) and rig.t.stats().get("fetched_large_retry") == 1
+        assert rig.t.stats()["drops"].get("announce_retry_failed") == 1 and not rig.t._fetching
+        if first == "empty":
+            assert rig.t.rejections().get("announce_unavailable") == 1
 
     trio.run(main)

@@ -12,8 +12,8 @@ Knows nothing about records or the sync protocol.
 from __future__ import annotations
 
 import weakref
-from collections import Counter
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 import trio
@@ -28,6 +28,18 @@ PUBLISH_THRESHOLD = 20.0
 GRAYLIST_THRESHOLD = 50.0
 
 Count = Callable[[str], None]
+
+# What the topic validator said of the copy it is validating beyond True/False ("unjudged", "forwarder_failed"): a
+# list set per CountingPubsub.validate_msg call; the validator runs in a child task, which inherits a copy of the
+# context and so shares the list.
+_QUALIFIERS: ContextVar[list[str] | None] = ContextVar("lp2p_verdict_qualifiers", default=None)
+
+
+def _qualify(kind: str) -> None:
+    box = _QUALIFIERS.get()
+    if box is None:
+        raise RuntimeError(f"{kind}() qualifies a verdict: call it from a topic validator run by validate_msg")
+    box.append(kind)
 
 
 class CountingGossipSub(GossipSub):
@@ -57,40 +69,31 @@ class CountingPubsub(Pubsub):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._write_locks: weakref.WeakKeyDictionary[Any, trio.Lock] = weakref.WeakKeyDictionary()
-        # message id -> validations of it that ended without a verdict and have not yet been seen failing: a count,
-        # since copies of one message from several forwarders are validated at the same time
-        self._unjudged: Counter[bytes] = Counter()
-        self._forwarder_failed: Counter[bytes] = Counter()  # the same, for :meth:`forwarder_failed`
         #: The forwarder whose message just failed validation without being judged (see :meth:`unjudged`).
         self.spared: ID | None = None
 
-    def unjudged(self, msg: Any) -> None:
-        """The validator could not tell whether ``msg`` is valid (e.g. fetching an announced record timed out):
-        drop it this time without costing its forwarder score and without caching the failure.
+    def unjudged(self) -> None:
+        """Called by the topic validator: it cannot tell whether the message it is validating is valid (e.g.
+        fetching an announced record timed out). That copy is dropped without costing its forwarder score and
+        without caching the failure.
 
         py-libp2p knows only valid and invalid: an invalid message costs its forwarder a P4 point and the verdict
         is cached for 5 minutes by message id, so every later forwarder of the same message is refused and
         penalized too. Under load one slow fetch would then cost many honest peers their score, and the record
         could not arrive by gossip at all."""
-        self._unjudged[self._msg_id_constructor(msg)] += 1
+        _qualify("unjudged")
 
-    def forwarder_failed(self, msg: Any) -> None:
-        """The forwarder of ``msg`` failed us (it announced a record it then did not serve), which says nothing
-        about the message itself: its forwarder pays the P4 point, but the failure is not cached, so the same
-        announcement from another forwarder is validated afresh."""
-        self._forwarder_failed[self._msg_id_constructor(msg)] += 1
-
-    @staticmethod
-    def _take(counter: Counter[bytes], msg_id: bytes) -> bool:
-        if counter[msg_id] <= 0:
-            counter.pop(msg_id, None)
-            return False
-        counter[msg_id] -= 1
-        if not counter[msg_id]:
-            del counter[msg_id]
-        return True
+    def forwarder_failed(self) -> None:
+        """Called by the topic validator: the forwarder failed us (it announced a record it then did not serve),
+        which says nothing about the message itself. The forwarder pays the P4 point, but the failure is not
+        cached, so the same announcement from another forwarder is validated afresh."""
+        _qualify("forwarder_failed")
 
     async def validate_msg(self, msg_forwarder: ID, msg: Any) -> None:
+        # A box per validation, which the validator's task inherits: copies of one message from several
+        # forwarders are validated at the same time, so what the validator says must reach this copy's call only.
+        box: list[str] = []
+        token = _QUALIFIERS.set(box)
         try:
             await super().validate_msg(msg_forwarder, msg)
         except ValidationError:
@@ -99,15 +102,16 @@ class CountingPubsub(Pubsub):
             # py-libp2p's own timeout starts while a validation still queues for one of its 10 slots: under load
             # an honest message can run out of time before it is even looked at.
             if cached is not None and cached.error_message == "Validation timeout":
-                self._unjudged[msg_id] += 1
+                box.append("unjudged")
             if cached is not None and (cached.error_message or "").startswith("Validation error"):
                 self.count("validator_raised")  # a bug of ours, not the forwarder's: counted to be seen
-            if self._take(self._unjudged, msg_id):
-                self.validation_cache.cache.pop(msg_id, None)  # the next copy is validated afresh
+            if "unjudged" in box or "forwarder_failed" in box:
+                self.validation_cache._remove(msg_id)  # the next copy is validated afresh
+            if "unjudged" in box:
                 self.spared = msg_forwarder  # push_msg scores right after this raise, with no await between
-            elif self._take(self._forwarder_failed, msg_id):
-                self.validation_cache.cache.pop(msg_id, None)
             raise
+        finally:
+            _QUALIFIERS.reset(token)
 
     async def write_msg(self, stream: Any, rpc_msg: Any) -> bool:
         lock = self._write_locks.get(stream)
