@@ -166,10 +166,23 @@ def _b1_libp2p(tmp_path: Path, *args: str, timeout: float) -> tuple[str, dict[st
     )
     assert out.returncode == 0, out.stderr[-3000:]
     table = (tmp_path / "b1_gossip_libp2p.md").read_text()
-    cells = [[c.strip() for c in line.split("|")] for line in table.splitlines() if line.startswith("| ")]
-    rows = {r[2]: r for r in cells if len(r) == 12 and r[1].isdigit()}
-    mesh = {r[2]: r for r in cells if len(r) == 7 and r[1].isdigit()}
-    return table, rows, mesh
+    return table, _table_rows(table, "p50 visibility s"), _table_rows(table, "mean degree")
+
+
+def _table_rows(text: str, header_cell: str) -> dict[str, list[str]]:
+    """The rows, by mode, of the Markdown table whose header has ``header_cell`` (cells split on "|", so a row's
+    first cell is at index 1)."""
+    rows: dict[str, list[str]] = {}
+    inside = False
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split("|")]
+        if not line.startswith("|"):
+            inside = False
+        elif header_cell in cells:
+            inside = True
+        elif inside and cells[1].isdigit():
+            rows[cells[2]] = cells
+    return rows
 
 
 @pytest.mark.timeout(300)
