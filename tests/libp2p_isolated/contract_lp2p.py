@@ -310,7 +310,15 @@ def _scored_pubsub():
     def peers(n: int) -> list:
         return [ID.from_pubkey(create_new_key_pair().public_key) for _ in range(n)]
 
-    return pubsub, router.scorer, counted, message, peers
+    async def push(forwarder, msg) -> None:
+        """A copy from ``forwarder`` that fails validation, scored as py-libp2p's push_msg scores it."""
+        from libp2p.pubsub.pubsub import ValidationError
+
+        with pytest.raises(ValidationError):
+            await pubsub.validate_msg(forwarder, msg)
+        router.scorer.on_invalid_message(forwarder, "t")
+
+    return pubsub, router.scorer, counted, message, peers, push
 
 
 def test_copies_of_one_message_that_fail_unjudged_together_cost_none_of_their_forwarders():
@@ -318,9 +326,8 @@ def test_copies_of_one_message_that_fail_unjudged_together_cost_none_of_their_fo
     When each of them ends unjudged, no forwarder loses score and no verdict is cached; a copy later judged invalid
     still costs its forwarder."""
     import trio
-    from libp2p.pubsub.pubsub import ValidationError
 
-    pubsub, scorer, counted, message, peers = _scored_pubsub()
+    pubsub, scorer, counted, message, peers, push_copy = _scored_pubsub()
     forwarders = peers(4)
     msg = message(b"1")
     calls = 0
@@ -337,9 +344,7 @@ def test_copies_of_one_message_that_fail_unjudged_together_cost_none_of_their_fo
     pubsub.set_topic_validator("t", validate, True)
 
     async def push(forwarder) -> None:
-        with pytest.raises(ValidationError):
-            await pubsub.validate_msg(forwarder, msg)
-        scorer.on_invalid_message(forwarder, "t")  # what push_msg does right after a failed validation
+        await push_copy(forwarder, msg)
 
     async def main() -> None:
         nonlocal judge
@@ -363,9 +368,8 @@ def test_copies_of_one_message_that_fail_unjudged_together_cost_none_of_their_fo
 
 def _race_an_unjudged_copy_against_a_failing_forwarder() -> None:
     import trio
-    from libp2p.pubsub.pubsub import ValidationError
 
-    pubsub, scorer, _, message, peers = _scored_pubsub()
+    pubsub, scorer, _, message, peers, push_copy = _scored_pubsub()
     slow, empty = peers(2)
     msg = message(b"1")
     release = trio.Event()
@@ -381,9 +385,7 @@ def _race_an_unjudged_copy_against_a_failing_forwarder() -> None:
     pubsub.set_topic_validator("t", validate, True)
 
     async def push(forwarder) -> None:
-        with pytest.raises(ValidationError):
-            await pubsub.validate_msg(forwarder, msg)
-        scorer.on_invalid_message(forwarder, "t")
+        await push_copy(forwarder, msg)
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
