@@ -84,12 +84,29 @@ def verdict(rows: list[dict]) -> list[str]:
             )
         present = [c for c in PAPER_ORDER if c in by]
         if len(present) > 2:
-            ours = sorted(present, key=lambda c: -statistics.fmean(by[c]["own"]))
-            out.append(
-                f"{prefix}: ordering ours {' > '.join(ours)}; paper {' > '.join(present)} "
-                f"({'same' if ours == present else 'different'})"
-            )
+            out.append(f"{prefix}: {ordering(by, present)}")
     return out
+
+
+def ordering(by: dict[str, dict], present: list[str]) -> str:
+    """The splits ordered by mean own-rollout reward over the seeds all of them ran (means over different seed sets
+    would compare seeds as much as splits), against the paper's order."""
+    import statistics
+
+    common = sorted(set.intersection(*(set(by[c]["seed_ids"]) for c in present)))
+    if not common:
+        return "ordering: no seed common to " + ", ".join(present)
+
+    def mean_own(c: str) -> float:
+        own = dict(zip(by[c]["seed_ids"], by[c]["own"], strict=True))
+        return statistics.fmean(own[s] for s in common)
+
+    ours = sorted(present, key=lambda c: -mean_own(c))
+    seeds = ", ".join(map(str, common))
+    return (
+        f"ordering ours {' > '.join(ours)} (seed{'s' if len(common) > 1 else ''} {seeds}, common to these rows); "
+        f"paper {' > '.join(present)} ({'same' if ours == present else 'different'})"
+    )
 
 
 def run_parallel(cfg, args: argparse.Namespace, run_dir: Path) -> None:

@@ -179,6 +179,7 @@ def summary_rows(results: dict[str, list[SeedResult]], order: list[str]) -> list
             {
                 "config": name,
                 "seeds": len(runs),
+                "seed_ids": [r.seed for r in runs],
                 "steps": max(len(n.metrics) for r in runs for n in r.nodes.values()),
                 "own": [r.own() for r in runs],
                 "own_ratio": _paired_ratios(runs, base, "own") if base else [1.0] * len(runs),

@@ -57,3 +57,20 @@ def test_b4_sapo_smoke(tmp_path):
     assert "| smoke-same-8-0 |" in text and "| smoke-same-4-4 |" in text and "4/4 vs 8/0" in text
     for plot in ("b4_reward.png", "b4_batch.png", "b4_aha.png"):
         assert (tmp_path / plot).stat().st_size > 0
+
+
+def test_b4_ordering_compares_the_splits_on_the_seeds_they_share():
+    from benchmarks.b4_sapo import ordering
+
+    by = {
+        # 4/4 ran seeds 0-2 (a high seed 1 lifts its mean); the others only seed 0, where 2/6 is best
+        "4-4": {"seed_ids": [0, 1, 2], "own": [101.0, 130.0, 100.0]},
+        "2-6": {"seed_ids": [0], "own": [103.0]},
+        "6-2": {"seed_ids": [0], "own": [102.0]},
+        "8-0": {"seed_ids": [0, 1, 2], "own": [99.0, 99.0, 99.0]},
+    }
+    line = ordering(by, ["4-4", "2-6", "6-2", "8-0"])
+    assert line.startswith("ordering ours 2-6 > 6-2 > 4-4 > 8-0 (seed 0, common to these rows)"), line
+    assert line.endswith("(different)")
+    by["2-6"]["seed_ids"] = [5]
+    assert ordering(by, ["4-4", "2-6", "6-2", "8-0"]).startswith("ordering: no seed common")
