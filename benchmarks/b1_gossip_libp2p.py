@@ -35,6 +35,7 @@ import statistics
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -240,19 +241,17 @@ def raw_worker(args: dict) -> None:
 ARRIVAL_STATS = ("gossip_records", "fetched_large", "synced", "announce_copy_in_flight")
 
 
+def summed(counts: Iterable[dict[str, int]]) -> dict[str, int]:
+    """Counts by reason, added up (reasons that stay at zero are left out)."""
+    return dict(sum((Counter(c) for c in counts), Counter()))
+
+
 def summarize(mode: str, peers: int, results: list[dict]) -> dict:
     # The edge validator runs in the router, outside publish and fetch: it counts in the time spent too.
     row = b1_common.summarize(mode, peers, results, transport="libp2p", guard_in_total=True, require_all_peers=True)
-    for key, of in (
-        ("drops", lambda r: r.get("drops", {})),
-        ("rejected", lambda r: r.get("stats", {}).get("rejected", {})),
-        ("arrivals", lambda r: {k: r.get("stats", {}).get(k, 0) for k in ARRIVAL_STATS}),
-    ):
-        total: dict[str, int] = {}
-        for r in results:
-            for k, v in of(r).items():
-                total[k] = total.get(k, 0) + v
-        row[key] = total
+    row["drops"] = summed(r.get("drops", {}) for r in results)
+    row["rejected"] = summed(r.get("stats", {}).get("rejected", {}) for r in results)
+    row["arrivals"] = summed({k: r.get("stats", {}).get(k, 0) for k in ARRIVAL_STATS} for r in results)
     row["mesh"] = mesh_summary(results) if mode != "raw" else None
     return row
 
@@ -312,8 +311,8 @@ def render(rows: list[dict], machine: str, opts: argparse.Namespace) -> str:
         f"{opts.inline_max_bytes or 900_000:,} bytes are announced and fetched, smaller ones travel in the gossip "
         f"message. Compare with the hivemind transport in `b1_gossip.md`."
     )
-    drops = dict(sum((Counter(r.get("drops", {})) for r in rows), Counter()))
-    refused = dict(sum((Counter(r.get("rejected", {})) for r in rows), Counter()))
+    drops = summed(r.get("drops", {}) for r in rows)
+    refused = summed(r.get("rejected", {}) for r in rows)
     notes = ["", f"Drops counted by the transport (all runs): {json.dumps(drops) if drops else 'none'}."]
     notes += ["", f"Refused at the edge, by reason (all runs): {json.dumps(refused) if refused else 'none'}."]
     for r in rows:
@@ -374,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         for mode, runs in per_mode.items():
             row = b1_common.median_row(mode, peers, runs)
             for key in ("drops", "rejected", "arrivals"):  # summed over the repeats
-                row[key] = dict(sum((Counter(r.get(key, {})) for r in runs), Counter()))
+                row[key] = summed(r.get(key, {}) for r in runs)
             meshes = [r["mesh"] for r in runs if r.get("mesh")]
             if meshes:
                 row["mesh"] = {k: statistics.median(m[k] for m in meshes) for k in meshes[0]}
