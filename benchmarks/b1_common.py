@@ -11,14 +11,20 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
+import importlib
 import json
 import os
 import random
+import select
+import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
@@ -108,10 +114,158 @@ def pss_tree_bytes(pid: int | None = None) -> int:
     return _tree_kb(os.getpid() if pid is None else pid, "smaps_rollup", "Pss") * 1024
 
 
+# -- launchers ----------------------------------------------------------------------------------------------
+#
+# ``exec`` (default): each peer is ``python SCRIPT --worker ARGS``, a fresh interpreter that imports its transport
+# itself. A hivemind peer's Python process then holds ~184 MB of private memory from ``import hivemind`` (which
+# imports torch), so 64 peers do not fit in this machine's 23.5 GiB. ``fork``: one zygote process imports the
+# worker's modules once and forks each peer from itself, so those pages stay shared copy-on-write between peers
+# (hivemind's own DHT benchmark gets the same sharing: its DHT nodes are processes forked from one parent). Each
+# peer is still its own process with its own transport, event loop and daemon; only the launch differs.
+
+
+class Forked:
+    """A peer forked by the zygote: the part of :class:`subprocess.Popen` that :func:`run_swarm` uses. The zygote is
+    its parent, so it is waited on through a pidfd (``returncode`` is not known: 0 once it exited)."""
+
+    def __init__(self, pid: int, stdin: int, stdout: int):
+        self.pid = pid
+        self.stdin = os.fdopen(stdin, "w")
+        self.stdout = os.fdopen(stdout, "r")
+        self._pidfd = os.pidfd_open(pid)
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and select.select([self._pidfd], [], [], 0)[0]:
+            self.returncode = 0
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None and not select.select([self._pidfd], [], [], timeout)[0]:
+            raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
+        self.returncode = 0
+        return 0
+
+    def _signal(self, sig: int) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self._pidfd, sig)
+
+    def terminate(self) -> None:
+        self._signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+
+    def close(self) -> None:
+        for f in (self.stdin, self.stdout):
+            with contextlib.suppress(OSError):
+                f.close()
+        os.close(self._pidfd)
+
+
+class Zygote:
+    """``python SCRIPT --zygote FD``: imports the worker's modules, then forks one peer per :meth:`spawn`. Requests
+    travel over a SOCK_SEQPACKET socket pair, with the peer's stdin, stdout and log passed as file descriptors."""
+
+    def __init__(self, script: str, log: Path):
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with log.open("w") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, script, "--zygote", str(theirs.fileno())],
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                cwd=ROOT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        theirs.close()
+        if self.sock.recv(64) != b"READY":
+            self.close()
+            raise RuntimeError(f"the zygote did not start; see {log}")
+
+    def spawn(self, wargs: dict, log) -> Forked:
+        in_r, in_w = os.pipe()
+        out_r, out_w = os.pipe()
+        try:
+            socket.send_fds(self.sock, [json.dumps(wargs).encode()], [in_r, out_w, log.fileno()])
+        finally:
+            os.close(in_r)
+            os.close(out_w)
+        return Forked(int(self.sock.recv(64)), in_w, out_r)
+
+    def close(self) -> None:
+        self.sock.close()  # the zygote waits for its peers, then exits
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+def serve_zygote(fd: int, preload: Sequence[str], run_worker: Callable[[dict], None]) -> None:
+    """The zygote's side: import ``preload``, then fork a peer running ``run_worker(wargs)`` per request until the
+    coordinator closes the socket; then wait for the peers."""
+    for name in preload:
+        importlib.import_module(name)
+    gc.freeze()  # keep the collector from touching (and so copying) the imported objects in every peer
+    sock = socket.socket(fileno=fd)
+    sock.send(b"READY")
+    while True:
+        msg, fds, _, _ = socket.recv_fds(sock, 1 << 16, 3)
+        if not msg:
+            break
+        pid = os.fork()
+        if pid == 0:
+            sock.close()
+            _become_peer(json.loads(msg), fds, run_worker)
+        for f in fds:
+            os.close(f)
+        sock.send(str(pid).encode())
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+    with contextlib.suppress(ChildProcessError):
+        while True:
+            os.wait()
+
+
+def _become_peer(wargs: dict, fds: list[int], run_worker: Callable[[dict], None]) -> None:
+    for target, f in enumerate(fds):  # stdin, stdout, stderr (the peer's log)
+        os.dup2(f, target)
+        os.close(f)
+    # fresh text streams over the new descriptors (the zygote's stdin may hold buffered bytes)
+    sys.stdin = open(0, closefd=False)  # noqa: SIM115
+    sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    code = 0
+    try:
+        run_worker(wargs)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def worker_main(opts: argparse.Namespace, preload: Sequence[str], run_worker: Callable[[dict], None]) -> bool:
+    """A script's ``--worker`` / ``--zygote`` modes; False when ``opts`` asks for neither (the coordinator)."""
+    if opts.worker:
+        run_worker(json.loads(opts.worker))
+        return True
+    if opts.zygote is not None:
+        serve_zygote(opts.zygote, preload, run_worker)
+        return True
+    return False
+
+
 # -- coordinator ----------------------------------------------------------------------------------------------
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def _stop(proc: subprocess.Popen | Forked) -> None:
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -119,18 +273,22 @@ def _stop(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
+    if isinstance(proc, Forked):
+        proc.close()
 
 
 def run_swarm(
     script: str, mode: str, peers: int, opts: argparse.Namespace, workdir: Path, *, mesh_wait_s: float = 0.0
 ) -> list[dict]:
-    """Start ``peers`` worker processes (``script --worker ARGS``), let them publish and poll; their result files.
+    """Start ``peers`` worker processes (``script --worker ARGS``, or forked by a zygote with ``--launch fork``),
+    let them publish and poll; their result files.
 
     ``mesh_wait_s``: pause between the last READY and GO (a gossip mesh needs a few heartbeats to form)."""
-    procs: list[subprocess.Popen] = []
+    procs: list[subprocess.Popen | Forked] = []
     outs: list[Path] = []
     logs = []
     boot = None
+    zygote = Zygote(script, workdir / f"{mode}_{peers}_zygote.log") if opts.launch == "fork" else None
     try:
         for i in range(peers):
             out = workdir / f"{mode}_{peers}_{i}.json"
@@ -154,15 +312,19 @@ def run_swarm(
             }
             log = (workdir / f"{mode}_{peers}_{i}.log").open("w")
             logs.append(log)
-            proc = subprocess.Popen(
-                [sys.executable, script, "--worker", json.dumps(wargs)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                text=True,
-                cwd=ROOT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
+            proc: subprocess.Popen | Forked
+            if zygote is not None:
+                proc = zygote.spawn(wargs, log)
+            else:
+                proc = subprocess.Popen(
+                    [sys.executable, script, "--worker", json.dumps(wargs)],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    text=True,
+                    cwd=ROOT,
+                    env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                )
             procs.append(proc)
             if i == 0:
                 line = proc.stdout.readline()
@@ -188,6 +350,8 @@ def run_swarm(
             _stop(proc)
         for log in logs:
             log.close()
+        if zygote is not None:
+            zygote.close()
     return [json.loads(o.read_text()) for o in outs if o.exists()]
 
 
@@ -422,6 +586,14 @@ def parser(doc: str, *, poll_s: float, modes: str) -> argparse.ArgumentParser:
     """The options both scripts take; ``poll_s`` and ``modes`` are their defaults."""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--zygote", type=int, help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--launch",
+        choices=["exec", "fork"],
+        default="exec",
+        help="exec: each peer a fresh interpreter (default); fork: peers forked from one process that imported "
+        "the transport once, sharing those pages (lets 64 hivemind peers fit in memory)",
+    )
     ap.add_argument("--peers", default="8,32", help="comma-separated swarm sizes (default 8,32)")
     ap.add_argument("--steps", type=int, default=3, help="records each peer publishes")
     ap.add_argument("--interval", type=float, default=0.0, help="seconds between steps (default: 5 + peers/2)")

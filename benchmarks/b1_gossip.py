@@ -40,6 +40,21 @@ from benchmarks.b1_common import SWARM, make_batch  # noqa: E402
 
 # -- worker (one peer per process) --------------------------------------------------------------------------
 
+# what a worker imports: the zygote of ``--launch fork`` imports it once for every peer
+PRELOAD = (
+    "hivemind",
+    "protocol.identity",
+    "protocol.layout",
+    "protocol.records",
+    "protocol.transport.config",
+    "protocol.transport.hivemind_dht",
+    "protocol.validation",
+)
+
+
+def run_worker(wargs: dict) -> None:
+    asyncio.run(worker(wargs))
+
 
 async def worker(args: dict) -> None:
     from protocol.identity import Identity
@@ -175,8 +190,7 @@ def render(rows: list[dict], machine: str, opts: argparse.Namespace) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     opts = b1_common.parser(__doc__, poll_s=0.25, modes="raw,hivemind").parse_args(argv)
-    if opts.worker:
-        asyncio.run(worker(json.loads(opts.worker)))
+    if b1_common.worker_main(opts, PRELOAD, run_worker):
         return 0
     b1_common.apply_quick(opts)
     # Turn SIGTERM into SystemExit so run_swarm's cleanup stops every worker by pid.

@@ -53,6 +53,26 @@ def _rid(data: bytes) -> str:
 # -- worker (one peer per process) --------------------------------------------------------------------------
 
 
+# what a worker imports: the zygote of ``--launch fork`` imports it once for every peer
+PRELOAD = (
+    "trio",
+    "multiaddr",
+    "libp2p",
+    "protocol.identity",
+    "protocol.records",
+    "protocol.transport.config",
+    "protocol.transport.libp2p_gossip",
+    "protocol.validation",
+)
+
+
+def run_worker(wargs: dict) -> None:
+    if wargs["mode"] == "raw":
+        raw_worker(wargs)
+    else:
+        asyncio.run(worker(wargs))
+
+
 async def worker(args: dict) -> None:
     """One peer of the libp2p transport: publish ``steps`` records, poll, record arrival times."""
     from protocol.identity import Identity
@@ -357,12 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         "(the transport's inline_max_bytes; default its own, 900,000)",
     )
     opts = ap.parse_args(argv)
-    if opts.worker:
-        wargs = json.loads(opts.worker)
-        if wargs["mode"] == "raw":
-            raw_worker(wargs)
-        else:
-            asyncio.run(worker(wargs))
+    if b1_common.worker_main(opts, PRELOAD, run_worker):
         return 0
     logging_setup()
     b1_common.apply_quick(opts)

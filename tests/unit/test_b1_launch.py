@@ -1,0 +1,80 @@
+"""B1's ``--launch fork``: peers forked from one zygote that imported the worker's modules, each still its own
+process with its own stdin, stdout and log; a peer that dies before READY is reported, not waited on forever."""
+
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from benchmarks import b1_common
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys
+    from pathlib import Path
+    sys.path.insert(0, {root!r})
+    from benchmarks import b1_common
+
+    def run_worker(wargs):
+        if wargs["index"] == {crash}:
+            raise RuntimeError("peer {crash} fails on purpose")
+        print("READY", "/addr/" + str(wargs["index"]), flush=True)
+        go = sys.stdin.readline().strip()
+        print("a line for the log", file=sys.stderr)
+        Path(wargs["outfile"]).write_text(json.dumps({{
+            "pid": os.getpid(), "ppid": os.getppid(), "go": go, "boot": wargs["bootstrap"],
+            # imported by the zygote only: a peer that has it was forked from the zygote
+            "preloaded": "xml.dom.minidom" in sys.modules,
+        }}))
+
+    opts = b1_common.parser("test", poll_s=1.0, modes="x").parse_args()
+    b1_common.worker_main(opts, ("xml.dom.minidom",), run_worker)
+    """
+)
+
+
+def _script(tmp_path: Path, crash: int = -1) -> str:
+    path = tmp_path / "fake_b1.py"
+    path.write_text(SCRIPT.format(root=str(ROOT), crash=crash))
+    return str(path)
+
+
+def _opts():
+    return b1_common.parser("test", poll_s=1.0, modes="x").parse_args(
+        ["--launch", "fork", "--steps", "1", "--interval", "0", "--settle-s", "0"]
+    )
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_forked_peers_are_separate_processes_of_the_zygote(tmp_path):
+    results = b1_common.run_swarm(_script(tmp_path), "x", 3, _opts(), tmp_path)
+    assert len(results) == 3
+    pids = {r["pid"] for r in results}
+    assert len(pids) == 3 and os.getpid() not in pids
+    parents = {r["ppid"] for r in results}
+    assert len(parents) == 1 and os.getpid() not in parents  # all forked by one zygote, not by this process
+    assert all(r["preloaded"] for r in results)
+    assert all(r["go"].startswith("GO ") for r in results)
+    assert [r["boot"] for r in results] == [None, "/addr/0", "/addr/0"]
+    assert "a line for the log" in (tmp_path / "x_3_2.log").read_text()
+    assert all(_gone(p) for p in pids | parents)  # peers reaped and the zygote gone
+
+
+def test_a_forked_peer_that_dies_before_ready_is_reported(tmp_path):
+    with pytest.raises(RuntimeError, match="peer 1 did not start"):
+        b1_common.run_swarm(_script(tmp_path, crash=1), "x", 3, _opts(), tmp_path)
+    assert "peer 1 fails on purpose" in (tmp_path / "x_3_1.log").read_text()
+
+
+def test_exec_launch_is_still_the_default():
+    assert b1_common.parser("test", poll_s=1.0, modes="x").parse_args([]).launch == "exec"
