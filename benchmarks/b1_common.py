@@ -308,6 +308,8 @@ def run_swarm(
                 "leave_after": getattr(opts, "boot_leaves_after", 0),
                 "discovery": getattr(opts, "discovery", None),
                 "inline_max_bytes": getattr(opts, "inline_max_bytes", None),
+                "poll_senders": getattr(opts, "poll_senders", None),
+                "poll_records": getattr(opts, "poll_records", None),
                 "outfile": str(out),
             }
             log = (workdir / f"{mode}_{peers}_{i}.log").open("w")

@@ -65,7 +65,9 @@ async def worker(args: dict) -> None:
     from protocol.validation import RecordValidator
 
     mode, boot, n_expected = args["mode"], args.get("bootstrap"), args["peers"] * args["steps"]
-    pc = ProtocolConfig(window_seconds=args["window_seconds"], max_past_windows=8, fetch_past_windows=2)
+    # the read budget of one poll (SPEC 7.4): the transport's defaults unless the command line sets them
+    budget = {k: args[k] for k in ("poll_senders", "poll_records") if args.get(k)}
+    pc = ProtocolConfig(window_seconds=args["window_seconds"], max_past_windows=8, fetch_past_windows=2, **budget)
     validator = RecordValidator.from_config(SWARM, pc)
     ident = Identity.generate()
     rng = random.Random(args["index"])
@@ -175,6 +177,8 @@ def run_one(mode: str, peers: int, opts: argparse.Namespace, workdir: Path) -> d
 
 
 def render(rows: list[dict], machine: str, opts: argparse.Namespace) -> str:
+    from protocol.transport.config import ProtocolConfig  # (no hivemind import)
+
     description = (
         f"Each peer publishes one signed group record (64 completions, ~{opts.record_kb:.0f} KB) every "
         f"{opts.interval:g} s (0: 5 + peers/2) for {opts.steps} steps and polls every {opts.poll_s:g} s. "
@@ -183,13 +187,18 @@ def render(rows: list[dict], machine: str, opts: argparse.Namespace) -> str:
         f"Median of {opts.repeats} repeat(s). raw = the same transport and key layout (signed per-sender index "
         f"entries, sampled bounded reads) without the store-time guard and without receive-side validation. "
         f"codec share = (encode+sign + receive validate+decode + DHT store "
-        f"guard) / (encode + publish + fetch + receive checks)."
+        f"guard) / (encode + publish + fetch + receive checks). A poll reads at most "
+        f"{opts.poll_senders or ProtocolConfig().poll_senders} index entries and fetches at most "
+        f"{opts.poll_records or ProtocolConfig().poll_records} records (`--poll-senders`, `--poll-records`)."
     )
     return b1_common.render("hivemind", machine, description, rows)
 
 
 def main(argv: list[str] | None = None) -> int:
-    opts = b1_common.parser(__doc__, poll_s=0.25, modes="raw,hivemind").parse_args(argv)
+    ap = b1_common.parser(__doc__, poll_s=0.25, modes="raw,hivemind")
+    ap.add_argument("--poll-senders", type=int, help="index entries one poll reads (default the protocol's, 12)")
+    ap.add_argument("--poll-records", type=int, help="records one poll fetches (default the protocol's, 10)")
+    opts = ap.parse_args(argv)
     if b1_common.worker_main(opts, PRELOAD, run_worker):
         return 0
     b1_common.apply_quick(opts)
