@@ -222,6 +222,13 @@ def main() -> int:
         "",
         sa.heldout_by_family(results, names),
         "",
+    ]
+    for prefix in dict.fromkeys("-".join(n.split("-")[:2]) for n in main_rows):
+        splits = [f"{prefix}-{s}" for s in PAPER_ORDER[:-1] if f"{prefix}-{s}" in results]
+        table = sa.splits_by_length(results, splits, f"{prefix}-8-0") if len(splits) > 1 else ""
+        if table:
+            lines += [f"## {prefix}: the splits by run length (own-rollout reward over steps 1..K)", "", table, ""]
+    lines += [
         "## Aha propagation (share of nodes whose own success rose; first rise; mean lag of the others, steps)",
         "",
     ]

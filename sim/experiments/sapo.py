@@ -70,8 +70,9 @@ class NodeRun:
     evals: list[dict[str, Any]]
     rollouts: list[dict[str, Any]]
 
-    def own_cumulative(self) -> float:
-        return math.fsum(float(r.get("reward_mean", 0.0)) for r in self.metrics)
+    def own_cumulative(self, steps: int | None = None) -> float:
+        """Own-rollout reward summed over the node's steps (the first ``steps`` of them, if given)."""
+        return math.fsum(float(r.get("reward_mean", 0.0)) for r in self.metrics[:steps])
 
     def batch_cumulative(self) -> float:
         return math.fsum(float(r.get("batch_reward_mean", 0.0)) for r in self.metrics)
@@ -89,8 +90,8 @@ class SeedResult:
     seed: int
     nodes: dict[int, NodeRun] = field(default_factory=dict)
 
-    def own(self) -> float:
-        return math.fsum(n.own_cumulative() for n in self.nodes.values())
+    def own(self, steps: int | None = None) -> float:
+        return math.fsum(n.own_cumulative(steps) for n in self.nodes.values())
 
     def batch(self) -> float:
         return math.fsum(n.batch_cumulative() for n in self.nodes.values())
@@ -228,6 +229,35 @@ def markdown_summary(rows: list[dict[str, Any]]) -> str:
         for r in rows
     ]
     return md_table(head, body).rstrip("\n")
+
+
+LENGTH_FRACTIONS = (1 / 5, 1 / 3, 1 / 2, 2 / 3, 5 / 6, 1)
+
+
+def splits_by_length(results: dict[str, list[SeedResult]], splits: list[str], base: str) -> str:
+    """Own-rollout reward over the first K steps, each split over ``base`` (its 8-0) paired by seed, at K = 1/5 ..
+    all of the shortest run, over the seeds every split and the base ran (mean ± sd); and the splits' order at each
+    K. A ratio that holds only at some lengths shows here; so does one seed's lead against the seed spread."""
+    rows_of = [base, *splits]
+    if any(n not in results for n in rows_of):
+        return ""
+    common = sorted(set.intersection(*({r.seed for r in results[n]} for n in rows_of)))
+    if not common:
+        return ""
+    by_seed = {n: {r.seed: r for r in results[n]} for n in rows_of}
+    steps = min(len(node.metrics) for n in rows_of for r in results[n] for node in r.nodes.values())
+    lengths = sorted({max(1, round(f * steps)) for f in LENGTH_FRACTIONS})
+    table = []
+    for k in lengths:
+        ratios = {
+            n: [by_seed[n][s].own(k) / by_seed[base][s].own(k) for s in common if by_seed[base][s].own(k)]
+            for n in splits
+        }
+        order = sorted(splits, key=lambda n: -statistics.fmean(ratios[n]) if ratios[n] else math.inf)
+        table.append([str(k), *(_ms(ratios[n], 3) for n in splits), " > ".join([*order, base])])
+    seeds = ", ".join(map(str, common))
+    head = ["K (steps)", *splits, "order"]
+    return f"Seeds {seeds} (common to these rows); each cell over {base}.\n\n" + md_table(head, table)
 
 
 def heldout_by_family(results: dict[str, list[SeedResult]], names: list[str]) -> str:
