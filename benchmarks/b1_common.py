@@ -126,22 +126,28 @@ def pss_tree_bytes(pid: int | None = None) -> int:
 
 class Forked:
     """A peer forked by the zygote: the part of :class:`subprocess.Popen` that :func:`run_swarm` uses. The zygote is
-    its parent, so it is waited on through a pidfd (``returncode`` is not known: 0 once it exited)."""
+    its parent and hands over a pidfd it opened before it could reap the peer, so the pidfd names this peer even if
+    it already exited (``returncode`` is not known: 0 once it exited)."""
 
-    def __init__(self, pid: int, stdin: int, stdout: int):
+    def __init__(self, pid: int, pidfd: int, stdin: int, stdout: int):
         self.pid = pid
+        self._pidfd = pidfd
         self.stdin = os.fdopen(stdin, "w")
         self.stdout = os.fdopen(stdout, "r")
-        self._pidfd = os.pidfd_open(pid)
         self.returncode: int | None = None
 
+    def _exited(self, timeout: float | None) -> bool:
+        poller = select.poll()
+        poller.register(self._pidfd, select.POLLIN)
+        return bool(poller.poll(None if timeout is None else int(timeout * 1000)))
+
     def poll(self) -> int | None:
-        if self.returncode is None and select.select([self._pidfd], [], [], 0)[0]:
+        if self.returncode is None and self._exited(0):
             self.returncode = 0
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        if self.returncode is None and not select.select([self._pidfd], [], [], timeout)[0]:
+        if self.returncode is None and not self._exited(timeout):
             raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
         self.returncode = 0
         return 0
@@ -166,9 +172,11 @@ class Forked:
 
 class Zygote:
     """``python SCRIPT --zygote FD``: imports the worker's modules, then forks one peer per :meth:`spawn`. Requests
-    travel over a SOCK_SEQPACKET socket pair, with the peer's stdin, stdout and log passed as file descriptors."""
+    travel over a SOCK_SEQPACKET socket pair, with the peer's stdin, stdout and log passed as file descriptors, and
+    the answer (the peer's pid) with a pidfd of the peer."""
 
-    def __init__(self, script: str, log: Path):
+    def __init__(self, script: str, log: Path, *, start_timeout_s: float = 120.0):
+        self.log = log
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with log.open("w") as err:
             self.proc = subprocess.Popen(
@@ -181,7 +189,13 @@ class Zygote:
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
         theirs.close()
-        if self.sock.recv(64) != b"READY":
+        self.sock.settimeout(start_timeout_s)
+        try:
+            ready = self.sock.recv(64)
+        except TimeoutError:
+            ready = b""
+        self.sock.settimeout(None)
+        if ready != b"READY":
             self.close()
             raise RuntimeError(f"the zygote did not start; see {log}")
 
@@ -190,10 +204,21 @@ class Zygote:
         out_r, out_w = os.pipe()
         try:
             socket.send_fds(self.sock, [json.dumps(wargs).encode()], [in_r, out_w, log.fileno()])
+            msg, fds, _, _ = socket.recv_fds(self.sock, 64, 1)
+            if not msg or len(fds) != 1:
+                raise RuntimeError(f"the zygote died; see {self.log}")
+        except BaseException:
+            os.close(in_w)
+            os.close(out_r)
+            raise
         finally:
             os.close(in_r)
             os.close(out_w)
-        return Forked(int(self.sock.recv(64)), in_w, out_r)
+        return Forked(int(msg), fds[0], in_w, out_r)
+
+    def pss_bytes(self) -> int:
+        """The zygote's own PSS (its share of the pages it shares with the peers), 0 once it is gone."""
+        return _tree_kb(self.proc.pid, "smaps_rollup", "Pss") * 1024 if self.proc.poll() is None else 0
 
     def close(self) -> None:
         self.sock.close()  # the zygote waits for its peers, then exits
@@ -218,11 +243,14 @@ def serve_zygote(fd: int, preload: Sequence[str], run_worker: Callable[[dict], N
             break
         pid = os.fork()
         if pid == 0:
-            sock.close()
-            _become_peer(json.loads(msg), fds, run_worker)
+            _become_peer(sock, json.loads(msg), fds, run_worker)
         for f in fds:
             os.close(f)
-        sock.send(str(pid).encode())
+        pidfd = os.pidfd_open(pid)  # before any wait of ours can reap it: the pidfd names this peer
+        try:
+            socket.send_fds(sock, [str(pid).encode()], [pidfd])
+        finally:
+            os.close(pidfd)
         with contextlib.suppress(ChildProcessError):
             while os.waitpid(-1, os.WNOHANG)[0]:
                 pass
@@ -231,24 +259,39 @@ def serve_zygote(fd: int, preload: Sequence[str], run_worker: Callable[[dict], N
             os.wait()
 
 
-def _become_peer(wargs: dict, fds: list[int], run_worker: Callable[[dict], None]) -> None:
-    for target, f in enumerate(fds):  # stdin, stdout, stderr (the peer's log)
-        os.dup2(f, target)
-        os.close(f)
-    # fresh text streams over the new descriptors (the zygote's stdin may hold buffered bytes)
-    sys.stdin = open(0, closefd=False)  # noqa: SIM115
-    sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
-    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
-    code = 0
+def _become_peer(sock: socket.socket, wargs: dict, fds: list[int], run_worker: Callable[[dict], None]) -> None:
+    """In the forked child: never returns to the zygote's loop, whatever fails."""
+    code = 1
     try:
+        sock.close()
+        for target, f in enumerate(fds):  # stdin, stdout, stderr (the peer's log)
+            os.dup2(f, target)
+            os.close(f)
+        # fresh text streams over the new descriptors (the zygote's stdin may hold buffered bytes)
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
         run_worker(wargs)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except BaseException:
         traceback.print_exc()
-        code = 1
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
         os._exit(code)
+
+
+def launch_note(opts: argparse.Namespace) -> str:
+    """The report's sentence on how the peers were started."""
+    if opts.launch == "fork":
+        return (
+            " Peers launched with `--launch fork`: forked from one zygote process that imported the transport once "
+            "(PSS per peer includes a 1/N share of the zygote's own PSS)."
+        )
+    return " Peers launched with `--launch exec`: a fresh interpreter each."
 
 
 def worker_main(opts: argparse.Namespace, preload: Sequence[str], run_worker: Callable[[dict], None]) -> bool:
@@ -289,6 +332,7 @@ def run_swarm(
     logs = []
     boot = None
     zygote = Zygote(script, workdir / f"{mode}_{peers}_zygote.log") if opts.launch == "fork" else None
+    zygote_pss = 0
     try:
         for i in range(peers):
             out = workdir / f"{mode}_{peers}_{i}.json"
@@ -344,6 +388,10 @@ def run_swarm(
             proc.stdin.write(f"GO {t0}\n")
             proc.stdin.flush()
         limit = opts.steps * opts.interval + opts.settle_s + 60
+        while zygote is not None and time.time() < t0 + limit and all(p.poll() is None for p in procs):
+            # the zygote's share of the pages it shares with the peers, measured (like theirs) while they all run
+            zygote_pss = zygote.pss_bytes()
+            time.sleep(1.0)
         for proc in procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=max(1.0, t0 + limit - time.time()))
@@ -354,7 +402,10 @@ def run_swarm(
             log.close()
         if zygote is not None:
             zygote.close()
-    return [json.loads(o.read_text()) for o in outs if o.exists()]
+    results = [json.loads(o.read_text()) for o in outs if o.exists()]
+    for r in results:
+        r["zygote_pss_bytes"] = zygote_pss
+    return results
 
 
 def summarize(
@@ -417,7 +468,10 @@ def summarize(
         "pair_p95_s": pairs[min(len(pairs) - 1, int(0.95 * len(pairs)))] if pairs else float("nan"),
         "rss_mb_median": statistics.median(rss) / 2**20 if rss else float("nan"),
         "rss_mb_max": max(rss) / 2**20 if rss else float("nan"),
-        "pss_mb_median": statistics.median(pss) / 2**20 if pss else float("nan"),
+        # with --launch fork, plus each peer's share of the zygote's PSS (the pages it shares with them)
+        "pss_mb_median": (statistics.median(pss) + results[0].get("zygote_pss_bytes", 0) / len(results)) / 2**20
+        if pss
+        else float("nan"),
         "mode": mode,
         "peers": peers,
         "records": len(published),

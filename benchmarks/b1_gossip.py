@@ -147,18 +147,20 @@ async def worker(args: dict) -> None:
                 seen[rid] = now
             await asyncio.sleep(args["poll_s"])
 
-    await asyncio.gather(publisher(), poller())
-    stats = transport.stats() if mode == "hivemind" else {}
-    guard_s, guard_cpu = stats.get("guard_seconds", 0.0), stats.get("guard_cpu_seconds", 0.0)
-    out = {
-        "published": published,
-        "seen": seen,
-        "sizes": sizes,
-        "timing": {**timing, "guard": guard_s, "guard_cpu": guard_cpu},
-        "rss_bytes": b1_common.rss_tree_bytes(),
-        "pss_bytes": b1_common.pss_tree_bytes(),
-    }
-    await transport.close()
+    try:
+        await asyncio.gather(publisher(), poller())
+        stats = transport.stats() if mode == "hivemind" else {}
+        guard_s, guard_cpu = stats.get("guard_seconds", 0.0), stats.get("guard_cpu_seconds", 0.0)
+        out = {
+            "published": published,
+            "seen": seen,
+            "sizes": sizes,
+            "timing": {**timing, "guard": guard_s, "guard_cpu": guard_cpu},
+            "rss_bytes": b1_common.rss_tree_bytes(),
+            "pss_bytes": b1_common.pss_tree_bytes(),
+        }
+    finally:  # stop p2pd even when this peer fails (a forked peer leaves by os._exit, with no interpreter cleanup)
+        await transport.close()
     Path(args["outfile"]).write_text(json.dumps(out))
 
 
@@ -190,6 +192,7 @@ def render(rows: list[dict], machine: str, opts: argparse.Namespace) -> str:
         f"guard) / (encode + publish + fetch + receive checks). A poll reads at most "
         f"{opts.poll_senders or ProtocolConfig().poll_senders} index entries and fetches at most "
         f"{opts.poll_records or ProtocolConfig().poll_records} records (`--poll-senders`, `--poll-records`)."
+        + b1_common.launch_note(opts)
     )
     return b1_common.render("hivemind", machine, description, rows)
 

@@ -329,7 +329,7 @@ def render(rows: list[dict], machine: str, opts: argparse.Namespace) -> str:
         f"(encode+sign + receive validate+decode + edge validator) / (encode + publish + fetch + receive checks "
         f"+ edge validator). Peer discovery: {opts.discovery}. Records over "
         f"{opts.inline_max_bytes or 900_000:,} bytes are announced and fetched, smaller ones travel in the gossip "
-        f"message. Compare with the hivemind transport in `b1_gossip.md`."
+        f"message. Compare with the hivemind transport in `b1_gossip.md`." + b1_common.launch_note(opts)
     )
     drops = summed(r.get("drops", {}) for r in rows)
     refused = summed(r.get("rejected", {}) for r in rows)

@@ -242,19 +242,18 @@ def splits_by_length(results: dict[str, list[SeedResult]], splits: list[str], ba
     if any(n not in results for n in rows_of):
         return ""
     common = sorted(set.intersection(*({r.seed for r in results[n]} for n in rows_of)))
+    common = [s for s in common if all(r.own() > 0 for r in results[base] if r.seed == s)]  # ratios need a base
     if not common:
         return ""
     by_seed = {n: {r.seed: r for r in results[n]} for n in rows_of}
-    steps = min(len(node.metrics) for n in rows_of for r in results[n] for node in r.nodes.values())
+    steps = min(len(node.metrics) for n in rows_of for s in common for node in by_seed[n][s].nodes.values())
     lengths = sorted({max(1, round(f * steps)) for f in LENGTH_FRACTIONS})
     table = []
     for k in lengths:
-        ratios = {
-            n: [by_seed[n][s].own(k) / by_seed[base][s].own(k) for s in common if by_seed[base][s].own(k)]
-            for n in splits
-        }
-        order = sorted(splits, key=lambda n: -statistics.fmean(ratios[n]) if ratios[n] else math.inf)
-        table.append([str(k), *(_ms(ratios[n], 3) for n in splits), " > ".join([*order, base])])
+        ratios = {n: [by_seed[n][s].own(k) / by_seed[base][s].own(k) for s in common] for n in splits}
+        mean = {base: 1.0, **{n: statistics.fmean(ratios[n]) for n in splits}}
+        order = sorted(rows_of, key=lambda n: -mean[n])
+        table.append([str(k), *(_ms(ratios[n], 3) for n in splits), " > ".join(order)])
     seeds = ", ".join(map(str, common))
     head = ["K (steps)", *splits, "order"]
     return f"Seeds {seeds} (common to these rows); each cell over {base}.\n\n" + md_table(head, table)

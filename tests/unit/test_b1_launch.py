@@ -56,6 +56,7 @@ def _gone(pid: int) -> bool:
     return False
 
 
+@pytest.mark.timeout(60)
 def test_forked_peers_are_separate_processes_of_the_zygote(tmp_path):
     results = b1_common.run_swarm(_script(tmp_path), "x", 3, _opts(), tmp_path)
     assert len(results) == 3
@@ -70,10 +71,12 @@ def test_forked_peers_are_separate_processes_of_the_zygote(tmp_path):
     assert all(_gone(p) for p in pids | parents)  # peers reaped and the zygote gone
 
 
-def test_a_forked_peer_that_dies_before_ready_is_reported(tmp_path):
-    with pytest.raises(RuntimeError, match="peer 1 did not start"):
-        b1_common.run_swarm(_script(tmp_path, crash=1), "x", 3, _opts(), tmp_path)
-    assert "peer 1 fails on purpose" in (tmp_path / "x_3_1.log").read_text()
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("crash", [0, 1])
+def test_a_forked_peer_that_dies_before_ready_is_reported(tmp_path, crash):
+    with pytest.raises(RuntimeError, match=f"peer {crash} did not start"):
+        b1_common.run_swarm(_script(tmp_path, crash=crash), "x", 3, _opts(), tmp_path)
+    assert f"peer {crash} fails on purpose" in (tmp_path / f"x_3_{crash}.log").read_text()
 
 
 def test_exec_launch_is_still_the_default():

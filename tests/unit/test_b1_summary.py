@@ -71,3 +71,12 @@ def test_pss_of_a_process_tree_is_positive_and_below_its_rss():
     finally:
         child.kill()
         child.wait()
+
+
+def test_forked_peers_carry_a_share_of_the_zygotes_pss():
+    a = _worker({"ra": 10.0}, {"rb": 13.0}, fetch_s=1.0, polls=1)
+    b = _worker({"rb": 11.0}, {"ra": 12.0}, fetch_s=1.0, polls=1)
+    for r in (a, b):
+        r["zygote_pss_bytes"] = 40 * 2**20  # shared by the two peers
+    s = b1_common.summarize("hivemind", 2, [a, b], transport="hivemind", guard_in_total=False, require_all_peers=True)
+    assert s["pss_mb_median"] == pytest.approx(80)  # 60 of its own + half of the zygote's 40

@@ -83,12 +83,15 @@ def test_b4_splits_by_length_pairs_by_seed_and_orders_each_length():
         return SeedResult(seed, {0: NodeRun([{"reward_mean": r} for r in rewards], [], [])})
 
     base = [run(s, [1.0] * 10) for s in (0, 1, 2)]
-    early = [run(s, [1.2 + 0.1 * s] * 2 + [0.95] * 8) for s in (0, 1)]  # ahead early, behind at the end
+    early = [run(s, [1.2 + 0.1 * s] * 2 + [0.8] * 8) for s in (0, 1)]  # ahead early, below 8-0 at the end
     steady = [run(s, [1.05] * 10) for s in (0, 1)]
     text = splits_by_length({"p-8-0": base, "p-4-4": early, "p-2-6": steady}, ["p-4-4", "p-2-6"], "p-8-0")
     assert text.startswith("Seeds 0, 1 (common to these rows)")
     rows = [line.split("|")[1:-1] for line in text.splitlines() if line.startswith("| ") and "K (steps)" not in line]
     assert [r[0].strip() for r in rows] == ["2", "3", "5", "7", "8", "10"]
     assert rows[0][1].strip() == "1.250 ± 0.071" and rows[0][3].strip() == "p-4-4 > p-2-6 > p-8-0"
-    assert rows[-1][2].strip() == "1.050 ± 0.000" and rows[-1][3].strip() == "p-2-6 > p-4-4 > p-8-0"
+    assert rows[-1][2].strip() == "1.050 ± 0.000" and rows[-1][3].strip() == "p-2-6 > p-8-0 > p-4-4"
+    base.append(run(3, [1.0] * 4))  # a base seed no split ran (shorter, still running) does not cut K
+    again = splits_by_length({"p-8-0": base, "p-4-4": early, "p-2-6": steady}, ["p-4-4", "p-2-6"], "p-8-0")
+    assert again == text
     assert splits_by_length({"p-8-0": base, "p-4-4": early}, ["p-4-4", "p-2-6"], "p-8-0") == ""
