@@ -86,13 +86,19 @@ def make_batch(record_kb: float, step: int, rng: random.Random):
     )
 
 
+def _own_kb(pid: int, path: str, key: str) -> int:
+    """``key`` (a ``kB`` line of ``/proc/PID/<path>``) of one process; 0 where it cannot be read."""
+    try:
+        lines = Path(f"/proc/{pid}/{path}").read_text().splitlines()
+    except OSError:
+        return 0
+    return sum(int(line.split()[1]) for line in lines if line.startswith(key + ":"))
+
+
 def _tree_kb(pid: int, path: str, key: str) -> int:
     """The sum of ``key`` (a ``kB`` line of ``/proc/PID/<path>``) over a process and all its descendants."""
-    total = 0
+    total = _own_kb(pid, path, key)
     try:
-        for line in Path(f"/proc/{pid}/{path}").read_text().splitlines():
-            if line.startswith(key + ":"):
-                total += int(line.split()[1])
         for task in Path(f"/proc/{pid}/task").iterdir():
             for child in (task / "children").read_text().split():
                 total += _tree_kb(int(child), path, key)
@@ -217,8 +223,11 @@ class Zygote:
         return Forked(int(msg), fds[0], in_w, out_r)
 
     def pss_bytes(self) -> int:
-        """The zygote's own PSS (its share of the pages it shares with the peers), 0 once it is gone."""
-        return _tree_kb(self.proc.pid, "smaps_rollup", "Pss") * 1024 if self.proc.poll() is None else 0
+        """The zygote's own PSS (its share of the pages it shares with the peers; not its children's), 0 once it is
+        gone."""
+        if self.proc.poll() is not None:
+            return 0
+        return _own_kb(self.proc.pid, "smaps_rollup", "Pss") * 1024
 
     def close(self) -> None:
         self.sock.close()  # the zygote waits for its peers, then exits

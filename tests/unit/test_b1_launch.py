@@ -81,3 +81,26 @@ def test_a_forked_peer_that_dies_before_ready_is_reported(tmp_path, crash):
 
 def test_exec_launch_is_still_the_default():
     assert b1_common.parser("test", poll_s=1.0, modes="x").parse_args([]).launch == "exec"
+
+
+@pytest.mark.timeout(60)
+def test_the_zygotes_pss_leaves_out_its_peers(tmp_path):
+    zygote = b1_common.Zygote(_script(tmp_path), tmp_path / "zygote.log")
+    peers = []
+    try:
+        for i in range(2):
+            with (tmp_path / f"{i}.log").open("w") as log:
+                wargs = {"index": i, "bootstrap": None, "outfile": str(tmp_path / f"{i}.json")}
+                peers.append(zygote.spawn(wargs, log))
+        assert all(p.stdout.readline().startswith("READY") for p in peers)
+        own, tree = zygote.pss_bytes(), b1_common.pss_tree_bytes(zygote.proc.pid)
+        peer = b1_common.pss_tree_bytes(peers[0].pid)
+        assert own > 0 and peer > 0
+        assert own < tree - peer  # the peers' own memory is theirs, not the zygote's
+    finally:
+        for p in peers:
+            p.stdin.write("GO 0\n")
+            p.stdin.flush()
+            p.wait(30)
+            p.close()
+        zygote.close()
