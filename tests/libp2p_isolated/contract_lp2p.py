@@ -554,3 +554,51 @@ def test_when_the_fetch_fails_the_forwarders_of_the_dropped_copies_are_asked(fir
             assert rig.t.rejections().get("announce_unavailable") == 1
 
     trio.run(main)
+
+
+class _ScriptedStream:
+    """A sync stream whose request bytes are given and whose writes fail with ``write_error`` (if any)."""
+
+    def __init__(self, request: bytes, write_error: Exception | None = None):
+        self.data = request
+        self.write_error = write_error
+        self.written: list[bytes] = []
+
+    async def read(self, n: int = -1) -> bytes:
+        out, self.data = (self.data, b"") if n < 0 else (self.data[:n], self.data[n:])
+        return out
+
+    async def write(self, data: bytes) -> None:
+        if self.write_error is not None:
+            raise self.write_error
+        self.written.append(data)
+
+    async def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "write_error", "reason"),
+    [
+        (b"\x05garbage", None, "sync_bad_request"),  # a frame that is not MessagePack
+        (b"\xff\xff\xff\xff\x0f", None, "sync_bad_request"),  # a length prefix past the request limit
+        ("have", "reset", "sync_serve_failed"),  # a fine request whose requester went away mid-answer
+        (b"\x10abc", None, "sync_serve_failed"),  # a frame cut short: the stream ended under it
+    ],
+)
+def test_sync_server_tells_a_bad_request_from_a_broken_stream(request_bytes, write_error, reason):
+    import msgpack
+    import trio
+    from libp2p.network.stream.exceptions import StreamReset
+    from libp2p.utils.varint import encode_varint_prefixed
+
+    from protocol.transport.lp2p.store import Counters, RecordStore
+    from protocol.transport.lp2p.sync import SyncServer
+
+    if request_bytes == "have":
+        request_bytes = encode_varint_prefixed(msgpack.packb({"op": "have", "windows": [1]}))
+    stream = _ScriptedStream(request_bytes, StreamReset("reset") if write_error else None)
+    counters = Counters()
+    server = SyncServer(RecordStore(4, 64), counters, timeout=5, on_peers=lambda ad: [])
+    trio.run(server.handle, stream)
+    assert dict(counters.drops) == {reason: 1}

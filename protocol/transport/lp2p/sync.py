@@ -23,6 +23,8 @@ from typing import Any
 
 import msgpack
 import trio
+from libp2p.io.exceptions import IncompleteReadError
+from libp2p.network.stream.exceptions import StreamError
 from libp2p.peer.id import ID
 from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_bytes_limited
 
@@ -37,6 +39,8 @@ MAX_REQUEST_BYTES = 64 * 1024
 #: Most digests one ``get`` request may name, and most (window, digest) pairs one ``have`` reply may list.
 MAX_GET = 32
 MAX_HAVE = 8192
+#: The stream failing under a request (the requester gave up or went away), as opposed to a malformed request.
+STREAM_FAILURES = (StreamError, IncompleteReadError, trio.BrokenResourceError, trio.ClosedResourceError)
 #: Most windows one ``have`` request may name.
 MAX_WINDOWS = 64
 #: Most advertisements one ``peers`` reply may hold.
@@ -77,9 +81,12 @@ class SyncServer:
                     self.counters.stat("px_served")
                 else:
                     self.counters.drop("sync_bad_request")
-            except Exception as e:
+            except STREAM_FAILURES as e:  # not the requester's fault that we can tell: a timeout on its side
+                self.counters.drop("sync_serve_failed")
+                logger.debug("sync stream failed while serving: %s: %s", e.__class__.__name__, e)
+            except Exception as e:  # malformed or oversized frame, bad MessagePack, fields of the wrong type
                 self.counters.drop("sync_bad_request")
-                logger.debug("sync request failed: %s: %s", e.__class__.__name__, e)
+                logger.debug("bad sync request: %s: %s", e.__class__.__name__, e)
         with contextlib.suppress(Exception), trio.move_on_after(2):
             await stream.close()
 
