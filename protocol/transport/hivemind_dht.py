@@ -56,7 +56,10 @@ import msgpack
 from hivemind.dht.node import DHTNode
 from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
+from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
+from multiaddr import Multiaddr
+from multiaddr.protocols import P_P2P as P2P_CODE
 
 from protocol.codec import RecordDecodeError, RecordSignatureError, strict_unpackb
 from protocol.errors import TransportError
@@ -93,6 +96,8 @@ ENTRY_EXPIRATION_STEP_S = 0.01
 RESTART_BACKOFF_S = (2.0, 60.0)
 #: Peers' addresses remembered to bootstrap from after a restart.
 MAX_KNOWN_PEERS = 16
+#: Seconds between attempts to rejoin the swarm while this node's routing table is empty.
+REJOIN_INTERVAL_S = 10.0
 
 
 def key_id(key: str) -> bytes:
@@ -375,6 +380,10 @@ class HivemindTransport(Transport):
         self._restart_failures = 0
         #: DHT restarts after the daemon died (``stats()['restarts']``).
         self.restarts = 0
+        self._rejoin_after = 0.0  # monotonic time before which an empty routing table is not acted on again
+        #: Times this node found its routing table empty and pinged known peers again, and how many answered.
+        self.rejoins = 0
+        self.rejoined = 0
 
     @classmethod
     async def create(
@@ -487,6 +496,7 @@ class HivemindTransport(Transport):
         """A bounded sample of the records of ``windows`` (those of ``prefer`` first) plus what earlier polls fetched;
         never hangs, never raises on network faults: on a timeout it returns what it has."""
         await self._ensure_daemon()
+        await self._rejoin_if_alone()
         async with self._fetch_lock:
             try:
                 return await self.reader.poll(windows, prefer, self._get_shards, self._get_peers, self._get_records)
@@ -515,6 +525,45 @@ class HivemindTransport(Transport):
             return [str(pid) for pid in node.protocol.routing_table.peer_id_to_uid]
 
         return await self._runner.call(read(), timeout=self.cfg.request_timeout_s * 2)
+
+    async def _rejoin_if_alone(self) -> None:
+        """Ping the configured and remembered peers again when this node's routing table is empty, at most every
+        :data:`REJOIN_INTERVAL_S`.
+
+        hivemind drops a peer from the routing table after one unanswered request and learns of peers only from
+        requests. Two nodes that time out on each other at once (a partition, a paused process whose pending
+        requests all expire when it resumes) forget each other for good, and the nodes of a split swarm never find
+        each other again. The node that started the swarm has no initial peers, so peers it was connected to are
+        remembered (:meth:`peers`) for this as for a restart."""
+        node = self._node
+        if self._closed or time.monotonic() < self._rejoin_after or node.protocol.routing_table.peer_id_to_uid:
+            return
+        self._rejoin_after = time.monotonic() + REJOIN_INTERVAL_S
+        addrs = list(dict.fromkeys([*self.cfg.initial_peers, *self._known_peers.values()]))
+        if not addrs:
+            return
+        self.rejoins += 1
+        if self.rejoins == 1 or self.rejoined:
+            logger.info("no DHT peers left; pinging %d known peer(s) again", len(addrs))
+
+        async def ping(addr: str) -> bool:
+            maddr = Multiaddr(addr)
+            peer = PeerID.from_base58(maddr["p2p"])
+            with contextlib.suppress(Exception):  # the daemon may still know a route if this dial fails
+                # hivemind has no public call for this; DHTNode.create reaches its initial peers the same way
+                await node.p2p._client.connect(peer, [maddr.decapsulate_code(P2P_CODE)])
+            return await node.protocol.call_ping(peer, validate=False, strict=False) is not None
+
+        try:
+            answers = await self._call(
+                asyncio.gather(*(ping(a) for a in addrs), return_exceptions=True), self.cfg.request_timeout_s * 2
+            )
+        except (TimeoutError, TransportError):
+            return
+        answered = sum(1 for a in answers if a is True)
+        self.rejoined += answered
+        if answered:
+            logger.info("rejoined the swarm: %d of %d known peer(s) answered", answered, len(addrs))
 
     def addresses(self) -> list[str]:
         """Full multiaddrs other peers can bootstrap from (``/ip4/HOST/tcp/PORT/p2p/PEERID``)."""
@@ -579,6 +628,8 @@ class HivemindTransport(Transport):
             "swarm_estimate": self.reader.estimate or 0.0,
             "read_level": self.reader.read_level(),
             "restarts": self.restarts,
+            "rejoins": self.rejoins,
+            "rejoined": self.rejoined,
         }
         if self.guard is None:
             return {**out, "accepted": 0, "guard_seconds": 0.0, "guard_cpu_seconds": 0.0}

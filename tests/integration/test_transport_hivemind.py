@@ -109,6 +109,29 @@ async def test_fetch_returns_promptly_when_peers_vanish(make_transports):
     assert time.monotonic() - start < 2 * b.cfg.request_timeout_s + 5
 
 
+async def _forget_every_peer(node) -> None:
+    table = node.protocol.routing_table
+    for uid in list(table.peer_id_to_uid.values()):
+        del table[uid]
+
+
+async def test_two_nodes_that_dropped_each_other_find_each_other_again(make_transports):
+    a, b = await make_transports(2)
+    assert await a.peers() and await b.peers()  # (a node asks every step; a remembers where b listens)
+    # What a partition leaves when both sides time out on each other: hivemind drops a peer from the routing
+    # table after one unanswered request and only re-learns peers from requests, so nobody would ask again.
+    for t in (a, b):
+        await t._runner.call(_forget_every_peer(t._node), timeout=10)
+    assert await a.peers() == [] and await b.peers() == []
+    ident = Identity.generate()
+    w = now_window()
+    data = make_record(ident, window=w)
+    await publish_listed(a, ident, data, w)  # stored at a alone: a knows nobody
+    await eventually(lambda: b.fetch_recent([w]), lambda r: data in r)
+    assert b.stats()["rejoins"] >= 1 and b.stats()["rejoined"] >= 1
+    assert await a.peers()  # b's ping put b back into a's table too
+
+
 async def test_close_ends_p2pd():
     before = _p2pd_children()
     t = await _start([])
