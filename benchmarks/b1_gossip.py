@@ -16,6 +16,8 @@ Usage::
     python benchmarks/b1_gossip.py                  # 8 and 32 peers, writes benchmarks/results/b1_gossip.md
     python benchmarks/b1_gossip.py --peers 8 --repeats 3
     python benchmarks/b1_gossip.py --quick --out /tmp/b1   # 3 small peers, one repeat (what the test runs)
+    python benchmarks/b1_gossip.py --peers 64 --repeats 1 --modes hivemind --poll-s 2.0 --launch fork
+                                                    # 64 peers forked from one process (shared import pages)
 
 Knows nothing about training: records carry synthetic text of realistic size.
 """
