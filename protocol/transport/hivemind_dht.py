@@ -554,10 +554,11 @@ class HivemindTransport(Transport):
                 await node.p2p._client.connect(peer, [maddr.decapsulate_code(P2P_CODE)])
             return await node.protocol.call_ping(peer, validate=False, strict=False) is not None
 
+        async def ping_all() -> list[bool | BaseException]:
+            return await asyncio.gather(*(ping(a) for a in addrs), return_exceptions=True)
+
         try:
-            answers = await self._call(
-                asyncio.gather(*(ping(a) for a in addrs), return_exceptions=True), self.cfg.request_timeout_s * 2
-            )
+            answers = await self._call(ping_all(), self.cfg.request_timeout_s * 2)
         except (TimeoutError, TransportError):
             return
         answered = sum(1 for a in answers if a is True)
