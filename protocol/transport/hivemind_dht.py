@@ -381,6 +381,7 @@ class HivemindTransport(Transport):
         #: DHT restarts after the daemon died (``stats()['restarts']``).
         self.restarts = 0
         self._rejoin_after = 0.0  # monotonic time before which an empty routing table is not acted on again
+        self._rejoin_task: asyncio.Task[None] | None = None
         #: Times this node found its routing table empty and pinged known peers again, and how many answered.
         self.rejoins = 0
         self.rejoined = 0
@@ -496,7 +497,7 @@ class HivemindTransport(Transport):
         """A bounded sample of the records of ``windows`` (those of ``prefer`` first) plus what earlier polls fetched;
         never hangs, never raises on network faults: on a timeout it returns what it has."""
         await self._ensure_daemon()
-        await self._rejoin_if_alone()
+        self._rejoin_if_alone()
         async with self._fetch_lock:
             try:
                 return await self.reader.poll(windows, prefer, self._get_shards, self._get_peers, self._get_records)
@@ -526,22 +527,26 @@ class HivemindTransport(Transport):
 
         return await self._runner.call(read(), timeout=self.cfg.request_timeout_s * 2)
 
-    async def _rejoin_if_alone(self) -> None:
-        """Ping the configured and remembered peers again when this node's routing table is empty, at most every
-        :data:`REJOIN_INTERVAL_S`.
+    def _rejoin_if_alone(self) -> None:
+        """Ping the configured and remembered peers again, in the background, when this node's routing table is
+        empty; at most every :data:`REJOIN_INTERVAL_S`, and never holding up the poll that noticed it.
 
         hivemind drops a peer from the routing table after one unanswered request and learns of peers only from
         requests. Two nodes that time out on each other at once (a partition, a paused process whose pending
         requests all expire when it resumes) forget each other for good, and the nodes of a split swarm never find
         each other again. The node that started the swarm has no initial peers, so peers it was connected to are
         remembered (:meth:`peers`) for this as for a restart."""
-        node = self._node
-        if self._closed or time.monotonic() < self._rejoin_after or node.protocol.routing_table.peer_id_to_uid:
+        if self._closed or time.monotonic() < self._rejoin_after or self._node.protocol.routing_table.peer_id_to_uid:
+            return
+        if self._rejoin_task is not None and not self._rejoin_task.done():
             return
         self._rejoin_after = time.monotonic() + REJOIN_INTERVAL_S
         addrs = list(dict.fromkeys([*self.cfg.initial_peers, *self._known_peers.values()]))
-        if not addrs:
-            return
+        if addrs:
+            self._rejoin_task = asyncio.get_running_loop().create_task(self._rejoin(addrs))
+
+    async def _rejoin(self, addrs: list[str]) -> None:
+        node = self._node
         self.rejoins += 1
         if self.rejoins == 1 or self.rejoined:
             logger.info("no DHT peers left; pinging %d known peer(s) again", len(addrs))
@@ -559,7 +564,8 @@ class HivemindTransport(Transport):
 
         try:
             answers = await self._call(ping_all(), self.cfg.request_timeout_s * 2)
-        except (TimeoutError, TransportError):
+        except Exception as e:  # a background task: nobody awaits it, so it must not end in an exception
+            logger.debug("rejoin pings failed: %s: %s", e.__class__.__name__, e)
             return
         answered = sum(1 for a in answers if a is True)
         self.rejoined += answered
@@ -576,6 +582,8 @@ class HivemindTransport(Transport):
             return
         self._closed = True
         self._runner.closing = True
+        if self._rejoin_task is not None:
+            self._rejoin_task.cancel()
 
         async def shutdown() -> None:
             # Not DHTNode.shutdown(): it first asks p2pd, over its control socket, to drop each RPC handler. A
