@@ -242,12 +242,14 @@ def splits_by_length(results: dict[str, list[SeedResult]], splits: list[str], ba
     if any(n not in results for n in rows_of):
         return ""
     common = sorted(set.intersection(*({r.seed for r in results[n]} for n in rows_of)))
-    common = [s for s in common if all(r.own() > 0 for r in results[base] if r.seed == s)]  # ratios need a base
     if not common:
         return ""
     by_seed = {n: {r.seed: r for r in results[n]} for n in rows_of}
     steps = min(len(node.metrics) for n in rows_of for s in common for node in by_seed[n][s].nodes.values())
     lengths = sorted({max(1, round(f * steps)) for f in LENGTH_FRACTIONS})
+    common = [s for s in common if all(by_seed[base][s].own(k) for k in lengths)]  # a ratio needs a base reward
+    if not common:
+        return ""
     table = []
     for k in lengths:
         ratios = {n: [by_seed[n][s].own(k) / by_seed[base][s].own(k) for s in common] for n in splits}

@@ -95,3 +95,5 @@ def test_b4_splits_by_length_pairs_by_seed_and_orders_each_length():
     again = splits_by_length({"p-8-0": base, "p-4-4": early, "p-2-6": steady}, ["p-4-4", "p-2-6"], "p-8-0")
     assert again == text
     assert splits_by_length({"p-8-0": base, "p-4-4": early}, ["p-4-4", "p-2-6"], "p-8-0") == ""
+    zero = [run(s, [0.0] * 2 + [1.0] * 8) for s in (0, 1)]  # no reward in 8-0's first steps: no ratio, no crash
+    assert splits_by_length({"p-8-0": zero, "p-4-4": early, "p-2-6": steady}, ["p-4-4", "p-2-6"], "p-8-0") == ""
