@@ -382,6 +382,7 @@ class HivemindTransport(Transport):
         self.restarts = 0
         self._rejoin_after = 0.0  # monotonic time before which an empty routing table is not acted on again
         self._rejoin_task: asyncio.Task[None] | None = None
+        self._rejoin_said = False  # this stretch alone was logged (once, not every 10 s)
         #: Times this node found its routing table empty and pinged known peers again, and how many answered.
         self.rejoins = 0
         self.rejoined = 0
@@ -548,7 +549,8 @@ class HivemindTransport(Transport):
     async def _rejoin(self, addrs: list[str]) -> None:
         node = self._node
         self.rejoins += 1
-        if self.rejoins == 1 or self.rejoined:
+        if not self._rejoin_said:
+            self._rejoin_said = True
             logger.info("no DHT peers left; pinging %d known peer(s) again", len(addrs))
 
         async def ping(addr: str) -> bool:
@@ -570,6 +572,7 @@ class HivemindTransport(Transport):
         answered = sum(1 for a in answers if a is True)
         self.rejoined += answered
         if answered:
+            self._rejoin_said = False
             logger.info("rejoined the swarm: %d of %d known peer(s) answered", answered, len(addrs))
 
     def addresses(self) -> list[str]:

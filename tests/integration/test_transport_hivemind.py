@@ -132,6 +132,28 @@ async def test_two_nodes_that_dropped_each_other_find_each_other_again(make_tran
     assert await a.peers()  # b's ping put b back into a's table too
 
 
+async def test_a_node_left_alone_keeps_trying_and_says_so_once(make_transports, monkeypatch, caplog):
+    import logging
+
+    import protocol.transport.hivemind_dht as hd
+
+    monkeypatch.setattr(hd, "REJOIN_INTERVAL_S", 0.0)
+    a, b = await make_transports(2)
+    assert await a.peers()  # a remembers where b listens
+    w = now_window()
+    with caplog.at_level(logging.INFO, logger="protocol.transport.hivemind_dht"):
+        await a._runner.call(_forget_every_peer(a._node), timeout=10)
+        await eventually(lambda: a.fetch_recent([w]), lambda r: a.stats()["rejoined"] >= 1)  # b answers
+        await b.close()
+        await a._runner.call(_forget_every_peer(a._node), timeout=10)
+        # every poll returns at once (the pings run in the background) and starts another round when one is over
+        tries = a.stats()["rejoins"]
+        await eventually(lambda: a.fetch_recent([w]), lambda r: a.stats()["rejoins"] >= tries + 3, timeout=60)
+    assert a.stats()["rejoined"] == 1
+    said = [r.getMessage() for r in caplog.records if "no DHT peers left" in r.getMessage()]
+    assert said == ["no DHT peers left; pinging 1 known peer(s) again"] * 2  # once per stretch alone
+
+
 async def test_close_ends_p2pd():
     before = _p2pd_children()
     t = await _start([])
