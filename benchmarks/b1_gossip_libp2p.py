@@ -256,9 +256,18 @@ def raw_worker(args: dict) -> None:
 # -- coordinator ----------------------------------------------------------------------------------------------
 
 
-# How records arrived at a peer: inline in a gossip message, fetched after an announcement, pulled by sync; and how
-# many copies of an announcement were dropped because its record was already being fetched.
-ARRIVAL_STATS = ("gossip_records", "fetched_large", "synced", "announce_copy_in_flight")
+# How records arrived at a peer: inline in a gossip message, fetched after an announcement (or from another forwarder
+# after that fetch failed), pulled by sync; and the copies of announcements dropped unjudged without a fetch: their
+# record was already being fetched, or their forwarder had 2 fetches running or was held off after a failed one.
+ARRIVAL_STATS = (
+    "gossip_records",
+    "fetched_large",
+    "fetched_large_retry",
+    "synced",
+    "announce_copy_in_flight",
+    "announce_forwarder_busy",
+    "announce_forwarder_held_off",
+)
 
 
 def summed(counts: Iterable[dict[str, int]]) -> dict[str, int]:
@@ -339,7 +348,8 @@ def render(rows: list[dict], machine: str, opts: argparse.Namespace) -> str:
         if any(r.get("arrivals", {}).values()):
             notes += [
                 "",
-                f"How records arrived, {r['peers']} peers, {r['mode']} (all repeats): {json.dumps(r['arrivals'])}.",
+                f"How records arrived, and announcements dropped without a fetch, {r['peers']} peers, {r['mode']} "
+                f"(all repeats): {json.dumps(r['arrivals'])}.",
             ]
     notes += [
         "",

@@ -61,6 +61,7 @@ from protocol.transport.lp2p.bridge import TrioBridge
 from protocol.transport.lp2p.edge import EdgeValidator
 from protocol.transport.lp2p.gossipsub import GRAYLIST_THRESHOLD, PUBLISH_THRESHOLD, build_pubsub
 from protocol.transport.lp2p.peers import AdError, PeerAd, PeerTable, make_ad, verify_ad
+from protocol.transport.lp2p.stalls import ForwarderBackoff
 from protocol.transport.lp2p.store import Counters, RecordStore, digest_of
 from protocol.transport.lp2p.sync import MAX_GET, MAX_HAVE, MAX_PX, MAX_WINDOWS, SYNC_PROTOCOL, SyncClient, SyncServer
 from protocol.version import INCOMPATIBLE, compatible, local_version, report_incompatible
@@ -88,6 +89,10 @@ TAG_ANNOUNCE = 0x02
 MAX_ANNOUNCE_ALTERNATES = 8
 #: Most peers one peer-exchange round dials at once.
 MAX_DIALS_PER_ROUND = 4
+#: Announce fetches from one forwarder at a time, and how long (in request timeouts) a forwarder whose fetch failed
+#: is at most held off (``lp2p.stalls``).
+MAX_FETCHES_PER_FORWARDER = 2
+MAX_HOLD_OFF_TIMEOUTS = 6
 
 
 def gossip_topic(prefix: str, swarm: str) -> str:
@@ -135,6 +140,9 @@ class Libp2pTransport(Transport):
         self._sync: SyncClient | None = None
         # digest of an announced record being fetched -> forwarders of the copies dropped meanwhile (they hold it)
         self._fetching: dict[bytes, list[ID]] = {}
+        self._forwarders = ForwarderBackoff(
+            cfg.request_timeout_s, cfg.request_timeout_s * MAX_HOLD_OFF_TIMEOUTS, MAX_FETCHES_PER_FORWARDER
+        )
         self._nursery: trio.Nursery | None = None  # the trio thread's, for background fetches
         self._table = PeerTable(cfg.max_known_peers, cfg.advertisement_ttl_s, clock)
         self._own_ad: tuple[float, bytes] | None = None
@@ -427,19 +435,28 @@ class Libp2pTransport(Transport):
             # out. So the copy is dropped at once, unjudged, and its forwarder (which holds the record: a peer
             # forwards an announcement only once it has it) is remembered in case that fetch fails.
             alternates = self._fetching[digest]
-            if forwarder not in alternates and len(alternates) < MAX_ANNOUNCE_ALTERNATES:
+            if (
+                forwarder not in alternates
+                and len(alternates) < MAX_ANNOUNCE_ALTERNATES
+                and not self._forwarders.held_off(forwarder, trio.current_time())
+            ):
                 alternates.append(forwarder)
             self._counters.stat("announce_copy_in_flight")
             self._pubsub.unjudged()
             return False
+        refusal = self._forwarders.refusal(forwarder, trio.current_time())
+        if refusal is not None:
+            # A forwarder whose fetches failed lately, or that already has fetches running here, is not asked now, so
+            # a peer that announces and never serves cannot fill the validator slots (SPEC 7.3). Dropped unjudged:
+            # the same announcement from another forwarder is still validated, and sync heals the rest.
+            self._counters.stat(refusal)
+            self._pubsub.unjudged()
+            return False
         self._fetching[digest] = []
-        try:
-            with trio.fail_after(wait):
-                got = await self._sync.get(forwarder, [digest])
-        except Exception as e:
+        got = await self._t_fetch_announced(forwarder, digest, wait)
+        if got is None:
             # Not proof of anything (the forwarder may just be slow): dropped without a penalty; the record is asked
             # of the forwarders of the copies dropped meanwhile, and anti-entropy sync heals the rest.
-            logger.debug("announce fetch from %s failed: %s", forwarder, e)
             self._counters.drop("announce_fetch_failed")
             self._pubsub.unjudged()
             self._t_fetch_elsewhere(digest)
@@ -454,6 +471,21 @@ class Libp2pTransport(Transport):
         self._counters.stat("fetched_large")
         return True
 
+    async def _t_fetch_announced(self, forwarder: ID, digest: bytes, wait: float) -> list[bytes] | None:
+        """Ask ``forwarder`` for an announced record: what it sent (empty: it does not hold it), or None if the fetch
+        failed or ran past ``wait``. Either way the forwarder's backoff learns the outcome."""
+        assert self._sync is not None
+        self._forwarders.start(forwarder)
+        got: list[bytes] | None = None
+        try:
+            with trio.fail_after(wait):
+                got = await self._sync.get(forwarder, [digest])
+        except Exception as e:
+            logger.debug("announce fetch from %s failed: %s", forwarder, e)
+        finally:
+            self._forwarders.finish(forwarder, trio.current_time(), served=bool(got))
+        return got
+
     def _t_fetch_elsewhere(self, digest: bytes) -> None:
         """The fetch of an announced record failed: ask the forwarders of the copies dropped while it ran, in the
         background (outside py-libp2p's validator slots)."""
@@ -463,26 +495,26 @@ class Libp2pTransport(Transport):
         self._nursery.start_soon(self._t_fetch_from_alternates, digest)
 
     async def _t_fetch_from_alternates(self, digest: bytes) -> None:
-        assert self._sync is not None
         tried: set[ID] = set()
         try:
             while not self._store.has(digest):
                 # copies arriving meanwhile are still dropped and add their forwarders here
-                untried = [p for p in self._fetching.get(digest, []) if p not in tried]
+                now = trio.current_time()
+                untried = [
+                    p
+                    for p in self._fetching.get(digest, [])
+                    if p not in tried and self._forwarders.refusal(p, now) is None
+                ]
                 if not untried:
                     return
                 tried.add(untried[0])
-                try:
-                    with trio.fail_after(self.cfg.request_timeout_s):
-                        got = await self._sync.get(untried[0], [digest])
-                except Exception as e:
-                    logger.debug("announce retry from %s failed: %s", untried[0], e)
+                got = await self._t_fetch_announced(untried[0], digest, self.cfg.request_timeout_s)
+                if not got:
                     self._counters.drop("announce_retry_failed")
                     continue
-                if got:
-                    if self._edge.admit(got[0], digest) is None:
-                        self._counters.stat("fetched_large_retry")
-                    return
+                if self._edge.admit(got[0], digest) is None:
+                    self._counters.stat("fetched_large_retry")
+                return
         finally:
             self._fetching.pop(digest, None)
 

@@ -453,18 +453,17 @@ def test_an_announcement_its_forwarder_cannot_serve_costs_that_forwarder_only():
 
 class _AnnounceRig:
     """A transport whose announce validator runs against fakes for the host, the sync client and pubsub (the
-    constructor starts nothing). ``serve[peer]`` says what a fetch from that peer does: "ok", "empty" or "fail"."""
+    constructor starts nothing). ``serve[peer]`` says what a fetch from that peer does: "ok", "empty", "fail" or
+    "hang" (until the fetch times out)."""
 
     def __init__(self, n_forwarders: int) -> None:
-        import msgpack
+        import trio
         from libp2p.crypto.ed25519 import create_new_key_pair
         from libp2p.peer.id import ID
 
-        from protocol.transport.lp2p.store import digest_of
-
-        self.record = make_record(Identity.generate(), window=now_window(), size=2000)
-        self.digest = digest_of(self.record)
-        self.body = msgpack.packb({"digest": self.digest, "size": len(self.record)}, use_bin_type=True)
+        self.records: dict[bytes, bytes] = {}
+        self.body = self.announcement()
+        self.digest, self.record = next(iter(self.records.items()))
         me, *self.forwarders = (ID.from_pubkey(create_new_key_pair().public_key) for _ in range(n_forwarders + 1))
         self.serve = {f: "ok" for f in self.forwarders}
         self.fetched: list = []
@@ -479,7 +478,9 @@ class _AnnounceRig:
                     await rig.release.wait()
                 if rig.serve[peer] == "fail":
                     raise ConnectionError("stream reset")
-                return [rig.record] if rig.serve[peer] == "ok" else []
+                if rig.serve[peer] == "hang":
+                    await trio.sleep_forever()
+                return [rig.records[digests[0]]] if rig.serve[peer] == "ok" else []
 
         class Host:
             def get_id(self):
@@ -496,8 +497,18 @@ class _AnnounceRig:
         self.t = Libp2pTransport(Libp2pTransportConfig(inline_max_bytes=1024), PROTOCOL, SWARM, validator.verdict)
         self.t._sync, self.t._host, self.t._pubsub = Sync(), Host(), Pubsub()
 
-    async def validate(self, i: int, verdicts: dict[int, bool]) -> None:
-        verdicts[i] = await self.t._t_validate_announce(self.forwarders[i], self.body, object())
+    def announcement(self) -> bytes:
+        """The announcement body of a new record that every "ok" forwarder serves."""
+        import msgpack
+
+        from protocol.transport.lp2p.store import digest_of
+
+        record = make_record(Identity.generate(), window=now_window(), size=2000)
+        self.records[digest_of(record)] = record
+        return msgpack.packb({"digest": digest_of(record), "size": len(record)}, use_bin_type=True)
+
+    async def validate(self, i: int, verdicts: dict[int, bool], body: bytes | None = None) -> None:
+        verdicts[i] = await self.t._t_validate_announce(self.forwarders[i], body or self.body, object())
 
 
 def test_copies_of_an_announcement_being_fetched_are_dropped_at_once_and_the_record_is_fetched_once():
@@ -554,6 +565,47 @@ def test_when_the_fetch_fails_the_forwarders_of_the_dropped_copies_are_asked(fir
             assert rig.t.rejections().get("announce_unavailable") == 1
 
     trio.run(main)
+
+
+def test_a_forwarder_that_stalls_holds_at_most_two_validator_slots_and_is_then_held_off():
+    """A peer that announces records and never serves them must not fill py-libp2p's validator slots, however fast
+    it announces (SPEC 7.3): two of its fetches at a time, then none until its backoff runs out; other forwarders of
+    the same announcements are still asked."""
+    import trio
+    import trio.testing
+
+    rig = _AnnounceRig(2)
+    staller, honest = rig.forwarders
+    rig.serve[staller] = "hang"
+    bodies = [rig.body] + [rig.announcement() for _ in range(3)]
+    verdicts: dict[int, bool] = {}
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            rig.t._nursery = nursery
+            for i in range(3):
+                nursery.start_soon(lambda i=i: _record_verdict(rig, staller, bodies[i], verdicts, i))
+            await trio.sleep(1)
+            assert verdicts == {2: False} and rig.t.stats().get("announce_forwarder_busy") == 1, "third: busy"
+            await trio.sleep(10)  # both fetches time out (0.8 x request_timeout_s)
+            assert verdicts == {0: False, 1: False, 2: False} and rig.fetched == [staller, staller]
+            await _record_verdict(rig, staller, bodies[3], verdicts, 3)
+            assert verdicts[3] is False and rig.fetched == [staller, staller], "held off: not asked at all"
+            assert rig.t.stats().get("announce_forwarder_held_off") == 1
+            await _record_verdict(rig, honest, bodies[3], verdicts, 4)
+            assert verdicts[4] is True and rig.fetched[-1] == honest, "the same announcement from another forwarder"
+            await trio.sleep(30)  # past the backoff (10 s, doubled by the second failure)
+            nursery.start_soon(lambda: _record_verdict(rig, staller, bodies[2], verdicts, 5))
+            await trio.sleep(1)
+            assert rig.fetched[-1] == staller, "asked again once its backoff has run out"
+            nursery.cancel_scope.cancel()
+        assert rig.qualified.count("unjudged") == 4 and "forwarder_failed" not in rig.qualified, "no score lost"
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+async def _record_verdict(rig: _AnnounceRig, forwarder, body: bytes, verdicts: dict[int, bool], i: int) -> None:
+    verdicts[i] = await rig.t._t_validate_announce(forwarder, body, object())
 
 
 class _ScriptedStream:

@@ -6,7 +6,8 @@
 * ``bridge``    -- the trio thread that runs the host, and the asyncio side's calls into it (with timeouts)
 * ``sync``      -- the ``/rl-swarm/sync/1.0.0`` request/response protocol: have, get and peers
 * ``peers``     -- signed peer advertisements (address + protocol version) and the bounded table of known peers
+* ``stalls``    -- which forwarders an announced record may be fetched from now (a bound on stalling forwarders)
 
-``store``, ``edge`` and this package's ``__init__`` import neither libp2p nor trio; the others do, and only the
+``store``, ``edge``, ``stalls`` and this package's ``__init__`` import neither libp2p nor trio; the others do, and only the
 libp2p transport imports them (hivemind and libp2p cannot share a process).
 """
