@@ -154,6 +154,37 @@ def test_swarm_of_processes_with_join_leave_and_a_hostile_peer(tmp_path):
     assert all(len(results[p]["peers"]) >= 1 for p in honest)
 
 
+@pytest.mark.timeout(200)
+def test_a_peer_that_announces_records_and_never_serves_them_is_asked_a_bounded_number_of_times(tmp_path):
+    """SPEC 7.3: a staller's announcements cost honest peers at most 2 fetches at a time and then none for a backoff,
+    however fast it announces (here 10 a second for 25 s: without the bound that is one 4 s fetch per announcement,
+    each in one of py-libp2p's 10 validator slots); honest announced records still get through."""
+    peers: list[_Peer] = []
+    try:
+        # Records of ~3 KB over inline_max 1024: announced and fetched, like records over 900,000 bytes by default.
+        common = ["--inline-max", "1024", "--size", "3000", "--records", "3", "--every", "3", "--expect", "2"]
+        common += ["--exit-when-done", "--linger", "20", "--duration", "120"]
+        a = _Peer(tmp_path, "a", *common)
+        peers.append(a)
+        boot = a.address()
+        b = _Peer(tmp_path, "b", *common, "--bootstrap", boot)
+        staller = _Peer(tmp_path, "staller", "--staller", "--every", "0.1", "--duration", "25", "--bootstrap", boot)
+        peers += [b, staller]
+        senders = {a.sender(), b.sender()}
+        results = {p: p.result(timeout=170) for p in (a, b, staller)}
+    finally:
+        for p in peers:
+            p.stop()
+    # ~250 announcements reached each honest peer; each may ask at most 2 at a time, then waits out a backoff of
+    # 5 s, 10 s, 20 s (request_timeout_s 5 in these peers): about 6 asks each over the flood, 3 rounds of 2.
+    # (Measured: 8 in all; 380 without the bound.)
+    assert 1 <= results[staller]["stalled_gets"] <= 2 * 8, results[staller]
+    for p in (a, b):
+        assert set(results[p]["senders"]) == senders, f"{p.out.name}: honest records missing"
+        stats = results[p]["stats"]
+        assert stats.get("announce_forwarder_held_off", 0) >= 1 and stats.get("fetched_large", 0) >= 1, stats
+
+
 def _b1_libp2p(tmp_path: Path, *args: str, timeout: float) -> tuple[str, dict[str, list[str]], dict[str, list[str]]]:
     """Run B1 over libp2p; its table, its main rows by mode and its mesh rows by mode."""
     out = subprocess.run(

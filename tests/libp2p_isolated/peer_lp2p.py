@@ -1,5 +1,7 @@
-"""One libp2p peer process for the multi-process tests: honest (publishes and collects records) or hostile
-(floods tampered, forged, oversized, wrong-swarm and garbage messages, optionally one valid record).
+"""One libp2p peer process for the multi-process tests: honest (publishes and collects records), hostile
+(floods tampered, forged, oversized, wrong-swarm and garbage messages, optionally one valid record), or a staller
+(announces records at a high rate and never serves them: its sync server holds every ``get`` until the requester
+gives up, and counts them).
 
 Prints ``listening on <multiaddr>`` once up, runs for ``--duration`` seconds (or until it has records from
 ``--expect`` distinct senders, when ``--exit-when-done``), then writes a JSON summary to ``--out``: our sender
@@ -14,6 +16,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -71,8 +74,44 @@ def hostile_frames(ident: Identity) -> list[bytes]:
     ]
 
 
+STALLED_GETS = [0]
+
+
+def become_a_staller() -> None:
+    """Replace the sync server's handler (before the transport is built): answer ``have`` with nothing held and
+    ``peers`` with nobody, and hold every ``get`` without an answer, counting them."""
+    import msgpack
+    import trio
+    from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_bytes_limited
+
+    from protocol.transport.lp2p import sync
+
+    async def handle(self: sync.SyncServer, stream: object) -> None:
+        try:
+            req = msgpack.unpackb(await read_varint_prefixed_bytes_limited(stream, sync.MAX_REQUEST_BYTES))
+            if req.get("op") == "get":
+                STALLED_GETS[0] += 1
+                await trio.sleep(60)
+            else:
+                await stream.write(encode_varint_prefixed(msgpack.packb([])))  # type: ignore[attr-defined]
+            await stream.close()  # type: ignore[attr-defined]
+        except Exception:
+            pass
+
+    sync.SyncServer.handle = handle  # type: ignore[method-assign]
+
+
+def announcement() -> bytes:
+    """An announcement of a record nobody holds."""
+    import msgpack
+
+    return bytes([TAG_ANNOUNCE]) + msgpack.packb({"digest": os.urandom(32), "size": 1000}, use_bin_type=True)
+
+
 async def run(a: argparse.Namespace) -> dict:
     ident = Identity.generate()
+    if a.staller:
+        become_a_staller()
     validator = RecordValidator.from_config(SWARM, PROTOCOL)
     cfg = Libp2pTransportConfig(
         initial_peers=a.bootstrap,
@@ -82,7 +121,7 @@ async def run(a: argparse.Namespace) -> dict:
         expiration_windows=8,
     )
     transport = await Libp2pTransport.create(
-        cfg, swarm=SWARM, validate=validator.verdict, protocol=PROTOCOL, validate_own=not a.hostile
+        cfg, swarm=SWARM, validate=validator.verdict, protocol=PROTOCOL, validate_own=not (a.hostile or a.staller)
     )
     for addr in transport.addresses():
         print(f"listening on {addr}", flush=True)
@@ -104,8 +143,11 @@ async def run(a: argparse.Namespace) -> dict:
             if a.also_valid:
                 data = record(ident, "hostile-but-valid", 99)
                 await transport.publish(data, window=window_of(time.time(), 15), sender=ident.peer_id)
+        while a.staller and time.monotonic() < end:
+            await transport.publish_raw(announcement())
+            await asyncio.sleep(a.every)
         while time.monotonic() < end:
-            if not a.hostile and published < a.records and time.monotonic() >= next_publish:
+            if not (a.hostile or a.staller) and published < a.records and time.monotonic() >= next_publish:
                 next_publish = time.monotonic() + a.every
                 data = record(ident, f"{ident.peer_id} #{published}" + "p" * a.size, published)
                 await transport.publish(data, window=window_of(time.time(), 15), sender=ident.peer_id)
@@ -129,6 +171,7 @@ async def run(a: argparse.Namespace) -> dict:
             "stats": transport.stats(),
             "peers": sorted(peers_seen),
             "published": published,
+            "stalled_gets": STALLED_GETS[0],
         }
     finally:
         await transport.close()
@@ -140,6 +183,7 @@ def main() -> int:
     ap.add_argument("--bootstrap", action="append", default=[])
     ap.add_argument("--hostile", action="store_true")
     ap.add_argument("--also-valid", action="store_true", help="hostile: end with one valid record")
+    ap.add_argument("--staller", action="store_true", help="announce a record every --every s, never serve one")
     ap.add_argument("--records", type=int, default=3)
     ap.add_argument("--size", type=int, default=1000)
     ap.add_argument("--every", type=float, default=4.0, help="seconds between own records")

@@ -8,6 +8,6 @@
 * ``peers``     -- signed peer advertisements (address + protocol version) and the bounded table of known peers
 * ``stalls``    -- which forwarders an announced record may be fetched from now (a bound on stalling forwarders)
 
-``store``, ``edge``, ``stalls`` and this package's ``__init__`` import neither libp2p nor trio; the others do, and only the
-libp2p transport imports them (hivemind and libp2p cannot share a process).
+``store``, ``edge``, ``stalls`` and this package's ``__init__`` import neither libp2p nor trio; the others do, and
+only the libp2p transport imports them (hivemind and libp2p cannot share a process).
 """
