@@ -89,23 +89,27 @@ def verdict(rows: list[dict]) -> list[str]:
 
 
 def ordering(by: dict[str, dict], present: list[str]) -> str:
-    """The splits ordered by mean own-rollout reward over the seeds all of them ran (means over different seed sets
-    would compare seeds as much as splits), against the paper's order."""
+    """The splits ordered over the seeds all of them ran (means over different seed sets would compare seeds as much
+    as splits), against the paper's order. With 8-0 among them the key is each split's own-rollout reward over
+    8-0's, paired by seed and averaged, as in the by-length table (so its full-length row gives the same order);
+    without it, the mean own-rollout reward."""
     import statistics
 
     common = sorted(set.intersection(*(set(by[c]["seed_ids"]) for c in present)))
     if not common:
         return "ordering: no seed common to " + ", ".join(present)
+    own = {c: dict(zip(by[c]["seed_ids"], by[c]["own"], strict=True)) for c in present}
+    paired = "8-0" in own and all(own["8-0"][s] for s in common)
 
-    def mean_own(c: str) -> float:
-        own = dict(zip(by[c]["seed_ids"], by[c]["own"], strict=True))
-        return statistics.fmean(own[s] for s in common)
+    def key(c: str) -> float:
+        return statistics.fmean(own[c][s] / own["8-0"][s] if paired else own[c][s] for s in common)
 
-    ours = sorted(present, key=lambda c: -mean_own(c))
+    ours = sorted(present, key=lambda c: -key(c))
     seeds = ", ".join(map(str, common))
     return (
-        f"ordering ours {' > '.join(ours)} (seed{'s' if len(common) > 1 else ''} {seeds}, common to these rows); "
-        f"paper {' > '.join(present)} ({'same' if ours == present else 'different'})"
+        f"ordering ours {' > '.join(ours)} (seed{'s' if len(common) > 1 else ''} {seeds}, common to these rows"
+        + (", mean ratio over 8-0 paired by seed" if paired else ", mean own-rollout reward")
+        + f"); paper {' > '.join(present)} ({'same' if ours == present else 'different'})"
     )
 
 

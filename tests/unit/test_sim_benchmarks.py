@@ -70,10 +70,27 @@ def test_b4_ordering_compares_the_splits_on_the_seeds_they_share():
         "8-0": {"seed_ids": [0, 1, 2], "own": [99.0, 99.0, 99.0]},
     }
     line = ordering(by, ["4-4", "2-6", "6-2", "8-0"])
-    assert line.startswith("ordering ours 2-6 > 6-2 > 4-4 > 8-0 (seed 0, common to these rows)"), line
+    assert line.startswith("ordering ours 2-6 > 6-2 > 4-4 > 8-0 (seed 0, common to these rows"), line
     assert line.endswith("(different)")
     by["2-6"]["seed_ids"] = [5]
     assert ordering(by, ["4-4", "2-6", "6-2", "8-0"]).startswith("ordering: no seed common")
+
+
+def test_b4_ordering_ranks_by_the_paired_ratio_like_the_by_length_table():
+    """Where the mean reward and the mean paired ratio disagree, the verdict line follows the by-length table's
+    ratios: a split that is ahead on one high-reward seed only is not ahead on the seeds' ratios."""
+    from benchmarks.b4_sapo import ordering
+
+    by = {
+        "4-4": {"seed_ids": [0, 1], "own": [220.0, 110.0]},  # ratios 1.10, 1.10: mean 1.100, mean own 165
+        "2-6": {"seed_ids": [0, 1], "own": [250.0, 90.0]},  # ratios 1.25, 0.90: mean 1.075, mean own 170
+        "8-0": {"seed_ids": [0, 1], "own": [200.0, 100.0]},
+    }
+    line = ordering(by, ["4-4", "2-6", "8-0"])
+    assert line.startswith("ordering ours 4-4 > 2-6 > 8-0 (seeds 0, 1, common to these rows, mean ratio"), line
+    del by["8-0"]
+    line = ordering(by, ["4-4", "2-6"])
+    assert line.startswith("ordering ours 2-6 > 4-4 (seeds 0, 1, common to these rows, mean own-rollout"), line
 
 
 def test_b4_splits_by_length_pairs_by_seed_and_orders_each_length():
