@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import os
@@ -52,6 +53,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Collection, Coroutine, Sequence
 from typing import Any, TypeVar
 
+import base58
 import msgpack
 from hivemind.dht.node import DHTNode
 from hivemind.dht.routing import DHTID
@@ -294,6 +296,31 @@ class _QuietDaemonShutdown(logging.Filter):
 
 
 logging.getLogger("hivemind.p2p.p2p_daemon").addFilter(_QuietDaemonShutdown())
+
+
+@functools.lru_cache(maxsize=4096)
+def _base58(peer_id: bytes) -> str:
+    return base58.b58encode(peer_id).decode()
+
+
+def _lazy_peer_id_text() -> None:
+    """hivemind's ``PeerID`` base58-encodes its bytes when it is built (pure Python, ~9 us), and a DHT lookup builds
+    one for every peer named in every response, most of which are only ever hashed and compared as bytes: about
+    10% of a loaded peer's busy samples at 32 peers (B1, session 24). Encode on first use instead, cached by bytes.
+    Same values, same behaviour; ``tests/unit/test_hivemind_patches.py`` checks both."""
+    if isinstance(PeerID.__dict__.get("_b58_str"), functools.cached_property):
+        return
+
+    def __init__(self: PeerID, peer_id_bytes: bytes) -> None:
+        self._bytes = peer_id_bytes
+
+    text = functools.cached_property(lambda self: _base58(self._bytes))
+    text.__set_name__(PeerID, "_b58_str")
+    PeerID._b58_str = text
+    PeerID.__init__ = __init__
+
+
+_lazy_peer_id_text()
 
 
 class _LoopThread:
