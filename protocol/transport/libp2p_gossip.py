@@ -93,6 +93,8 @@ MAX_DIALS_PER_ROUND = 4
 #: is at most held off (``lp2p.stalls``).
 MAX_FETCHES_PER_FORWARDER = 2
 MAX_HOLD_OFF_TIMEOUTS = 6
+#: How often a background retry looks again for an alternate forwarder that was busy (seconds).
+ALTERNATE_WAIT_S = 0.25
 
 
 def gossip_topic(prefix: str, swarm: str) -> str:
@@ -453,7 +455,14 @@ class Libp2pTransport(Transport):
             self._pubsub.unjudged()
             return False
         self._fetching[digest] = []
-        got = await self._t_fetch_announced(forwarder, digest, wait)
+        try:
+            got = await self._t_fetch_announced(forwarder, digest, wait)
+        except BaseException:
+            # Cancelled from outside: py-libp2p's own validation timeout, which starts while a copy still queues
+            # for a validator slot, or shutdown. The record must not stay marked as being fetched (every later copy
+            # would be dropped as "in flight" for good): the forwarders of the dropped copies are asked instead.
+            self._t_fetch_elsewhere(digest)
+            raise
         if got is None:
             # Not proof of anything (the forwarder may just be slow): dropped without a penalty; the record is asked
             # of the forwarders of the copies dropped meanwhile, and anti-entropy sync heals the rest.
@@ -477,13 +486,16 @@ class Libp2pTransport(Transport):
         assert self._sync is not None
         self._forwarders.start(forwarder)
         got: list[bytes] | None = None
+        served: bool | None = None  # stays None if cancelled from outside: no verdict on the forwarder
         try:
             with trio.fail_after(wait):
                 got = await self._sync.get(forwarder, [digest])
+            served = bool(got)
         except Exception as e:
+            served = False
             logger.debug("announce fetch from %s failed: %s", forwarder, e)
         finally:
-            self._forwarders.finish(forwarder, trio.current_time(), served=bool(got))
+            self._forwarders.finish(forwarder, trio.current_time(), served=served)
         return got
 
     def _t_fetch_elsewhere(self, digest: bytes) -> None:
@@ -492,23 +504,28 @@ class Libp2pTransport(Transport):
         if not self._fetching.get(digest) or self._nursery is None:
             self._fetching.pop(digest, None)
             return
-        self._nursery.start_soon(self._t_fetch_from_alternates, digest)
+        try:
+            self._nursery.start_soon(self._t_fetch_from_alternates, digest)
+        except RuntimeError:  # the host is closing
+            self._fetching.pop(digest, None)
 
     async def _t_fetch_from_alternates(self, digest: bytes) -> None:
         tried: set[ID] = set()
+        deadline = trio.current_time() + self.cfg.request_timeout_s
         try:
             while not self._store.has(digest):
                 # copies arriving meanwhile are still dropped and add their forwarders here
                 now = trio.current_time()
-                untried = [
-                    p
-                    for p in self._fetching.get(digest, [])
-                    if p not in tried and self._forwarders.refusal(p, now) is None
-                ]
-                if not untried:
-                    return
-                tried.add(untried[0])
-                got = await self._t_fetch_announced(untried[0], digest, self.cfg.request_timeout_s)
+                known = self._fetching.get(digest, [])
+                untried = [p for p in known if p not in tried and not self._forwarders.held_off(p, now)]
+                ready = [p for p in untried if self._forwarders.refusal(p, now) is None]
+                if not ready:
+                    if not untried or now >= deadline:
+                        return
+                    await trio.sleep(ALTERNATE_WAIT_S)  # the untried ones are busy with other fetches: wait a little
+                    continue
+                tried.add(ready[0])
+                got = await self._t_fetch_announced(ready[0], digest, self.cfg.request_timeout_s)
                 if not got:
                     self._counters.drop("announce_retry_failed")
                     continue

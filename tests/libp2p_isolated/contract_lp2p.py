@@ -583,25 +583,52 @@ def test_a_forwarder_that_stalls_holds_at_most_two_validator_slots_and_is_then_h
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             rig.t._nursery = nursery
-            for i in range(3):
+            for i in range(3):  # one at a time: trio runs tasks started together in a random order
                 nursery.start_soon(lambda i=i: _record_verdict(rig, staller, bodies[i], verdicts, i))
-            await trio.sleep(1)
+                await trio.sleep(0.01)
             assert verdicts == {2: False} and rig.t.stats().get("announce_forwarder_busy") == 1, "third: busy"
-            await trio.sleep(10)  # both fetches time out (0.8 x request_timeout_s)
+            await trio.sleep(10)  # both fetches time out (0.8 x request_timeout_s = 8 s)
             assert verdicts == {0: False, 1: False, 2: False} and rig.fetched == [staller, staller]
             await _record_verdict(rig, staller, bodies[3], verdicts, 3)
             assert verdicts[3] is False and rig.fetched == [staller, staller], "held off: not asked at all"
             assert rig.t.stats().get("announce_forwarder_held_off") == 1
             await _record_verdict(rig, honest, bodies[3], verdicts, 4)
             assert verdicts[4] is True and rig.fetched[-1] == honest, "the same announcement from another forwarder"
-            await trio.sleep(30)  # past the backoff (10 s, doubled by the second failure)
-            nursery.start_soon(lambda: _record_verdict(rig, staller, bodies[2], verdicts, 5))
+            await trio.sleep(12)  # 14 s after the failures (at 8 s): past the base backoff (10 s), not its double
+            await _record_verdict(rig, staller, bodies[2], verdicts, 5)
+            assert verdicts[5] is False and rig.t.stats().get("announce_forwarder_held_off") == 2, "doubled"
+            await trio.sleep(8)  # 22 s after: past the doubled backoff (20 s)
+            nursery.start_soon(lambda: _record_verdict(rig, staller, bodies[2], verdicts, 6))
             await trio.sleep(1)
             assert rig.fetched[-1] == staller, "asked again once its backoff has run out"
             nursery.cancel_scope.cancel()
-        assert rig.qualified.count("unjudged") == 4 and "forwarder_failed" not in rig.qualified, "no score lost"
+        assert rig.qualified.count("unjudged") == 5 and "forwarder_failed" not in rig.qualified, "no score lost"
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_an_announce_fetch_cancelled_from_outside_does_not_leave_its_record_marked_as_being_fetched():
+    """py-libp2p's validation timeout starts while a copy still queues for a validator slot, so it can cancel our
+    fetch. Later copies of the announcement must still be fetched (from their own forwarders), and the cancelled
+    fetch's forwarder must not be held off for it."""
+    import trio
+
+    rig = _AnnounceRig(2)
+    first, second = rig.forwarders
+    rig.serve[first] = "hang"
+    verdicts: dict[int, bool] = {}
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            rig.t._nursery = nursery
+            with trio.move_on_after(1):  # cancels the validation long before its own 0.8 x timeout
+                await _record_verdict(rig, first, rig.body, verdicts, 0)
+            assert 0 not in verdicts and rig.fetched == [first] and rig.digest not in rig.t._fetching
+            assert rig.t._forwarders.refusal(first, trio.current_time()) is None, "no verdict on the forwarder"
+            await _record_verdict(rig, second, rig.body, verdicts, 1)
+        assert verdicts[1] is True and rig.fetched == [first, second] and rig.t._store.has(rig.digest)
+
+    trio.run(main)
 
 
 async def _record_verdict(rig: _AnnounceRig, forwarder, body: bytes, verdicts: dict[int, bool], i: int) -> None:

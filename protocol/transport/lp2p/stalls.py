@@ -7,11 +7,15 @@ honest forwarder may be slow under load), so it costs no score; instead:
 
 * at most ``max_in_flight`` fetches from one forwarder run at a time;
 * a forwarder whose fetch failed is not asked again for a backoff that starts at ``base_s`` and doubles with every
-  further failure, up to ``max_s``; a fetch it serves halves its backoff.
+  further failure, up to ``max_s``. Each record it serves takes a quarter of ``base_s`` off its backoff but never
+  shortens a hold-off already running, so a forwarder that fails and serves in turn still climbs to ``max_s``: to
+  keep its backoff from growing it must serve 4 records the receiver lacks for every fetch it stalls.
+* a fetch that ends without a verdict on the forwarder (cancelled from outside) only frees its place.
 
 Announcements a forwarder may not be asked about now are dropped unjudged: the same message from another
-forwarder is still validated, and anti-entropy sync heals the rest. So a staller holds at most ``max_in_flight``
-slots for one fetch timeout per backoff, however fast it announces.
+forwarder is still validated, and anti-entropy sync heals the rest. So a forwarder that serves nothing holds at
+most ``max_in_flight`` slots for one fetch timeout per ``max_s``, however fast it announces. The bound is per
+forwarder: k stalling neighbours hold up to k times as much.
 
 Time is passed in (the caller's clock); imports neither libp2p nor trio.
 """
@@ -22,6 +26,8 @@ from collections.abc import Hashable
 
 #: Entries kept before the ones whose backoff has run out are forgotten.
 MAX_TRACKED = 256
+#: What one served record takes off a forwarder's backoff, in units of the base backoff.
+SERVE_CREDIT = 0.25
 
 
 class ForwarderBackoff:
@@ -49,22 +55,25 @@ class ForwarderBackoff:
     def start(self, peer: Hashable) -> None:
         self._in_flight[peer] = self._in_flight.get(peer, 0) + 1
 
-    def finish(self, peer: Hashable, now: float, *, served: bool) -> None:
-        """A fetch from ``peer`` that :meth:`start` counted ended: ``served`` the record, or failed to in time."""
+    def finish(self, peer: Hashable, now: float, *, served: bool | None) -> None:
+        """A fetch from ``peer`` that :meth:`start` counted ended: it ``served`` the record, failed to in time
+        (False), or was cancelled by something else (None: no verdict on the forwarder)."""
         left = self._in_flight.get(peer, 0) - 1
         if left > 0:
             self._in_flight[peer] = left
         else:
             self._in_flight.pop(peer, None)
+        if served is None:
+            return
         held_until, backoff = self._held_off.get(peer, (0.0, 0.0))
         if served:
-            backoff /= 2
-            if backoff < self.base_s:
+            backoff = max(backoff - self.base_s * SERVE_CREDIT, 0.0)
+            if backoff == 0.0 and held_until <= now:
                 self._held_off.pop(peer, None)
                 return
         else:
             backoff = min(max(backoff * 2, self.base_s), self.max_s)
-            held_until = now + backoff
+            held_until = max(held_until, now + backoff)
         self._held_off[peer] = (held_until, backoff)
         if len(self._held_off) > MAX_TRACKED:
             self._held_off = {p: h for p, h in self._held_off.items() if h[0] > now}
