@@ -61,7 +61,7 @@ def headroom(results: dict, rows: list[dict]) -> list[str]:
 
 
 def verdict(rows: list[dict]) -> list[str]:
-    """Per population and budget: 4/4 against 8/0 and the ordering of the splits, by mean own-rollout reward."""
+    """Per population and budget: 4/4 against 8/0, and the ordering of the splits (``ordering``)."""
     import statistics
 
     groups: dict[str, dict[str, dict]] = {}
