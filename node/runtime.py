@@ -267,11 +267,19 @@ class Node:
 
     async def close(self) -> None:
         """Cancel background work, close the channel and flush files. Safe to call twice."""
-        for task in list(self._tasks):
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        if tasks:
+            # Bounded: a task stuck past its cancellation must not keep a stopping node from closing its channel and
+            # flushing its files (the user is waiting for the exit).
+            _, pending = await asyncio.wait(tasks, timeout=self.cfg.runtime.shutdown_timeout_s)
+            if pending:
+                logger.warning(
+                    "background task(s) %s did not stop within %.0f s of being cancelled; closing without them",
+                    ", ".join(sorted(t.get_name() for t in pending)),
+                    self.cfg.runtime.shutdown_timeout_s,
+                )
         self._tasks.clear()
         if self.channel is not None:
             with contextlib.suppress(Exception):

@@ -55,3 +55,37 @@ def test_peer_importance_weights_switch(model_dir: Path, tmp_path: Path, weights
     samples = asyncio.run(run())
     assert len(samples) == 2 and all(s.external for s in samples)
     assert all(s.behaviour_logprob_mean == (-0.7 if weights else None) for s in samples)
+
+
+def test_close_does_not_wait_for_a_task_that_ignores_its_cancellation(
+    model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stopping node closes its channel and flushes its files even while a background task is stuck; it names
+    the task."""
+    from node.runtime import Node, build_parts
+
+    cfg = NodeConfig.model_validate(
+        {"model": {"name": str(model_dir), "device": "cpu"}, "runtime": {"shutdown_timeout_s": 0.5}}
+    )
+    release = asyncio.Event()
+
+    async def stubborn() -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            await release.wait()  # ignores its cancellation until the test lets it go
+
+    async def run() -> tuple[bool, bool]:
+        node = await Node.create(cfg, tmp_path, parts=build_parts(cfg), live=False)
+        task = node._spawn(stubborn(), "stubborn")
+        await asyncio.sleep(0)
+        await node.close()
+        still_running, flushed = not task.done(), node._metrics is not None and node._metrics.closed
+        release.set()
+        await task
+        return still_running, flushed
+
+    with caplog.at_level("WARNING", logger="node.runtime"):
+        still_running, flushed = asyncio.run(run())
+    assert still_running and flushed, "closed without waiting for the stuck task"
+    assert ":stubborn did not stop within" in caplog.text, caplog.text
