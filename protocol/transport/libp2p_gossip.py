@@ -482,7 +482,8 @@ class Libp2pTransport(Transport):
 
     async def _t_fetch_announced(self, forwarder: ID, digest: bytes, wait: float) -> list[bytes] | None:
         """Ask ``forwarder`` for an announced record: what it sent (empty: it does not hold it), or None if the fetch
-        failed or ran past ``wait``. Either way the forwarder's backoff learns the outcome."""
+        failed or ran past ``wait``; the forwarder's backoff learns which. Cancelled from outside, it frees the
+        forwarder's place and says nothing about it."""
         assert self._sync is not None
         self._forwarders.start(forwarder)
         got: list[bytes] | None = None
