@@ -363,6 +363,7 @@ def run_swarm(
                 "inline_max_bytes": getattr(opts, "inline_max_bytes", None),
                 "poll_senders": getattr(opts, "poll_senders", None),
                 "poll_records": getattr(opts, "poll_records", None),
+                "lookup_beam": getattr(opts, "lookup_beam", None),
                 "outfile": str(out),
             }
             log = (workdir / f"{mode}_{peers}_{i}.log").open("w")

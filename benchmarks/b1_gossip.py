@@ -89,7 +89,8 @@ async def worker(args: dict) -> None:
     sizes: list[int] = []
     own: dict[int, list[str]] = {}  # this peer's digests per window: its signed index entry lists them
 
-    cfg = HivemindTransportConfig(initial_peers=[boot] if boot else [], request_timeout_s=20)
+    beam = {"lookup_beam": args["lookup_beam"]} if args.get("lookup_beam") else {}
+    cfg = HivemindTransportConfig(initial_peers=[boot] if boot else [], request_timeout_s=20, **beam)
     guard = validator.verdict if mode == "hivemind" else None
     transport = await HivemindTransport.create(cfg, swarm=SWARM, validate=guard, protocol=pc)
     addr = transport.addresses()[0]
@@ -181,7 +182,7 @@ def run_one(mode: str, peers: int, opts: argparse.Namespace, workdir: Path) -> d
 
 
 def render(rows: list[dict], machine: str, opts: argparse.Namespace) -> str:
-    from protocol.transport.config import ProtocolConfig  # (no hivemind import)
+    from protocol.transport.config import HivemindTransportConfig, ProtocolConfig  # (no hivemind import)
 
     description = (
         f"Each peer publishes one signed group record (64 completions, ~{opts.record_kb:.0f} KB) every "
@@ -193,7 +194,8 @@ def render(rows: list[dict], machine: str, opts: argparse.Namespace) -> str:
         f"codec share = (encode+sign + receive validate+decode + DHT store "
         f"guard) / (encode + publish + fetch + receive checks). A poll reads at most "
         f"{opts.poll_senders or ProtocolConfig().poll_senders} index entries and fetches at most "
-        f"{opts.poll_records or ProtocolConfig().poll_records} records (`--poll-senders`, `--poll-records`)."
+        f"{opts.poll_records or ProtocolConfig().poll_records} records (`--poll-senders`, `--poll-records`); a DHT "
+        f"lookup visits {opts.lookup_beam or HivemindTransportConfig().lookup_beam} nodes (`--lookup-beam`)."
         + b1_common.launch_note(opts)
     )
     return b1_common.render("hivemind", machine, description, rows)
@@ -203,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = b1_common.parser(__doc__, poll_s=0.25, modes="raw,hivemind")
     ap.add_argument("--poll-senders", type=int, help="index entries one poll reads (default the protocol's, 12)")
     ap.add_argument("--poll-records", type=int, help="records one poll fetches (default the protocol's, 10)")
+    ap.add_argument("--lookup-beam", type=int, help="nodes one DHT lookup visits (default the transport's, 8)")
     opts = ap.parse_args(argv)
     if b1_common.worker_main(opts, PRELOAD, run_worker):
         return 0

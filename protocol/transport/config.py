@@ -12,6 +12,9 @@ from pydantic import Field, model_validator
 
 from protocol.config import StrictModel
 
+DHT_REPLICAS = 5
+"""Nodes a hivemind DHT key is stored at (hivemind's ``num_replicas``, its default, pinned here)."""
+
 
 class ProtocolConfig(StrictModel):
     """Record limits and time windows; every node of one swarm must use the same ``window_seconds``."""
@@ -118,6 +121,10 @@ class HivemindTransportConfig(StrictModel):
     """Time allowed for the DHT (and its p2pd daemon) to start and bootstrap, in seconds."""
     store_validation: bool = True
     """Install the record validator in the DHT so peers refuse forged or malformed records at store time."""
+    lookup_beam: int = Field(default=8, ge=DHT_REPLICAS, le=64)
+    """Nodes one DHT lookup (a store or a get) visits around its key: at least the DHT_REPLICAS (5) a key is stored
+    at. hivemind's default, its k-bucket size of 20, visits most of a 32-node swarm for every key; 8 is the k of
+    BitTorrent's Mainline DHT (BEP 5). See SPEC 9 (Lookups)."""
 
 
 class Libp2pTransportConfig(StrictModel):

@@ -78,7 +78,7 @@ from protocol.layout import (
 )
 from protocol.records import decode_record
 from protocol.transport.base import RecordCheck, Transport
-from protocol.transport.config import HivemindTransportConfig, ProtocolConfig
+from protocol.transport.config import DHT_REPLICAS, HivemindTransportConfig, ProtocolConfig
 from protocol.types import Envelope
 from protocol.version import INCOMPATIBLE
 
@@ -453,6 +453,7 @@ class HivemindTransport(Transport):
             # restarted daemon comes back with the same peer id; no identity check: the key was made just now.
             identity_path=os.path.join(key_dir, "p2pd.key"),
             check_if_identity_free=False,
+            num_replicas=DHT_REPLICAS,
         )
         if cfg.announce_maddrs:
             kwargs["announce_maddrs"] = list(cfg.announce_maddrs)
@@ -510,7 +511,7 @@ class HivemindTransport(Transport):
                 raise TransportError(f"hivemind transport refuses to publish this record ({reason})")
         try:
             ok = await self._call(
-                self._node.store_many(keys, values, expirations, subkeys=subkeys),
+                self._node.store_many(keys, values, expirations, subkeys=subkeys, beam_size=self.cfg.lookup_beam),
                 timeout=self.cfg.request_timeout_s * 2,
             )
         except TimeoutError:
@@ -646,7 +647,8 @@ class HivemindTransport(Transport):
         tests only: a hostile peer built with ``store_validation=False`` uses it to try forged entries)."""
         self._check_open()
         return await self._call(
-            self._node.store(key, value, expiration_time, subkey=subkey), timeout=self.cfg.request_timeout_s * 2
+            self._node.store(key, value, expiration_time, subkey=subkey, beam_size=self.cfg.lookup_beam),
+            timeout=self.cfg.request_timeout_s * 2,
         )
 
     def rejections(self) -> dict[str, int]:
@@ -796,7 +798,8 @@ class HivemindTransport(Transport):
         keys = {shard_key(self.swarm, *a): a for a in addrs}
         # latest: a cached shard would hide entries announced since; force a lookup across the key's replicas.
         found = await self._call(
-            self._node.get_many(list(keys), sufficient_expiration_time=float("inf")), self.cfg.request_timeout_s
+            self._node.get_many(list(keys), sufficient_expiration_time=float("inf"), beam_size=self.cfg.lookup_beam),
+            self.cfg.request_timeout_s,
         )
         out: dict[Any, Any] = {}
         for key, addr in keys.items():
@@ -809,7 +812,8 @@ class HivemindTransport(Transport):
     async def _get_peers(self, addrs: list[Any]) -> dict[Any, Any]:
         keys = {peer_key(self.swarm, *a): a for a in addrs}
         found = await self._call(
-            self._node.get_many(list(keys), sufficient_expiration_time=float("inf")), self.cfg.request_timeout_s
+            self._node.get_many(list(keys), sufficient_expiration_time=float("inf"), beam_size=self.cfg.lookup_beam),
+            self.cfg.request_timeout_s,
         )
         out: dict[Any, Any] = {}
         for key, addr in keys.items():
@@ -821,7 +825,9 @@ class HivemindTransport(Transport):
     async def _get_records(self, addrs: list[Any]) -> dict[Any, Any]:
         keys = {record_key(self.swarm, *a): a for a in addrs}
         # Content addressing makes every unexpired copy identical: any replica's answer will do.
-        found = await self._call(self._node.get_many(list(keys)), self.cfg.request_timeout_s)
+        found = await self._call(
+            self._node.get_many(list(keys), beam_size=self.cfg.lookup_beam), self.cfg.request_timeout_s
+        )
         out: dict[Any, Any] = {}
         for key, addr in keys.items():
             entry = found.get(key)

@@ -169,3 +169,41 @@ async def test_bootstrap_failure_is_a_transport_error():
     bogus = "/ip4/127.0.0.1/tcp/9/p2p/12D3KooWCY9GtMZB47pjfuy1VLPuoYm4gHm15kLmLgu4UDnSDiSt"
     with pytest.raises(TransportError):
         await _start([bogus], startup_timeout_s=20)
+
+
+async def test_a_lookup_asks_about_lookup_beam_nodes_not_the_whole_swarm(make_transports):
+    """Stores and gets visit about ``lookup_beam`` nodes around their key. hivemind's default beam (its k-bucket
+    size, 20) asks every one of the 11 other nodes here for every key, which at 32 peers on 2 cores made a publish
+    take 4.4 s and a poll 1.2 s (B1, benchmarks/results/b1_gossip.md)."""
+    nodes = await make_transports(12, lookup_beam=5)
+    reader, writer = nodes[0], nodes[-1]
+    w = now_window()
+    for i, t in enumerate(nodes):  # every node stores something, so routing tables fill up
+        someone = Identity.generate()
+        await publish_listed(t, someone, make_record(someone, window=w, text=f"r{i}"), w)
+    assert len(await reader.peers()) >= 8  # the reader knows most of the swarm: a beam of 20 would ask them all
+
+    asked: list[dict] = []  # per operation: key id -> the nodes asked about it
+
+    def counting(call_find):
+        async def wrapper(peer, keys):
+            for key in keys:
+                asked[-1].setdefault(key, set()).add(peer)
+            return await call_find(peer, keys)
+
+        return wrapper
+
+    ident = Identity.generate()
+    for t in (writer, reader):
+        t._node.protocol.call_find = counting(t._node.protocol.call_find)
+    asked.append({})
+    data = make_record(ident, window=w, text="beam")
+    await publish_listed(writer, ident, data, w)  # one store: the record, its peer key, its shard keys
+    asked.append({})
+    got = await reader._get_shards([(w, 0, 0)])  # one get: the window's level-0 shard, at every replica
+    store, get = ([len(v) for v in op.values()] for op in asked)
+    print(f"nodes asked per key: store {sorted(store)}, shard get {get}")
+    assert any(e for e in got.get((w, 0, 0), [])), got
+    # A node asked about several keys at once counts for each, so a store's keys average a little over the beam.
+    assert len(store) >= 3 and sum(store) / len(store) <= 9, store
+    assert len(get) == 1 and get[0] <= 8, get  # the beam, plus searches hivemind's 4 workers had already sent
