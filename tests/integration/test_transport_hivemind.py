@@ -174,7 +174,7 @@ async def test_bootstrap_failure_is_a_transport_error():
 async def test_a_lookup_asks_about_lookup_beam_nodes_not_the_whole_swarm(make_transports):
     """Stores and gets visit about ``lookup_beam`` nodes around their key. hivemind's default beam (its k-bucket
     size, 20) asks every one of the 11 other nodes here for every key, which at 32 peers on 2 cores made a publish
-    take 4.4 s and a poll 1.2 s (B1, benchmarks/results/b1_gossip.md)."""
+    take 4.2-4.3 s and a poll 1.3-1.5 s, against 2.3-2.6 s and 0.6-0.7 s with 8 (B1, b1_gossip.md)."""
     nodes = await make_transports(12, lookup_beam=5)
     reader, writer = nodes[0], nodes[-1]
     w = now_window()
