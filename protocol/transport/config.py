@@ -122,9 +122,10 @@ class HivemindTransportConfig(StrictModel):
     store_validation: bool = True
     """Install the record validator in the DHT so peers refuse forged or malformed records at store time."""
     lookup_beam: int = Field(default=8, ge=DHT_REPLICAS, le=64)
-    """Nodes one DHT lookup (a store or a get) visits around its key: at least the DHT_REPLICAS (5) a key is stored
-    at. hivemind's default, its k-bucket size of 20, visits most of a 32-node swarm for every key; 8 is the k of
-    BitTorrent's Mainline DHT (BEP 5). See SPEC 9 (Lookups)."""
+    """Nodes one DHT lookup (a store or a get) visits at least around its key: at least the DHT_REPLICAS (5) a key is
+    stored at, and better a few more (a node that does not answer keeps its place in the beam, so with 8 a store
+    reaches 5 replicas while at most 3 of the 8 are gone). hivemind's default, its k-bucket size of 20, visits most
+    of a 32-node swarm for every key; 8 is the k of BitTorrent's Mainline DHT (BEP 5). See SPEC 9 (Lookups)."""
 
 
 class Libp2pTransportConfig(StrictModel):
