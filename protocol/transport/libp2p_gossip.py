@@ -380,7 +380,8 @@ class Libp2pTransport(Transport):
                 await self._t_exchange_quietly(peer)
             await self._t_fill()
         for peer in bootstrap:
-            await self._t_sync_quietly(peer)
+            if peer.to_base58() not in self._incompatible:
+                await self._t_sync_quietly(peer)
 
     async def _t_drain(self, subscription: Any) -> None:
         # Records were already stored by the validator; draining at once keeps the 32-slot buffer from overflowing.
@@ -553,7 +554,7 @@ class Libp2pTransport(Transport):
     async def _t_sync_all(self) -> int:
         assert self._sync is not None
         total = 0
-        for peer in list(self._host.get_connected_peers()):
+        for peer in self._t_usable_peers():
             try:
                 total += await self._sync.sync_from(peer, self._sync_windows())
             except Exception as e:
@@ -565,7 +566,8 @@ class Libp2pTransport(Transport):
         while True:
             await trio.sleep(self.cfg.sync_interval_s * random.uniform(0.8, 1.2))
             self._store.prune(self._edge.now_window())
-            peers = list(self._host.get_connected_peers())
+            await self._t_drop_incompatible()
+            peers = self._t_usable_peers()
             if peers:
                 await self._t_sync_quietly(random.choice(peers))
 
@@ -613,16 +615,33 @@ class Libp2pTransport(Transport):
                 exclude.add(ad.peer)
         return [self._t_own_ad()] + [ad.raw for ad in self._table.sample(MAX_PX - 1, exclude=exclude)]
 
+    def _t_usable_peers(self) -> list[ID]:
+        """Connected peers not known to speak another major version (the only ones worth a request)."""
+        return [p for p in self._host.get_connected_peers() if p.to_base58() not in self._incompatible]
+
+    async def _t_drop_incompatible(self) -> None:
+        """Disconnect every connected peer known to speak another major version. Either side may have dialled
+        again since it was found out (a request to a peer that is not connected dials it), and a node of another
+        version may not disconnect by itself, so this runs at every sync and mesh tick, not only after an exchange."""
+        for peer in list(self._host.get_connected_peers()):
+            if peer.to_base58() in self._incompatible:
+                with trio.move_on_after(self.cfg.request_timeout_s):
+                    await self._host.disconnect(peer)
+                self._counters.stat("px_disconnected_incompatible")
+
     async def _t_exchange(self, peer: ID) -> None:
         assert self._sync is not None
-        raws = await self._sync.peers(peer, self._t_own_ad())
-        self._counters.stat("px_rounds")
-        for raw in raws:
-            self._t_learn(raw)
+        if peer.to_base58() not in self._incompatible:
+            raws = await self._sync.peers(peer, self._t_own_ad())
+            self._counters.stat("px_rounds")
+            for raw in raws:
+                self._t_learn(raw)
         if peer.to_base58() in self._incompatible:
-            # A direct neighbour of another major version: nothing it sends is usable, so do not stay connected.
+            # A direct neighbour of another major version: nothing it sends is usable, so do not stay connected
+            # (and, once known, do not ask it again: the request would dial it back).
             with trio.move_on_after(self.cfg.request_timeout_s):
                 await self._host.disconnect(peer)
+            self._counters.stat("px_disconnected_incompatible")
 
     async def _t_exchange_quietly(self, peer: ID) -> None:
         try:
@@ -671,14 +690,18 @@ class Libp2pTransport(Transport):
     async def _t_mesh_round(self) -> None:
         """Swap advertisements with one random connected peer (or, alone, dial the initial peers again), then
         dial up to ``target_peers``."""
-        connected = list(self._host.get_connected_peers())
+        await self._t_drop_incompatible()
+        connected = self._t_usable_peers()
         if connected:
             await self._t_exchange_quietly(random.choice(connected))
         elif self.cfg.initial_peers and not len(self._table):
             for addr in self.cfg.initial_peers:
                 try:
+                    info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
+                    if info.peer_id.to_base58() in self._incompatible:
+                        continue
                     with trio.fail_after(self.cfg.request_timeout_s):
-                        await self._host.connect(info_from_p2p_addr(multiaddr.Multiaddr(addr)))
+                        await self._host.connect(info)
                 except Exception as e:
                     logger.debug("initial peer %s still unreachable: %s", addr, e)
         await self._t_fill()

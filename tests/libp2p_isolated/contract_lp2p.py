@@ -212,10 +212,26 @@ def test_advertisements_verify_and_refuse_tampering_other_swarms_staleness_and_f
 async def test_a_peer_of_another_major_version_is_reported_once_counted_and_dropped(
     make_transports, monkeypatch, caplog
 ):
+    """The newcomer of another major finishes joining (its peer exchange and its first sync with the bootstrap
+    node) only after the bootstrap node has dropped it: neither side dials the other back and stays connected.
+    (A CI run once saw the newcomer's first sync, which dials, reconnect the two for good.)"""
     import logging
+
+    import trio
 
     from protocol import version
 
+    release, joined = threading.Event(), threading.Event()
+    plain_join = Libp2pTransport._t_join
+
+    async def held_join(self, bootstrap):
+        if self._version[0] == 7:
+            await trio.to_thread.run_sync(release.wait, 60)
+        await plain_join(self, bootstrap)
+        if self._version[0] == 7:
+            joined.set()
+
+    monkeypatch.setattr(Libp2pTransport, "_t_join", held_join)
     monkeypatch.setattr(version, "_reported", set())
     (a,) = await make_transports(1, peer_exchange_interval_s=3600)
     version.override_local_version("7.2")
@@ -231,7 +247,47 @@ async def test_a_peer_of_another_major_version_is_reported_once_counted_and_drop
         assert len(lines) == 1, lines
         assert lines[0].startswith("incompatible protocol version: libp2p peer ")
         assert a.rejections().get("incompatible_version", 0) >= 1
+        assert await a.peers() == []
+        release.set()
+        assert await asyncio.to_thread(joined.wait, 60)
         await eventually(lambda: a.peers(), lambda peers: peers == [])
+        await eventually(lambda: other.peers(), lambda peers: peers == [])
+    finally:
+        release.set()
+        version.override_local_version(None)
+        await other.close()
+
+
+async def test_a_neighbour_of_another_major_that_never_hangs_up_is_dropped_at_the_next_tick(
+    make_transports, monkeypatch
+):
+    """A node of another major whose code does not disconnect (an older release, or a hostile one) stays dialled
+    in and keeps syncing; our node found its version out only by serving its peer exchange, and drops it at its next
+    sync tick without being asked."""
+    from protocol import version
+
+    class NeverSet(set):
+        def add(self, item):
+            pass
+
+    plain_join = Libp2pTransport._t_join
+
+    async def join_never_hanging_up(self, bootstrap):
+        if self._version[0] == 7:
+            self._incompatible = NeverSet()
+        await plain_join(self, bootstrap)
+
+    monkeypatch.setattr(Libp2pTransport, "_t_join", join_never_hanging_up)
+    monkeypatch.setattr(version, "_reported", set())
+    (a,) = await make_transports(1, peer_exchange_interval_s=3600, sync_interval_s=1.0)
+    version.override_local_version("7.2")
+    other = await _start(a.addresses(), peer_exchange_interval_s=3600)
+    try:
+        version.override_local_version(None)
+        await eventually(lambda: a.peers(), lambda peers: peers == [])
+        assert a.rejections().get("incompatible_version", 0) >= 1
+        assert a.stats().get("px_disconnected_incompatible", 0) >= 1
+        assert other._incompatible == set()  # it never learnt to hang up: the drop was ours
     finally:
         version.override_local_version(None)
         await other.close()
