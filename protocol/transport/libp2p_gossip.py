@@ -486,6 +486,8 @@ class Libp2pTransport(Transport):
         failed or ran past ``wait``; the forwarder's backoff learns which. Cancelled from outside, it frees the
         forwarder's place and says nothing about it."""
         assert self._sync is not None
+        if forwarder.to_base58() in self._incompatible:
+            return None  # another major: the request would dial it back, and its records are refused anyway
         self._forwarders.start(forwarder)
         got: list[bytes] | None = None
         served: bool | None = None  # stays None if cancelled from outside: no verdict on the forwarder
@@ -621,13 +623,24 @@ class Libp2pTransport(Transport):
 
     async def _t_drop_incompatible(self) -> None:
         """Disconnect every connected peer known to speak another major version. Either side may have dialled
-        again since it was found out (a request to a peer that is not connected dials it), and a node of another
-        version may not disconnect by itself, so this runs at every sync and mesh tick, not only after an exchange."""
+        again since it was found out (a request to a peer that is not connected dials it, and so does py-libp2p's
+        own auto-connector), and a node of another version may not disconnect by itself, so this runs at every sync
+        and mesh tick, not only after an exchange."""
         for peer in list(self._host.get_connected_peers()):
             if peer.to_base58() in self._incompatible:
+                await self._t_hang_up(peer)
+
+    async def _t_hang_up(self, peer: ID) -> None:
+        """Disconnect a neighbour of another major (counted when it was connected) and forget its addresses, which
+        py-libp2p's auto-connector would otherwise dial again."""
+        if peer in self._host.get_connected_peers():
+            self._counters.stat("px_disconnected_incompatible")
+            try:
                 with trio.move_on_after(self.cfg.request_timeout_s):
                     await self._host.disconnect(peer)
-                self._counters.stat("px_disconnected_incompatible")
+            except Exception as e:
+                logger.debug("disconnecting %s failed: %s: %s", peer, e.__class__.__name__, e)
+        self._host.get_peerstore().clear_addrs(peer)
 
     async def _t_exchange(self, peer: ID) -> None:
         assert self._sync is not None
@@ -639,9 +652,7 @@ class Libp2pTransport(Transport):
         if peer.to_base58() in self._incompatible:
             # A direct neighbour of another major version: nothing it sends is usable, so do not stay connected
             # (and, once known, do not ask it again: the request would dial it back).
-            with trio.move_on_after(self.cfg.request_timeout_s):
-                await self._host.disconnect(peer)
-            self._counters.stat("px_disconnected_incompatible")
+            await self._t_hang_up(peer)
 
     async def _t_exchange_quietly(self, peer: ID) -> None:
         try:
