@@ -134,12 +134,16 @@ async def run(a: argparse.Namespace) -> dict:
     done_at: float | None = None
     next_publish = 0.0
     try:
+        while not await transport.peers() and time.monotonic() < end:
+            await asyncio.sleep(0.2)
         await asyncio.sleep(a.warmup)
         if a.hostile:
+            # GossipSub sends a frame to the mesh as it stands and never again: rounds a heartbeat (1 s) apart, so a
+            # mesh still forming on a loaded machine gets a later round.
             for _ in range(a.repeat):
                 for frame in hostile_frames(ident):
                     await transport.publish_raw(frame)
-                await asyncio.sleep(0.2)
+                await asyncio.sleep(1.0)
             if a.also_valid:
                 data = record(ident, "hostile-but-valid", 99)
                 await transport.publish(data, window=window_of(time.time(), 15), sender=ident.peer_id)
