@@ -380,7 +380,7 @@ class Libp2pTransport(Transport):
                 await self._t_exchange_quietly(peer)
             await self._t_fill()
         for peer in bootstrap:
-            if peer.to_base58() not in self._incompatible:
+            if not self._t_incompatible(peer):
                 await self._t_sync_quietly(peer)
 
     async def _t_drain(self, subscription: Any) -> None:
@@ -486,7 +486,7 @@ class Libp2pTransport(Transport):
         failed or ran past ``wait``; the forwarder's backoff learns which. Cancelled from outside, it frees the
         forwarder's place and says nothing about it."""
         assert self._sync is not None
-        if forwarder.to_base58() in self._incompatible:
+        if self._t_incompatible(forwarder):
             return None  # another major: the request would dial it back, and its records are refused anyway
         self._forwarders.start(forwarder)
         got: list[bytes] | None = None
@@ -617,9 +617,13 @@ class Libp2pTransport(Transport):
                 exclude.add(ad.peer)
         return [self._t_own_ad()] + [ad.raw for ad in self._table.sample(MAX_PX - 1, exclude=exclude)]
 
+    def _t_incompatible(self, peer: ID) -> bool:
+        """Whether ``peer``'s advertisement was of another major version."""
+        return peer.to_base58() in self._incompatible
+
     def _t_usable_peers(self) -> list[ID]:
         """Connected peers not known to speak another major version (the only ones worth a request)."""
-        return [p for p in self._host.get_connected_peers() if p.to_base58() not in self._incompatible]
+        return [p for p in self._host.get_connected_peers() if not self._t_incompatible(p)]
 
     async def _t_drop_incompatible(self) -> None:
         """Disconnect every connected peer known to speak another major version. Either side may have dialled
@@ -627,7 +631,7 @@ class Libp2pTransport(Transport):
         own auto-connector), and a node of another version may not disconnect by itself, so this runs at every sync
         and mesh tick, not only after an exchange."""
         for peer in list(self._host.get_connected_peers()):
-            if peer.to_base58() in self._incompatible:
+            if self._t_incompatible(peer):
                 await self._t_hang_up(peer)
 
     async def _t_hang_up(self, peer: ID) -> None:
@@ -644,12 +648,12 @@ class Libp2pTransport(Transport):
 
     async def _t_exchange(self, peer: ID) -> None:
         assert self._sync is not None
-        if peer.to_base58() not in self._incompatible:
+        if not self._t_incompatible(peer):
             raws = await self._sync.peers(peer, self._t_own_ad())
             self._counters.stat("px_rounds")
             for raw in raws:
                 self._t_learn(raw)
-        if peer.to_base58() in self._incompatible:
+        if self._t_incompatible(peer):
             # A direct neighbour of another major version: nothing it sends is usable, so do not stay connected
             # (and, once known, do not ask it again: the request would dial it back).
             await self._t_hang_up(peer)
@@ -709,7 +713,7 @@ class Libp2pTransport(Transport):
             for addr in self.cfg.initial_peers:
                 try:
                     info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
-                    if info.peer_id.to_base58() in self._incompatible:
+                    if self._t_incompatible(info.peer_id):
                         continue
                     with trio.fail_after(self.cfg.request_timeout_s):
                         await self._host.connect(info)

@@ -134,12 +134,12 @@ async def run(a: argparse.Namespace) -> dict:
     done_at: float | None = None
     next_publish = 0.0
     try:
-        while not await transport.peers() and time.monotonic() < end:
-            await asyncio.sleep(0.2)
         await asyncio.sleep(a.warmup)
         if a.hostile:
-            # GossipSub sends a frame to the mesh as it stands and never again: rounds a heartbeat (1 s) apart, so a
-            # mesh still forming on a loaded machine gets a later round.
+            # GossipSub sends a frame to the mesh as it stands and never again: wait for a neighbour, then send rounds
+            # a heartbeat (1 s) apart, so a mesh still forming on a loaded machine gets a later round.
+            while not await transport.peers() and time.monotonic() < end:
+                await asyncio.sleep(0.2)
             for _ in range(a.repeat):
                 for frame in hostile_frames(ident):
                     await transport.publish_raw(frame)
