@@ -227,6 +227,9 @@ def main() -> int:
         sa.heldout_by_family(results, names),
         "",
     ]
+    sweep = sa.lr_sweep(rows, float(cfg.node.get("learner", {}).get("lr", 3.0e-4)))
+    if sweep:
+        lines += ["## Learning-rate sweep (best rate for 8/0 and 4/4 each)", "", *sweep]
     for prefix in dict.fromkeys("-".join(n.split("-")[:2]) for n in main_rows):
         splits = [f"{prefix}-{s}" for s in PAPER_ORDER[:-1] if f"{prefix}-{s}" in results]
         table = sa.splits_by_length(results, splits, f"{prefix}-8-0") if len(splits) > 1 else ""

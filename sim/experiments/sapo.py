@@ -231,6 +231,72 @@ def markdown_summary(rows: list[dict[str, Any]]) -> str:
     return md_table(head, body).rstrip("\n")
 
 
+def lr_sweep(rows: list[dict[str, Any]], base_lr: float, splits: tuple[str, ...] = ("8-0", "4-4")) -> list[str]:
+    """The learning-rate sweep: per ``<population>-<budget>``, the rows ``<prefix>-<I>-<J>`` (at ``base_lr``) and
+    ``<prefix>-<I>-<J>-lr<rate>`` of each split, compared over the seeds all of them ran (a rate run on one seed is
+    compared with the others on that seed only). Returns a Markdown table per prefix (own-rollout reward and
+    held-out gain, mean over those seeds), then one line each: the best rate of each split by own-rollout reward,
+    and the best 4/4 over the best 8/0 paired by seed. Empty when no prefix has a rate row."""
+    sweeps: dict[str, dict[str, dict[float, dict[str, Any]]]] = defaultdict(lambda: defaultdict(dict))
+    for r in rows:
+        m = _NAME_RE.match(r["config"])
+        split = f"{m['i']}-{m['j']}" if m else ""
+        if not m or split not in splits:
+            continue
+        if m["ablation"] is None:
+            sweeps[m["prefix"]][split][base_lr] = r
+        elif re.fullmatch(r"lr\d+(\.\d+)?e-?\d+", m["ablation"]):
+            sweeps[m["prefix"]][split][float(m["ablation"][2:])] = r
+    out: list[str] = []
+    for prefix, by_split in sweeps.items():
+        if all(len(rates) < 2 for rates in by_split.values()):
+            continue
+        every = [r for rates in by_split.values() for r in rates.values()]
+        common = sorted(set.intersection(*(set(r["seed_ids"]) for r in every)))
+        if not common:
+            out.append(f"{prefix}: learning-rate sweep has no seed common to its rows")
+            continue
+
+        def on_common(r: dict[str, Any], key: str, seeds: list[int] = common) -> dict[int, float]:
+            return {s: v for s, v in zip(r["seed_ids"], r[key], strict=True) if s in seeds}
+
+        body, best = [], {}
+        for split, rates in by_split.items():
+            for lr, r in sorted(rates.items()):
+                body.append(
+                    (
+                        f"{prefix}-{split}",
+                        f"{lr:g}",
+                        _ms(list(on_common(r, "own").values()), 1),
+                        _ms(list(on_common(r, "heldout_gain").values()), 3),
+                    )
+                )
+            best[split] = max(rates, key=lambda lr: statistics.fmean(on_common(rates[lr], "own").values()))
+        seeds = ", ".join(map(str, common))
+        out += [
+            f"Seed{'s' if len(common) > 1 else ''} {seeds} (common to every row of the sweep).",
+            "",
+            md_table(("row", "lr", "own-rollout reward (cum.)", "held-out gain"), body).rstrip("\n"),
+            "",
+        ]
+        out.append(
+            f"- {prefix}: best learning rate by own-rollout reward: " + ", ".join(f"{k} {v:g}" for k, v in best.items())
+        )
+        if {"8-0", "4-4"} <= set(best):
+            a = on_common(by_split["4-4"][best["4-4"]], "own")
+            b = on_common(by_split["8-0"][best["8-0"]], "own")
+            ratios = [a[s] / b[s] for s in common if b[s]]
+            gain = statistics.fmean(
+                on_common(by_split["4-4"][best["4-4"]], "heldout_gain").values()
+            ) - statistics.fmean(on_common(by_split["8-0"][best["8-0"]], "heldout_gain").values())
+            out.append(
+                f"- {prefix}: best 4/4 over best 8/0, own-rollout reward paired by seed {_ms(ratios, 3)}; "
+                f"held-out gain {gain:+.3f}"
+            )
+        out.append("")
+    return out
+
+
 LENGTH_FRACTIONS = (1 / 5, 1 / 3, 1 / 2, 2 / 3, 5 / 6, 1)
 
 

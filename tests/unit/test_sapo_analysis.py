@@ -58,3 +58,23 @@ def test_paper_budget_rows_fall_back_to_the_identical_same_budget_baseline(tmp_p
     _node(tmp_path, "het-paper-4-4", 0, 0, 0.3, 0.2, None)
     rows = sa.summary_rows(sa.collect(tmp_path), [])
     assert {r["config"]: r["own_ratio"] for r in rows}["het-paper-4-4"] == pytest.approx([3.0])
+
+
+def test_the_learning_rate_sweep_compares_each_splits_best_rate_on_the_seeds_all_rates_ran() -> None:
+    def row(name: str, own: dict[int, float], gain: float = 0.05) -> dict:
+        return {"config": name, "seed_ids": list(own), "own": list(own.values()), "heldout_gain": [gain] * len(own)}
+
+    rows = [
+        row("het-same-8-0", {0: 100.0, 1: 500.0}),  # seed 1 ran at the base rate only: left out of the comparison
+        row("het-same-4-4", {0: 90.0, 1: 10.0}, gain=0.09),
+        row("het-same-8-0-lr1e-3", {0: 120.0}, gain=0.02),
+        row("het-same-4-4-lr1e-3", {0: 80.0}),
+        row("het-same-4-4-noIS", {0: 999.0}),  # an ablation, not a rate
+        row("homo-same-8-0", {0: 1.0}),  # no rate rows: no sweep
+    ]
+    text = "\n".join(sa.lr_sweep(rows, 3e-4))
+    assert "Seed 0 (common" in text and "| het-same-8-0 | 0.001 | 120.0 | 0.020 |" in text
+    assert "best learning rate by own-rollout reward: 8-0 0.001, 4-4 0.0003" in text
+    assert "best 4/4 over best 8/0, own-rollout reward paired by seed 0.750; held-out gain +0.070" in text
+    assert "homo" not in text and "999" not in text
+    assert sa.lr_sweep(rows[-2:], 3e-4) == []
