@@ -98,7 +98,9 @@ def ordering(by: dict[str, dict], present: list[str]) -> str:
     common = sorted(set.intersection(*(set(by[c]["seed_ids"]) for c in present)))
     if not common:
         return "ordering: no seed common to " + ", ".join(present)
-    own = {c: dict(zip(by[c]["seed_ids"], by[c]["own"], strict=True)) for c in present}
+    from sim.experiments.sapo import by_seed
+
+    own = {c: by_seed(by[c], "own") for c in present}
     paired = "8-0" in own and all(own["8-0"][s] for s in common)
 
     def key(c: str) -> float:
@@ -156,6 +158,7 @@ def main() -> int:
     ap.add_argument("--no-report", action="store_true", help=argparse.SUPPRESS)  # a --jobs worker
     args = ap.parse_args()
 
+    from node.config import LearnerConfig
     from protocol.config import write_resolved
     from sim.config import load_sim_config
     from sim.experiments import sapo as sa
@@ -227,7 +230,7 @@ def main() -> int:
         sa.heldout_by_family(results, names),
         "",
     ]
-    sweep = sa.lr_sweep(rows, float(cfg.node.get("learner", {}).get("lr", 3.0e-4)))
+    sweep = sa.lr_sweep(rows, LearnerConfig.model_validate(cfg.node.get("learner", {})).lr)
     if sweep:
         lines += ["## Learning-rate sweep (best rate for 8/0 and 4/4 each)", "", *sweep]
     for prefix in dict.fromkeys("-".join(n.split("-")[:2]) for n in main_rows):

@@ -231,6 +231,11 @@ def markdown_summary(rows: list[dict[str, Any]]) -> str:
     return md_table(head, body).rstrip("\n")
 
 
+def by_seed(row: dict[str, Any], key: str, seeds: list[int] | None = None) -> dict[int, float]:
+    """A summary row's per-seed ``key`` (``own``, ``heldout_gain``, ...) as {seed: value}, only ``seeds`` if given."""
+    return {s: v for s, v in zip(row["seed_ids"], row[key], strict=True) if seeds is None or s in seeds}
+
+
 def lr_sweep(rows: list[dict[str, Any]], base_lr: float, splits: tuple[str, ...] = ("8-0", "4-4")) -> list[str]:
     """The learning-rate sweep: per ``<population>-<budget>``, the rows ``<prefix>-<I>-<J>`` (at ``base_lr``) and
     ``<prefix>-<I>-<J>-lr<rate>`` of each split, compared over the seeds all of them ran (a rate run on one seed is
@@ -256,42 +261,34 @@ def lr_sweep(rows: list[dict[str, Any]], base_lr: float, splits: tuple[str, ...]
         if not common:
             out.append(f"{prefix}: learning-rate sweep has no seed common to its rows")
             continue
-
-        def on_common(r: dict[str, Any], key: str, seeds: list[int] = common) -> dict[int, float]:
-            return {s: v for s, v in zip(r["seed_ids"], r[key], strict=True) if s in seeds}
-
-        body, best = [], {}
-        for split, rates in by_split.items():
-            for lr, r in sorted(rates.items()):
-                body.append(
-                    (
-                        f"{prefix}-{split}",
-                        f"{lr:g}",
-                        _ms(list(on_common(r, "own").values()), 1),
-                        _ms(list(on_common(r, "heldout_gain").values()), 3),
-                    )
-                )
-            best[split] = max(rates, key=lambda lr: statistics.fmean(on_common(rates[lr], "own").values()))
+        own = {(sp, lr): by_seed(r, "own", common) for sp, rates in by_split.items() for lr, r in rates.items()}
+        gain = {
+            (sp, lr): by_seed(r, "heldout_gain", common) for sp, rates in by_split.items() for lr, r in rates.items()
+        }
+        body = [
+            (f"{prefix}-{sp}", f"{lr:g}", _ms(list(own[sp, lr].values()), 1), _ms(list(gain[sp, lr].values()), 3))
+            for sp, rates in by_split.items()
+            for lr in sorted(rates)
+        ]
+        best = {
+            sp: max(rates, key=lambda lr, sp=sp: statistics.fmean(own[sp, lr].values()))
+            for sp, rates in by_split.items()
+        }
         seeds = ", ".join(map(str, common))
         out += [
             f"Seed{'s' if len(common) > 1 else ''} {seeds} (common to every row of the sweep).",
             "",
             md_table(("row", "lr", "own-rollout reward (cum.)", "held-out gain"), body).rstrip("\n"),
             "",
+            f"- {prefix}: best learning rate by own-rollout reward: "
+            + ", ".join(f"{k} {v:g}" for k, v in best.items()),
         ]
-        out.append(
-            f"- {prefix}: best learning rate by own-rollout reward: " + ", ".join(f"{k} {v:g}" for k, v in best.items())
-        )
         if {"8-0", "4-4"} <= set(best):
-            a = on_common(by_split["4-4"][best["4-4"]], "own")
-            b = on_common(by_split["8-0"][best["8-0"]], "own")
-            ratios = [a[s] / b[s] for s in common if b[s]]
-            gain = statistics.fmean(
-                on_common(by_split["4-4"][best["4-4"]], "heldout_gain").values()
-            ) - statistics.fmean(on_common(by_split["8-0"][best["8-0"]], "heldout_gain").values())
+            a, b = ("4-4", best["4-4"]), ("8-0", best["8-0"])
+            ratios = [own[a][s] / own[b][s] for s in common if own[b][s]]
             out.append(
                 f"- {prefix}: best 4/4 over best 8/0, own-rollout reward paired by seed {_ms(ratios, 3)}; "
-                f"held-out gain {gain:+.3f}"
+                f"held-out gain {statistics.fmean(gain[a].values()) - statistics.fmean(gain[b].values()):+.3f}"
             )
         out.append("")
     return out
