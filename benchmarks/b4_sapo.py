@@ -60,6 +60,33 @@ def headroom(results: dict, rows: list[dict]) -> list[str]:
     return out
 
 
+def ceiling(results: dict, rows: list[dict]) -> list[str]:
+    """For each 8-0 row: the ratio over it of a row whose every node had, from its first step, the best per-family
+    skill any node of its population reached at any time (``family_ceiling``); below 1.94 no sharing of what the
+    nodes learn can reach the paper's gain."""
+    from sim.experiments.sapo import CEILING_WINDOW, family_ceiling
+
+    out = []
+    for r in rows:
+        parts = r["config"].split("-")
+        if len(parts) != 4 or parts[2:] != ["8", "0"]:
+            continue
+        population = [n for n in results if n.split("-")[0] == parts[0]]
+        c = family_ceiling(results, population, r["config"])
+        if c is None:
+            continue
+        fams = ", ".join(
+            f"{f} {c['best'][f]:.2f} ({c['where'][f]})" for f in sorted(c["best"], key=lambda f: -c["best"][f])
+        )
+        out.append(
+            f"{r['config']}: a row whose every node had from its first step, on each family, the success of the best "
+            f"stretch of {CEILING_WINDOW} draws any node of the {len(population)} {parts[0]} rows reached "
+            f"would earn {c['reward']:.3f} a step against {c['base_reward']:.3f}: **{c['ratio']:.2f}x**, the most "
+            f"sharing can buy unless it makes a node better than the best node; best per family: {fams}"
+        )
+    return out
+
+
 def verdict(rows: list[dict]) -> list[str]:
     """Per population and budget: 4/4 against 8/0, and the ordering of the splits (``ordering``)."""
     import statistics
@@ -223,6 +250,7 @@ def main() -> int:
         "",
         *[f"- {v}" for v in verdict(rows)],
         *[f"- headroom: {v}" for v in headroom(results, rows)],
+        *[f"- ceiling: {v}" for v in ceiling(results, rows)],
         "- paper (8 x Qwen2.5-0.5B, 2000 rounds, batch reward): " + ", ".join(f"{k} = {v}" for k, v in PAPER.items()),
         "",
         "## Held-out accuracy per family at the end (gain since step 0)",

@@ -156,6 +156,60 @@ def needed_speedup(base: list[SeedResult], target: float) -> tuple[float, float,
     return r0, d8, d, (d / d8 if d8 > 0 else math.inf)
 
 
+CEILING_WINDOW = 50
+
+
+def family_ceiling(
+    results: dict[str, list[SeedResult]], names: list[str], base: str, window: int = CEILING_WINDOW
+) -> dict[str, Any] | None:
+    """The most any sharing row could gain over ``base`` unless sharing makes a node better than the best node
+    already is: every node, from its first step, with the own success on each family of the best stretch any node of
+    any run of ``names`` reached (the mean reward of ``window`` consecutive draws of that family, anywhere in the
+    run), each family weighted by its share of ``base``'s own completions. That is an instant, perfect transfer of the
+    best skill any node has at any time; taking the max over many noisy nodes and stretches only raises it. Returns
+    ``best`` (family -> success), ``where`` (family -> the row that reached it), ``share``, ``reward`` (that reward
+    per node-step), ``base_reward`` (``base``'s mean own reward per node-step) and ``ratio``; None if ``base`` did
+    not run or some family ``base`` draws was never drawn ``window`` times by one node."""
+    if base not in results:
+        return None
+    best: dict[str, float] = {}
+    where: dict[str, str] = {}
+    for name in names:
+        for run in results.get(name, []):
+            for node in run.nodes.values():
+                for fam, by_step in node.family_success().items():
+                    draws = [by_step[s] for s in sorted(by_step)]
+                    if len(draws) < window:
+                        continue
+                    run_sum = math.fsum(draws[:window])
+                    top = run_sum
+                    for k in range(window, len(draws)):
+                        run_sum += draws[k] - draws[k - window]
+                        top = max(top, run_sum)
+                    success = top / window
+                    if success > best.get(fam, -1.0):
+                        best[fam], where[fam] = success, name
+    counts: dict[str, int] = defaultdict(int)
+    for run in results[base]:
+        for node in run.nodes.values():
+            for row in node.rollouts:
+                counts[row["task"]["family"]] += len(row["rewards"])
+    total = sum(counts.values())
+    if not best or not total or set(counts) - set(best):
+        return None
+    share = {f: c / total for f, c in counts.items()}
+    reward = math.fsum(share[f] * best[f] for f in share)
+    base_reward = statistics.fmean(r.own() / sum(len(n.metrics) for n in r.nodes.values()) for r in results[base])
+    return {
+        "best": best,
+        "where": where,
+        "share": share,
+        "reward": reward,
+        "base_reward": base_reward,
+        "ratio": reward / base_reward if base_reward > 0 else math.inf,
+    }
+
+
 def _ms(values: list[float], digits: int) -> str:
     if not values:
         return "n/a"

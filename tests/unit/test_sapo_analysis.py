@@ -78,3 +78,43 @@ def test_the_learning_rate_sweep_compares_each_splits_best_rate_on_the_seeds_all
     assert "best 4/4 over best 8/0, own-rollout reward paired by seed 0.750; held-out gain +0.070" in text
     assert "homo" not in text and "999" not in text
     assert sa.lr_sweep(rows[-2:], 3e-4) == []
+
+
+def _family_node(run: Path, cfg: str, node: int, own: float, success: dict[str, list[float]]) -> None:
+    """A node whose own success on each family is given per draw (one draw of each family per step, 2 samples)."""
+    d = run / cfg / "seed0" / f"node{node}"
+    steps = len(next(iter(success.values())))
+    _write(d / "metrics.jsonl", [{"step": s, "reward_mean": own} for s in range(1, steps + 1)])
+    rows = [
+        {"step": s + 1, "task": {"family": fam}, "rewards": [p, p]}
+        for fam, ps in success.items()
+        for s, p in enumerate(ps)
+    ]
+    _write(d / "rollouts.jsonl", rows)
+
+
+def test_the_ceiling_gives_every_node_the_best_skill_any_node_of_the_population_reached(tmp_path: Path) -> None:
+    from benchmarks.b4_sapo import ceiling
+
+    flat = [0.2] * 100
+    late = [0.0] * 40 + [0.3] * 10 + [0.6] * 50  # its last 50 draws: 0.6
+    peak = [0.2] * 30 + [0.5] * 50 + [0.2] * 20  # a best stretch in mid-run
+    _family_node(tmp_path, "het-same-8-0", 0, 0.1, {"gcd": flat, "lcm": [0.0] * 100})
+    _family_node(tmp_path, "het-same-8-0", 1, 0.1, {"gcd": peak, "lcm": [0.0] * 100})
+    _family_node(tmp_path, "het-same-4-4", 0, 0.3, {"gcd": [0.1] * 100, "lcm": late})
+    _family_node(tmp_path, "het-same-4-4", 1, 0.3, {"gcd": [1.0] * 20, "lcm": [1.0] * 20})  # too few draws
+    _family_node(tmp_path, "homo-same-8-0", 0, 0.1, {"gcd": [1.0] * 100, "lcm": [1.0] * 100})  # other population
+    results = sa.collect(tmp_path)
+    c = sa.family_ceiling(results, ["het-same-8-0", "het-same-4-4"], "het-same-8-0")
+    assert c is not None
+    assert c["best"] == pytest.approx({"gcd": 0.5, "lcm": 0.6})
+    assert c["where"] == {"gcd": "het-same-8-0", "lcm": "het-same-4-4"}
+    assert c["share"] == pytest.approx({"gcd": 0.5, "lcm": 0.5})
+    assert (c["reward"], c["base_reward"], c["ratio"]) == pytest.approx((0.55, 0.1, 5.5))
+    assert sa.family_ceiling(results, ["het-same-4-4"], "het-paper-8-0") is None
+    rows = sa.summary_rows(results, [])
+    lines = ceiling(results, rows)
+    assert len(lines) == 2  # one per population's 8-0, each over its own population's rows
+    het = next(v for v in lines if v.startswith("het-same-8-0"))
+    assert "**5.50x**" in het and "lcm 0.60 (het-same-4-4)" in het and "2 het rows" in het
+    assert "**10.00x**" in next(v for v in lines if v.startswith("homo-same-8-0"))
