@@ -325,8 +325,7 @@ def lr_sweep(rows: list[dict[str, Any]], base_lr: float, splits: tuple[str, ...]
             for lr in sorted(rates)
         ]
         best = {
-            sp: max(rates, key=lambda lr, sp=sp: statistics.fmean(own[sp, lr].values()))
-            for sp, rates in by_split.items()
+            sp: max((statistics.fmean(own[sp, lr].values()), lr) for lr in rates)[1] for sp, rates in by_split.items()
         }
         seeds = ", ".join(map(str, common))
         out += [
