@@ -162,33 +162,43 @@ CEILING_WINDOW = 50
 def family_ceiling(
     results: dict[str, list[SeedResult]], names: list[str], base: str, window: int = CEILING_WINDOW
 ) -> dict[str, Any] | None:
-    """The most any sharing row could gain over ``base`` unless sharing makes a node better than the best node
-    already is: every node, from its first step, with the own success on each family of the best stretch any node of
-    any run of ``names`` reached (the mean reward of ``window`` consecutive draws of that family, anywhere in the
-    run), each family weighted by its share of ``base``'s own completions. That is an instant, perfect transfer of the
-    best skill any node has at any time; taking the max over many noisy nodes and stretches only raises it. Returns
-    ``best`` (family -> success), ``where`` (family -> the row that reached it), ``share``, ``reward`` (that reward
-    per node-step), ``base_reward`` (``base``'s mean own reward per node-step) and ``ratio``; None if ``base`` did
-    not run or some family ``base`` draws was never drawn ``window`` times by one node."""
+    """The most sharing could gain over ``base`` by passing on what the nodes of the rows ``names`` learned, as two
+    bounds, each a node that has a family's skill from its first step, families weighted by their share of ``base``'s
+    own completions:
+
+    * ``end``: per family, the best row's end skill -- the mean over its nodes (every seed) of each node's own success
+      over its last ``window`` draws of that family. Every node as good from step 1 as the nodes of the best row are
+      on average after the whole run: an instant, perfect transfer of what training reached.
+    * ``best``: per family, the best stretch of ``window`` consecutive draws any one node of any run reached, anywhere
+      in the run. A generous bound: a maximum over many noisy nodes and stretches, so it rises with every run added.
+
+    Returns ``end``, ``best`` (family -> success), ``where`` (family -> the row of ``best``), ``share``,
+    ``reward_end``, ``reward`` (per node-step), ``base_reward`` (``base``'s mean own reward per node-step),
+    ``ratio_end`` and ``ratio``; None if ``base`` did not run or some family it draws was never drawn ``window``
+    times by one node."""
     if base not in results:
         return None
     best: dict[str, float] = {}
     where: dict[str, str] = {}
+    end: dict[str, float] = {}
     for name in names:
+        last: dict[str, list[float]] = defaultdict(list)
         for run in results.get(name, []):
             for node in run.nodes.values():
                 for fam, by_step in node.family_success().items():
                     draws = [by_step[s] for s in sorted(by_step)]
                     if len(draws) < window:
                         continue
+                    last[fam].append(math.fsum(draws[-window:]) / window)
                     run_sum = math.fsum(draws[:window])
                     top = run_sum
                     for k in range(window, len(draws)):
                         run_sum += draws[k] - draws[k - window]
                         top = max(top, run_sum)
-                    success = top / window
-                    if success > best.get(fam, -1.0):
-                        best[fam], where[fam] = success, name
+                    if top / window > best.get(fam, -1.0):
+                        best[fam], where[fam] = top / window, name
+        for fam, values in last.items():
+            end[fam] = max(end.get(fam, -1.0), statistics.fmean(values))
     counts: dict[str, int] = defaultdict(int)
     for run in results[base]:
         for node in run.nodes.values():
@@ -199,13 +209,17 @@ def family_ceiling(
         return None
     share = {f: c / total for f, c in counts.items()}
     reward = math.fsum(share[f] * best[f] for f in share)
+    reward_end = math.fsum(share[f] * end[f] for f in share)
     base_reward = statistics.fmean(r.own() / sum(len(n.metrics) for n in r.nodes.values()) for r in results[base])
     return {
+        "end": end,
         "best": best,
         "where": where,
         "share": share,
+        "reward_end": reward_end,
         "reward": reward,
         "base_reward": base_reward,
+        "ratio_end": reward_end / base_reward if base_reward > 0 else math.inf,
         "ratio": reward / base_reward if base_reward > 0 else math.inf,
     }
 

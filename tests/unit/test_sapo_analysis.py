@@ -93,7 +93,9 @@ def _family_node(run: Path, cfg: str, node: int, own: float, success: dict[str, 
     _write(d / "rollouts.jsonl", rows)
 
 
-def test_the_ceiling_gives_every_node_the_best_skill_any_node_of_the_population_reached(tmp_path: Path) -> None:
+def test_the_ceiling_gives_every_node_the_end_skill_of_the_best_row_and_the_best_stretch_of_any_node(
+    tmp_path: Path,
+) -> None:
     from benchmarks.b4_sapo import ceiling
 
     flat = [0.2] * 100
@@ -111,10 +113,16 @@ def test_the_ceiling_gives_every_node_the_best_skill_any_node_of_the_population_
     assert c["where"] == {"gcd": "het-same-8-0", "lcm": "het-same-4-4"}
     assert c["share"] == pytest.approx({"gcd": 0.5, "lcm": 0.5})
     assert (c["reward"], c["base_reward"], c["ratio"]) == pytest.approx((0.55, 0.1, 5.5))
+    # end skill: 8-0's nodes average (0.2 + 0.38) / 2 on gcd over their last 50 draws; 4-4's one node with 50 draws
+    # has lcm 0.6 (its other node, with 20 draws, counts for neither bound)
+    assert c["end"] == pytest.approx({"gcd": 0.29, "lcm": 0.6})
+    assert (c["reward_end"], c["ratio_end"]) == pytest.approx((0.445, 4.45))
     assert sa.family_ceiling(results, ["het-same-4-4"], "het-paper-8-0") is None
     rows = sa.summary_rows(results, [])
     lines = ceiling(results, rows)
     assert len(lines) == 2  # one per population's 8-0, each over its own population's rows
     het = next(v for v in lines if v.startswith("het-same-8-0"))
-    assert "**5.50x**" in het and "lcm 0.60 (het-same-4-4)" in het and "2 het rows" in het
-    assert "**10.00x**" in next(v for v in lines if v.startswith("homo-same-8-0"))
+    assert "**4.45x** (lcm 0.60, gcd 0.29)" in het and "**5.50x** (lcm 0.60, gcd 0.50)" in het
+    assert "2 het rows" in het and "earns 0.100 a node-step" in het
+    homo = next(v for v in lines if v.startswith("homo-same-8-0"))
+    assert homo.count("**10.00x**") == 2
