@@ -60,6 +60,14 @@ def headroom(results: dict, rows: list[dict]) -> list[str]:
     return out
 
 
+def _per_family(success: dict[str, float], where: dict[str, str] | None = None) -> str:
+    """``family success`` pairs, best first, each followed by ``(row)`` when ``where`` names the row that reached it."""
+    return ", ".join(
+        f"{f} {success[f]:.2f}" + (f" ({where[f]})" if where else "")
+        for f in sorted(success, key=lambda f: -success[f])
+    )
+
+
 def ceiling(results: dict, rows: list[dict]) -> list[str]:
     """For each 8-0 row: the ratio over it of a row whose every node had, from its first step, on each family the
     skill the nodes of its population reached (``family_ceiling``: the best row's mean end skill, and the generous
@@ -75,17 +83,13 @@ def ceiling(results: dict, rows: list[dict]) -> list[str]:
         c = family_ceiling(results, population, r["config"])
         if c is None:
             continue
-
-        def per_family(key: str, c: dict = c) -> str:
-            return ", ".join(f"{f} {c[key][f]:.2f}" for f in sorted(c[key], key=lambda f: -c[key][f]))
-
         out.append(
             f"{r['config']} earns {c['base_reward']:.3f} a node-step. Over the {len(population)} {parts[0]} rows "
             f"(last / best {CEILING_WINDOW} draws of a family), every node from its "
             f"first step as good on each family as the best row's nodes are on average at the end would earn "
-            f"{c['reward_end']:.3f}, **{c['ratio_end']:.2f}x** ({per_family('end')}); as good as the best stretch any "
-            f"one node reached, a generous bound that rises with every run, {c['reward']:.3f}, "
-            f"**{c['ratio']:.2f}x** ({per_family('best')})"
+            f"{c['reward_end']:.3f}, **{c['ratio_end']:.2f}x** ({_per_family(c['end'])}); as good as the best "
+            f"stretch any one node reached, a generous bound that rises with every run, {c['reward']:.3f}, "
+            f"**{c['ratio']:.2f}x** ({_per_family(c['best'], c['where'])})"
         )
     return out
 

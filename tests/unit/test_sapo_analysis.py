@@ -122,7 +122,10 @@ def test_the_ceiling_gives_every_node_the_end_skill_of_the_best_row_and_the_best
     lines = ceiling(results, rows)
     assert len(lines) == 2  # one per population's 8-0, each over its own population's rows
     het = next(v for v in lines if v.startswith("het-same-8-0"))
-    assert "**4.45x** (lcm 0.60, gcd 0.29)" in het and "**5.50x** (lcm 0.60, gcd 0.50)" in het
+    assert (
+        "**4.45x** (lcm 0.60, gcd 0.29)" in het
+        and "**5.50x** (lcm 0.60 (het-same-4-4), gcd 0.50 (het-same-8-0))" in het
+    )
     assert "2 het rows" in het and "earns 0.100 a node-step" in het
     homo = next(v for v in lines if v.startswith("homo-same-8-0"))
     assert homo.count("**10.00x**") == 2
