@@ -37,8 +37,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import b1_common  # noqa: E402
-from benchmarks.b1_common import SWARM, make_batch  # noqa: E402
+from benchmarks.common import harness as b1_common  # noqa: E402
+from benchmarks.common import summary as b1_summary  # noqa: E402
+from benchmarks.common.harness import SWARM, make_batch  # noqa: E402
 
 # -- worker (one peer per process) --------------------------------------------------------------------------
 
@@ -49,7 +50,7 @@ PRELOAD = (
     "protocol.layout",
     "protocol.records",
     "protocol.transport.config",
-    "protocol.transport.hivemind_dht",
+    "protocol.transport.hivemind.transport",
     "protocol.validation",
 )
 
@@ -63,7 +64,7 @@ async def worker(args: dict) -> None:
     from protocol.layout import encode_index_entry, record_digest_hex
     from protocol.records import encode_record, window_of
     from protocol.transport.config import HivemindTransportConfig, ProtocolConfig
-    from protocol.transport.hivemind_dht import HivemindTransport
+    from protocol.transport.hivemind.transport import HivemindTransport
     from protocol.validation import RecordValidator
 
     mode, boot, n_expected = args["mode"], args.get("bootstrap"), args["peers"] * args["steps"]
@@ -172,7 +173,7 @@ async def worker(args: dict) -> None:
 
 def summarize(mode: str, peers: int, results: list[dict]) -> dict:
     # The DHT's store guard runs inside the storing peers' publish and fetch calls, already in their time.
-    return b1_common.summarize(
+    return b1_summary.summarize(
         mode, peers, results, transport="hivemind", guard_in_total=False, require_all_peers=False
     )
 
@@ -198,7 +199,7 @@ def render(rows: list[dict], machine: str, opts: argparse.Namespace) -> str:
         f"lookup visits {opts.lookup_beam or HivemindTransportConfig().lookup_beam} nodes (`--lookup-beam`)."
         + b1_common.launch_note(opts)
     )
-    return b1_common.render("hivemind", machine, description, rows)
+    return b1_summary.render("hivemind", machine, description, rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -212,13 +213,13 @@ def main(argv: list[str] | None = None) -> int:
     b1_common.apply_quick(opts)
     # Turn SIGTERM into SystemExit so run_swarm's cleanup stops every worker by pid.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    machine = b1_common.machine_line("hivemind")
+    machine = b1_summary.machine_line("hivemind")
     rows = []
     for peers, per_mode in b1_common.sweep(opts, run_one, tmp_prefix="b1_"):
-        group = [b1_common.median_row(mode, peers, runs) for mode, runs in per_mode.items()]
-        b1_common.add_ratios(group, finite_raw_only=False)
+        group = [b1_summary.median_row(mode, peers, runs) for mode, runs in per_mode.items()]
+        b1_summary.add_ratios(group, finite_raw_only=False)
         rows += group
-    b1_common.write(render(rows, machine, opts), opts.out, "b1_gossip.md")
+    b1_summary.write(render(rows, machine, opts), opts.out, "b1_gossip.md")
     return 0
 
 

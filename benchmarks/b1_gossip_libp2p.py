@@ -42,8 +42,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import b1_common  # noqa: E402  (imports neither hivemind nor libp2p)
-from benchmarks.b1_common import SWARM, make_batch  # noqa: E402
+from benchmarks.common import harness as b1_common  # noqa: E402
+from benchmarks.common import summary as b1_summary  # noqa: E402  (imports neither hivemind nor libp2p)
+from benchmarks.common.harness import SWARM, make_batch  # noqa: E402
 
 
 def _rid(data: bytes) -> str:
@@ -61,7 +62,7 @@ PRELOAD = (
     "protocol.identity",
     "protocol.records",
     "protocol.transport.config",
-    "protocol.transport.libp2p_gossip",
+    "protocol.transport.libp2p.transport",
     "protocol.validation",
 )
 
@@ -78,7 +79,7 @@ async def worker(args: dict) -> None:
     from protocol.identity import Identity
     from protocol.records import encode_record, window_of
     from protocol.transport.config import Libp2pTransportConfig, ProtocolConfig
-    from protocol.transport.libp2p_gossip import Libp2pTransport
+    from protocol.transport.libp2p.transport import Libp2pTransport
     from protocol.validation import RecordValidator
 
     leave_after = args.get("leave_after") or 0
@@ -277,7 +278,7 @@ def summed(counts: Iterable[dict[str, int]]) -> dict[str, int]:
 
 def summarize(mode: str, peers: int, results: list[dict]) -> dict:
     # The edge validator runs in the router, outside publish and fetch: it counts in the time spent too.
-    row = b1_common.summarize(mode, peers, results, transport="libp2p", guard_in_total=True, require_all_peers=True)
+    row = b1_summary.summarize(mode, peers, results, transport="libp2p", guard_in_total=True, require_all_peers=True)
     row["drops"] = summed(r.get("drops", {}) for r in results)
     row["rejected"] = summed(r.get("stats", {}).get("rejected", {}) for r in results)
     row["arrivals"] = summed({k: r.get("stats", {}).get(k, 0) for k in ARRIVAL_STATS} for r in results)
@@ -368,7 +369,7 @@ def render(rows: list[dict], machine: str, opts: argparse.Namespace) -> str:
                 f"| {r['peers']} | {r['mode']} | {m['mean_degree']:.1f} | {m['min_degree_without_boot']} "
                 f"| {m['components_without_boot']} |"
             )
-    return b1_common.render("libp2p", machine, description, rows, notes)
+    return b1_summary.render("libp2p", machine, description, rows, notes)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -391,21 +392,21 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     logging_setup()
     b1_common.apply_quick(opts)
-    machine = b1_common.machine_line("libp2p")
+    machine = b1_summary.machine_line("libp2p")
     rows = []
     for peers, per_mode in b1_common.sweep(opts, run_one, tmp_prefix="b1p2p_"):
         group = []
         for mode, runs in per_mode.items():
-            row = b1_common.median_row(mode, peers, runs)
+            row = b1_summary.median_row(mode, peers, runs)
             for key in ("drops", "rejected", "arrivals"):  # summed over the repeats
                 row[key] = summed(r.get(key, {}) for r in runs)
             meshes = [r["mesh"] for r in runs if r.get("mesh")]
             if meshes:
                 row["mesh"] = {k: statistics.median(m[k] for m in meshes) for k in meshes[0]}
             group.append(row)
-        b1_common.add_ratios(group, finite_raw_only=True)
+        b1_summary.add_ratios(group, finite_raw_only=True)
         rows += group
-    b1_common.write(render(rows, machine, opts), opts.out, "b1_gossip_libp2p.md")
+    b1_summary.write(render(rows, machine, opts), opts.out, "b1_gossip_libp2p.md")
     return 0
 
 

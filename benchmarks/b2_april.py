@@ -8,7 +8,8 @@ long-tailed. Both arms sample the same way from the same engine (``TransformersE
 
 * baseline: ``prompts`` fresh groups of G completions, generated to the end (``engine.generate``);
 * APRIL: ``ceil(oversample * prompts)`` groups in flight (buffered partial groups first), stopped as soon as
-  ``prompts`` groups are complete; the rest stay buffered and are continued next step (``node.april.run_round``).
+  ``prompts`` groups are complete; the rest stay buffered and are continued next step
+  (``node.rollout.april.run_round``).
   The policy version is bumped after every step (as the learner would), so continued tokens count as off-policy.
 
 Each repeat runs ``--warmup`` untimed steps, then ``--steps`` timed steps of each arm (arms alternate); reported are
@@ -38,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import machine_info  # noqa: E402
+from benchmarks.common.machine import machine_info  # noqa: E402
 
 
 def stop_hazard_model(model, eos_ids: list[int], hazard: float):
@@ -80,7 +81,7 @@ class AprilArm:
     """APRIL's rollout loop over a persistent buffer (the planner's APRIL path without task scoring)."""
 
     def __init__(self, engine, prompt_ids: list[list[int]], g: int, max_new: int, oversample: float) -> None:
-        from node.april import AprilBuffer
+        from node.rollout.april import AprilBuffer
 
         self.engine, self.prompt_ids, self.g, self.max_new, self.oversample = engine, prompt_ids, g, max_new, oversample
         self.buffer = AprilBuffer()
@@ -89,7 +90,7 @@ class AprilArm:
         self.buffer_sizes: list[int] = []
 
     def step(self, target: int, seed: int) -> tuple[int, int]:
-        from node.april import PendingGroup, groups_in_flight, run_round
+        from node.rollout.april import PendingGroup, groups_in_flight, run_round
 
         want = groups_in_flight(target, self.oversample)
         carried = self.buffer.groups[:want]
@@ -135,10 +136,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from node import tiny
     from node.config import ModelConfig, TaskConfig
-    from node.engine import TransformersEngine
-    from node.policy import load_policy
+    from node.model import tiny
+    from node.model.policy import load_policy
+    from node.rollout.engine import TransformersEngine
     from node.tasks import TaskSource
 
     if args.threads:

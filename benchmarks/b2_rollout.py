@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import machine_info  # noqa: E402
+from benchmarks.common.machine import machine_info  # noqa: E402
 
 
 def run_generate(policy, prompt_ids: list[list[int]], max_new_tokens: int, seed: int) -> int:
@@ -79,10 +79,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from node import tiny
     from node.config import ModelConfig, TaskConfig
-    from node.engine import TransformersEngine
-    from node.policy import load_policy
+    from node.model import tiny
+    from node.model.policy import load_policy
+    from node.rollout.engine import TransformersEngine
     from node.tasks import TaskSource
 
     if args.threads:

@@ -1,7 +1,7 @@
 """B3 learner: one learner step (loss + backward + optimizer) against TRL's GRPOTrainer on the same batch.
 
 Both sides start from the same randomly initialised Qwen2 model and see the same tensors (equal-length prompts,
-right-padded completions of varied length, one micro-batch). Ours is ``node.learner.Learner.step``; TRL's is
+right-padded completions of varied length, one micro-batch). Ours is ``node.learn.learner.Learner.step``; TRL's is
 ``GRPOTrainer._compute_loss`` + ``backward`` + gradient clipping + its own AdamW ``step`` (float32, no gradient
 checkpointing: TRL's defaults of bf16 autocast and activation checkpointing are switched off so both do the same
 arithmetic). Repeats alternate between the two; the table gives medians and the time ratio, plus the loss
@@ -29,10 +29,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import machine_info  # noqa: E402
+from benchmarks.common.machine import machine_info  # noqa: E402
 from node.config import LearnerConfig  # noqa: E402
-from node.learner import Learner, TrainSample  # noqa: E402
-from node.losses import get_loss  # noqa: E402
+from node.learn.learner import Learner, TrainSample  # noqa: E402
+from node.learn.losses import get_loss  # noqa: E402
 
 logger = logging.getLogger(__name__)
 

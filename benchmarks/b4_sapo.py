@@ -10,7 +10,7 @@ Rows are named ``<population>-<budget>-<I>-<J>[-<ablation>]`` (``configs/sim/sap
 * ablations of 4/4: ``fresh1`` (peers' groups from the latest round only), ``noIS`` (no importance weights on
   peers' completions), and ``8-0-keep0`` (a baseline that also trains on its zero-advantage groups).
 
-Metrics (``sim.experiments.sapo``): own-rollout reward (primary), held-out accuracy per family, training-batch
+Metrics (``benchmarks.analysis.sapo_b4``): own-rollout reward (primary), held-out accuracy per family, training-batch
 reward; each ratio is paired by seed with the row's ``8-0``. Target: 4/4 >= 1.94x 8/0 and the
 paper's ordering 4/4 > 2/6 > 6/2 > 8/0 (paper totals 1093.31, 945.87, 854.43, 561.79).
 
@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import machine_info  # noqa: E402
+from benchmarks.common.machine import machine_info  # noqa: E402
 
 PAPER = {"8-0": 561.79, "6-2": 854.43, "4-4": 1093.31, "2-6": 945.87}
 PAPER_ORDER = ("4-4", "2-6", "6-2", "8-0")
@@ -46,7 +46,7 @@ PAPER_ORDER = ("4-4", "2-6", "6-2", "8-0")
 
 def headroom(results: dict, rows: list[dict]) -> list[str]:
     """For each 8-0 row: how much faster than it a sharing row would have to learn for 1.94x (linear growth)."""
-    from sim.experiments.sapo import needed_speedup
+    from benchmarks.analysis.sapo_b4 import needed_speedup
 
     out = []
     for r in rows:
@@ -72,7 +72,7 @@ def ceiling(results: dict, rows: list[dict]) -> list[str]:
     """For each 8-0 row: the ratio over it of a row whose every node had, from its first step, on each family the
     skill the nodes of its population reached (``family_ceiling``: the best row's mean end skill, and the generous
     best stretch of any node); below 1.94 no instant transfer of what the nodes learned reaches the paper's gain."""
-    from sim.experiments.sapo import CEILING_WINDOW, family_ceiling
+    from benchmarks.analysis.sapo_b4 import CEILING_WINDOW, family_ceiling
 
     out = []
     for r in rows:
@@ -132,7 +132,7 @@ def ordering(by: dict[str, dict], present: list[str]) -> str:
     common = sorted(set.intersection(*(set(by[c]["seed_ids"]) for c in present)))
     if not common:
         return "ordering: no seed common to " + ", ".join(present)
-    from sim.experiments.sapo import by_seed
+    from benchmarks.analysis.sapo_b4 import by_seed
 
     own = {c: by_seed(by[c], "own") for c in present}
     paired = "8-0" in own and all(own["8-0"][s] for s in common)
@@ -192,10 +192,10 @@ def main() -> int:
     ap.add_argument("--no-report", action="store_true", help=argparse.SUPPRESS)  # a --jobs worker
     args = ap.parse_args()
 
+    from benchmarks.analysis import sapo_b4 as sa
     from node.config import LearnerConfig
     from protocol.config import write_resolved
     from sim.config import load_sim_config
-    from sim.experiments import sapo as sa
     from sim.runner import run_experiment
 
     suffix = "_quick" if args.quick else "_smoke" if args.smoke else ""

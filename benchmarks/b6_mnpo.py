@@ -1,6 +1,6 @@
 """B6 MNPO: HT-MNPO / TD-MNPO vs the two-player baselines (IPO, DPO) on a non-transitive population game.
 
-The game (``sim.experiments.mnpo.run_game``): a population of categorical players over a fixed response set, each
+The game (``sim.experiments.mnpo_game.run_game``): a population of categorical players over a fixed response set, each
 with its own heterogeneous, rock-paper-scissors-like preference oracle; the real MNPO / DPO loss code and the real
 ``swarm.mnpo`` opponent bookkeeping. Same budget for every method. Target: MNPO's duality gap lower
 and its win rate against the population higher than the two-player (n = 2) baselines'.
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import machine_info  # noqa: E402
+from benchmarks.common.machine import machine_info  # noqa: E402
 
 
 def verdict(rows: list[dict]) -> list[str]:
@@ -63,7 +63,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from sim.config import load_sim_config
-    from sim.experiments.mnpo import game_rows, game_table, node_rows, node_table, plot_game, run_game
+    from sim.experiments.mnpo_game import game_rows, game_table, node_rows, node_table, plot_game, run_game
     from sim.runner import run_experiment
 
     suffix = "_quick" if args.quick else ""

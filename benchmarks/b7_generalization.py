@@ -26,13 +26,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import machine_info  # noqa: E402
+from benchmarks.common.machine import machine_info  # noqa: E402
 
 
 def swarm_node(*args: str, capture: bool = False) -> str:
     """Run the real ``swarm-node`` CLI; its stdout when ``capture``."""
     exe = shutil.which("swarm-node")
-    cmd = [exe, *args] if exe else [sys.executable, "-m", "node.cli", *args]
+    cmd = [exe, *args] if exe else [sys.executable, "-m", "node.cli.main", *args]
     done = subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.PIPE if capture else subprocess.DEVNULL)
     return done.stdout.decode() if capture else ""
 

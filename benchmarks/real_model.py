@@ -34,7 +34,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import machine_info  # noqa: E402
+from benchmarks.common.machine import machine_info  # noqa: E402
 
 #: The node config of the benchmark: one family the base model can sometimes answer, CPU-sized steps.
 CONFIG = {
@@ -51,7 +51,7 @@ CONFIG = {
 
 def _exe() -> list[str]:
     exe = shutil.which("swarm-node")
-    return [exe] if exe else [sys.executable, "-m", "node.cli"]
+    return [exe] if exe else [sys.executable, "-m", "node.cli.main"]
 
 
 def _evals(run_dir: Path) -> tuple[dict, dict]:

@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import machine_info  # noqa: E402
+from benchmarks.common.machine import machine_info  # noqa: E402
 
 #: The small step: 2 prompts x 4 completions of at most 12 tokens, 2 own + 2 peers' groups per update.
 STEP = {
@@ -95,7 +95,7 @@ def probe_node(node: Any) -> dict[str, int | None]:
     tr = getattr(ch, "transport", None) if ch is not None else None
     inner = getattr(tr, "inner", tr)
     reader = getattr(inner, "reader", None)
-    from node.planner import RolloutPlanner
+    from node.rollout.planner import RolloutPlanner
     from node.seams import NoPhase
 
     mn = None if isinstance(node.phase, NoPhase) else node.phase

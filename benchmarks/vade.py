@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from sim.config import load_sim_config
     from sim.inprocess import run_seed
-    from sim.progress import StepProgress
+    from sim.report.progress import StepProgress
 
     sim = load_sim_config(str(args.config), quick=args.quick)
     runs = args.runs or Path(tempfile.mkdtemp(prefix="vade-"))

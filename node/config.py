@@ -30,7 +30,7 @@ class ModelConfig(StrictModel):
     threads: int | None = Field(default=None, ge=1)
     """torch intra-op threads on CPU; default: what torch picks."""
     builtin: dict[str, Any] = Field(default_factory=dict)
-    """For ``builtin:tiny`` only: overrides of its build recipe (``node.tiny.TinyRecipe`` fields, e.g.
+    """For ``builtin:tiny`` only: overrides of its build recipe (``node.model.tiny.TinyRecipe`` fields, e.g.
     ``sft_families``, ``correct_fraction``). Each distinct recipe is built once and cached; the simulator uses
     this to warm-start nodes on different family subsets (a heterogeneous population)."""
     format_example: bool = True
@@ -156,8 +156,9 @@ class LearnerConfig(StrictModel):
     """The local GRPO-family learner."""
 
     loss: Literal["grpo", "dapo", "dr_grpo"] = "dapo"
-    """Preset in ``node.losses.LOSSES``: ``grpo`` (seq-mean-token-mean, std-normalised advantages, symmetric clip),
-    ``dapo`` (token-mean, clip-higher), ``dr_grpo`` (seq-mean-token-sum-norm, no std division, symmetric clip)."""
+    """Preset in ``node.learn.losses.LOSSES``: ``grpo`` (seq-mean-token-mean, std-normalised advantages, symmetric
+    clip), ``dapo`` (token-mean, clip-higher), ``dr_grpo`` (seq-mean-token-sum-norm, no std division, symmetric
+    clip)."""
     lr: float = Field(default=3e-4, gt=0)
     """AdamW learning rate."""
     weight_decay: float = Field(default=0.0, ge=0)
@@ -249,7 +250,7 @@ class MnpoConfig(StrictModel):
     """MNPO, multiplayer Nash preference optimization on the swarm population (Wu et al. 2025, arXiv 2509.23102).
 
     Loss per pair: ``h = d_player - ratio * d_ref - (1 - ratio) * sum_j lam_j d_j``, ``(h - 1/(2 eta))^2``, with
-    ``d`` the log-ratio of length-averaged logprobs on ``(y_w, y_l)`` (``node.losses.mnpo_loss``).
+    ``d`` the log-ratio of length-averaged logprobs on ``(y_w, y_l)`` (``node.learn.losses.mnpo_loss``).
     """
 
     schedule: Literal["off", "only", "side_by_side", "alternate"] = "off"
@@ -303,7 +304,7 @@ class MnpoConfig(StrictModel):
 
 
 class AprilConfig(StrictModel):
-    """APRIL active partial rollouts (Zhou et al. 2025, arXiv 2509.18521), see ``node.april``.
+    """APRIL active partial rollouts (Zhou et al. 2025, arXiv 2509.18521), see ``node.rollout.april``.
 
     Each step asks for ``ceil(oversample * prompts_per_step)`` groups (buffered partial groups first), stops the
     engine as soon as ``prompts_per_step`` groups are complete, and keeps the rest -- with their partial tokens,
@@ -370,7 +371,7 @@ class DartConfig(StrictModel):
 
 
 class VllmConfig(StrictModel):
-    """The vLLM rollout engine (``rollout.engine: vllm``, GPU only; ``node.engine_vllm``)."""
+    """The vLLM rollout engine (``rollout.engine: vllm``, GPU only; ``node.rollout.engine_vllm``)."""
 
     mode: Literal["server", "in_process"] = "server"
     """``server``: a vLLM rollout server in its own venv on localhost (vLLM pins its own torch, see README);
@@ -463,8 +464,8 @@ class NodeConfig(StrictModel):
     """Seed of this node's own randomness (which prompts it draws, sampling)."""
     report_to: list[Literal["tensorboard", "wandb", "trackio"]] = Field(default_factory=list)
     """Experiment trackers that get every step's metrics beside ``metrics.jsonl`` under TRL's names
-    (``node.trackers``); each is an optional extra (``pip install -e ".[wandb]"``). None by default; W&B runs offline
-    unless ``WANDB_MODE`` is set."""
+    (``node.telemetry.trackers``); each is an optional extra (``pip install -e ".[wandb]"``). None by default; W&B runs
+    offline unless ``WANDB_MODE`` is set."""
 
     @field_validator("report_to", mode="before")
     @classmethod

@@ -175,10 +175,10 @@ def evaluate_run(
 ) -> dict[str, Any]:
     """Evaluate a run's checkpoint (the latest, or ``step``) or, with ``initial``, the run's initial model, on the
     run's held-out split (its resolved ``config.yaml``); the body of ``swarm-node eval``. Blocking."""
-    from node.checkpoint import available_steps, load_latest, load_step, load_weights
     from node.config import NodeConfig
-    from node.engine import TransformersEngine
-    from node.policy import load_policy
+    from node.learn.checkpoint import available_steps, load_latest, load_step, load_weights
+    from node.model.policy import load_policy
+    from node.rollout.engine import TransformersEngine
     from protocol.config import load_config
 
     run_dir = Path(run_dir)

@@ -5,14 +5,14 @@ in the background; whatever has arrived when the learner is ready is mixed in, a
 network) trains alone. One step is a pipeline of public methods, the same for the runtime's loop and the simulator
 (which schedules many nodes deterministically):
 
-    own = node.generate()                 # prompt -> rollout -> scored own groups   (node.planner, node.rollouts)
-    await node.publish(own) / node.sync()  # record out / peers' records in           (protocol.channel, swarm.sapo)
-    batch = node.make_batch(own)          # pool -> SAPO batch -> samples            (swarm.sapo, node.batch)
-    metrics = node.learn(batch)           # samples -> loss -> update                (node.learner)
+    own = node.generate()                  # prompt -> rollout -> scored own groups  (node.rollout.planner, .groups)
+    await node.publish(own) / node.sync()  # record out / peers' records in          (protocol.channel, swarm.sapo)
+    batch = node.make_batch(own)           # pool -> SAPO batch -> samples           (swarm.sapo, node.learn.batch)
+    metrics = node.learn(batch)            # samples -> loss -> update               (node.learn.learner)
     node.finish_step(own, batch, metrics, times)   # metrics line, rollouts log, checkpoint
 
 This module wires parts together; it knows nothing about wire formats (``protocol``), sampling policy
-(``swarm``) or tensor maths (``node.losses`` / ``node.learner``).
+(``swarm``) or tensor maths (``node.learn.losses`` / ``node.learn.learner``).
 """
 
 from __future__ import annotations
@@ -29,14 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from node.batch import SampleBuilder, TrainBatch
 from node.config import NodeConfig
-from node.metrics import JsonlWriter, LiveView, truncate_after_step
-from node.planner import Planner, RolloutPlanner, UniformPlanner, planner_enabled
-from node.rollouts import OwnRollouts, own_rollouts
+from node.learn.batch import SampleBuilder, TrainBatch
+from node.rollout.groups import OwnRollouts, own_rollouts
+from node.rollout.planner import Planner, RolloutPlanner, UniformPlanner, planner_enabled
 from node.seams import EngineLike, Generation, LearnerLike, NoPhase, PolicyLike, StepPhase, TasksLike
 from node.tasks import TaskItem
-from node.trackers import open_metrics
+from node.telemetry.metrics import JsonlWriter, LiveView, truncate_after_step
+from node.telemetry.trackers import open_metrics
 from protocol.channel import Channel
 from protocol.types import Group, RolloutBatch, TaskRef
 from swarm.evals import EVAL as _EVAL  # noqa: F401  (registers "eval": nodes store and relay it, never train on it)
@@ -45,7 +45,7 @@ from swarm.sapo import SapoSampler, ingest_rollouts
 from swarm.scores import SCORES as _SCORES  # noqa: F401  (registers the MNPO "scores" record kind)
 
 if TYPE_CHECKING:
-    from node.learner import Learner
+    from node.learn.learner import Learner
 
 logger = logging.getLogger(__name__)
 
@@ -74,16 +74,16 @@ class StepTimes:
 
 def build_parts(cfg: NodeConfig) -> NodeParts:
     """Load the policy (building the built-in model on first use) and create engine and learner. Blocking."""
-    from node.engine import TransformersEngine
-    from node.learner import Learner
-    from node.policy import load_policy
+    from node.learn.learner import Learner
+    from node.model.policy import load_policy
+    from node.rollout.engine import TransformersEngine
     from node.tasks import TaskSource
 
     policy = load_policy(cfg.model)
     tasks = TaskSource(cfg.tasks)
     engine: EngineLike
-    if cfg.rollout.engine == "vllm":  # node.engine_vllm is the only importer of vllm
-        from node.engine_vllm import build_vllm_engine
+    if cfg.rollout.engine == "vllm":  # node.rollout.engine_vllm is the only importer of vllm
+        from node.rollout.engine_vllm import build_vllm_engine
 
         engine = build_vllm_engine(cfg, policy)
     else:
@@ -110,7 +110,7 @@ class Node:
         name: str = "node",
         live: bool | None = None,
     ) -> None:
-        from node.losses import advantages_for
+        from node.learn.losses import advantages_for
 
         self.cfg = cfg
         self.run_dir = Path(run_dir)
@@ -162,16 +162,16 @@ class Node:
         self.phase: StepPhase = NoPhase() if cfg.mnpo.schedule == "off" else self._mnpo_phase()
 
     def _torch_learner(self, purpose: str) -> Learner:
-        """The learner as the torch :class:`node.learner.Learner` that ``purpose`` needs (a scripted stand-in has no
-        weights to checkpoint or to score MNPO pairs with)."""
-        from node.learner import Learner
+        """The learner as the torch :class:`node.learn.learner.Learner` that ``purpose`` needs (a scripted stand-in has
+        no weights to checkpoint or to score MNPO pairs with)."""
+        from node.learn.learner import Learner
 
         if not isinstance(self.learner, Learner):
             raise TypeError(f"{purpose} needs the torch learner, not {type(self.learner).__name__}")
         return self.learner
 
     def _mnpo_phase(self) -> StepPhase:
-        from node.mnpo import MnpoPhase
+        from node.mnpo.phase import MnpoPhase
 
         channel = self.channel
         return MnpoPhase(
@@ -226,7 +226,7 @@ class Node:
         return node
 
     def _restore(self) -> None:
-        from node.checkpoint import load_latest, restore
+        from node.learn.checkpoint import load_latest, restore
 
         ckpt = load_latest(self.run_dir / "checkpoints")
         if ckpt is None:
@@ -244,7 +244,7 @@ class Node:
 
     def checkpoint(self) -> Path | None:
         """Write a checkpoint of the learner and the node's counters (atomic); None when the disk refused it."""
-        from node.checkpoint import save_or_report
+        from node.learn.checkpoint import save_or_report
 
         plan = self.planner.state_dict()
         path = save_or_report(

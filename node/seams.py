@@ -1,9 +1,9 @@
 """The typed seams of a node: what the runtime needs from its policy, rollout engine, task source and learner.
 
-Each is a :class:`typing.Protocol`, satisfied structurally by the real parts (``node.policy.Policy``,
-``node.engine.TransformersEngine`` / the vLLM engine, ``node.tasks.TaskSource``, ``node.learner.Learner``) and by
-the simulator's scripted stand-ins (``sim.scripted``), so mypy checks both against one description and a reader sees
-the path a step takes without opening the implementations.
+Each is a :class:`typing.Protocol`, satisfied structurally by the real parts (``node.model.policy.Policy``,
+``node.rollout.engine.TransformersEngine`` / the vLLM engine, ``node.tasks.TaskSource``,
+``node.learn.learner.Learner``) and by the simulator's scripted stand-ins (``sim.scripted``), so mypy checks both
+against one description and a reader sees the path a step takes without opening the implementations.
 
 :class:`TrainSample` is the one concrete type here: what crosses the learner seam.
 
@@ -113,7 +113,7 @@ class LearnerLike(Protocol):
 
 
 class StepPhase(Protocol):
-    """A second learning phase that runs beside the node's GRPO/SAPO step (MNPO, ``node.mnpo``).
+    """A second learning phase that runs beside the node's GRPO/SAPO step (MNPO, ``node.mnpo.phase``).
 
     The runtime calls it at fixed points of every step: ``generate`` after its own generation (blocking),
     ``runs_grpo`` to learn whether the GRPO/SAPO update runs this step, ``take_groups``/``publish`` when it

@@ -17,7 +17,7 @@ evaluation: an item is held out when a hash of its family and question text fall
 held-out items are refused (:meth:`TaskSource.materialize_for_training`), and evaluation draws only held-out
 items (:meth:`TaskSource.heldout_refs`), so the two are disjoint on question text whatever the seeds or indices.
 
-Knows nothing about models, tokenizers or prompts' chat formatting (see ``node.policy``), nor about who sent a
+Knows nothing about models, tokenizers or prompts' chat formatting (see ``node.model.policy``), nor about who sent a
 ref: :meth:`TaskSource.materialize` only accepts the families and configs this node itself trains on, which
 keeps hostile refs from making it generate arbitrary datasets.
 """

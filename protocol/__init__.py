@@ -14,5 +14,5 @@
 * ``channel``    -- sign+publish own records, fetch+validate+dedup peers' records over a transport
 * ``transport``  -- the Transport interface and its implementations (memory, hivemind, libp2p)
 
-Never imports torch, transformers or hivemind at import time (``protocol.transport.hivemind_dht`` aside).
+Never imports torch, transformers or hivemind at import time (``protocol.transport.hivemind.transport`` aside).
 """

@@ -1,7 +1,7 @@
 """Adversarial swarm members for the in-process simulator: they publish hostile traffic every round.
 
 Each adversary is a real swarm peer (its own Ed25519 identity, channel and memory transport) whose outgoing
-traffic passes through the fault wrappers of :mod:`protocol.transport.faults`. Its own records are validly
+traffic passes through the fault wrappers of :mod:`sim.faults`. Its own records are validly
 signed rollouts for the swarm's tasks with wrong answers (every completion identical, so receivers that
 re-score them find zero advantage); the wrappers then turn that into the attack:
 
@@ -24,9 +24,9 @@ from typing import Any
 
 from protocol.identity import Identity
 from protocol.records import encode_record, window_of
-from protocol.transport import faults
 from protocol.transport.base import Transport
 from protocol.types import Completion, Group, RolloutBatch, TaskRef
+from sim import faults
 
 logger = logging.getLogger(__name__)
 

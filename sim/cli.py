@@ -32,10 +32,10 @@ def run(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every library at DEBUG level.")] = False,
 ) -> None:
     """Run every configuration of CONFIG for every seed, then write results.csv, results.md and rewards.png."""
-    from node.logs import setup_cli_logging
+    from node.cli.logs import setup_cli_logging
 
     setup_cli_logging("DEBUG" if verbose else "INFO")
-    from node.preflight import check_trackers, make_output_dir
+    from node.cli.preflight import check_trackers, make_output_dir
     from protocol.errors import SwarmError
     from sim.config import load_sim_config
 
@@ -46,7 +46,7 @@ def run(
     except SwarmError as e:
         fail(str(e))
     from protocol.config import write_resolved
-    from sim.report import markdown_table, write_report
+    from sim.report.summary import markdown_table, write_report
     from sim.runner import run_experiment
 
     try:

@@ -267,7 +267,7 @@ class SimConfig(StrictModel):
     """torch intra-op threads of the simulator process (in-process nodes share them)."""
     mnpo_game: MnpoGameConfig | None = None
     """The MNPO experiment (B6): after the configurations ran, the non-transitive population game and the report
-    ``mnpo.md`` (``sim.experiments.mnpo``); None for other experiments."""
+    ``mnpo.md`` (``sim.experiments.mnpo_game``); None for other experiments."""
     quick: dict[str, Any] = Field(default_factory=dict)
     """Overrides applied by ``--quick`` (dotted keys, e.g. ``steps: 3``, ``seeds: [0]``)."""
 

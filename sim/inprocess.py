@@ -15,7 +15,7 @@ Nodes share nothing mutable except the network: each has its own parts, channel,
 identity is an Ed25519 key derived from ``(seed, index)``. Cost counters (CPU seconds per node, bytes fetched)
 are kept for the scale benchmark.
 
-Knows nothing about what the results mean (``sim.report``).
+Knows nothing about what the results mean (``sim.report.summary``).
 """
 
 from __future__ import annotations

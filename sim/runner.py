@@ -1,6 +1,6 @@
 """Run a whole experiment: every configuration for every seed, in-process or as real processes.
 
-Knows nothing about reports (``sim.report`` reads what the runs wrote).
+Knows nothing about reports (``sim.report.summary`` reads what the runs wrote).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def run_experiment(sim: SimConfig, out: str | Path, progress: Callable[[str], No
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     results: list[Any] = []
-    from sim.progress import StepProgress
+    from sim.report.progress import StepProgress
 
     n_runs = len(sim.configurations) * len(sim.seeds)
     for variant in sim.configurations:
@@ -48,7 +48,7 @@ def run_experiment(sim: SimConfig, out: str | Path, progress: Callable[[str], No
             else:
                 logger.info(line)
     if sim.mnpo_game is not None:
-        from sim.experiments.mnpo import run_mnpo_report
+        from sim.experiments.mnpo_game import run_mnpo_report
 
         run_mnpo_report(sim, out, progress)
     return results

@@ -90,7 +90,7 @@ class ScriptedModel:
 
 @dataclass
 class ScriptedPolicy:
-    """Stands in for :class:`node.policy.Policy` (prompt formatting, encoding, tokenizer id)."""
+    """Stands in for :class:`node.model.policy.Policy` (prompt formatting, encoding, tokenizer id)."""
 
     model: ScriptedModel
     tokenizer: ScriptedTokenizer = field(default_factory=ScriptedTokenizer)

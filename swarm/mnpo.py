@@ -15,8 +15,8 @@ population of opponents. On the swarm the players are the nodes:
   up from the player's own history where peers do not cover it (TD-MNPO) (:func:`select_opponents`);
 * **pairs** -- the node's preference oracle proposes pairs; :func:`choose_pairs` keeps the best-covered ones.
 
-Knows nothing about models, tokenizers, oracles' internals or the loss (``node.mnpo``, ``node.oracles``,
-``node.losses``); only the standard library and ``protocol``.
+Knows nothing about models, tokenizers, oracles' internals or the loss (``node.mnpo.phase``, ``node.mnpo.oracles``,
+``node.learn.losses``); only the standard library and ``protocol``.
 """
 
 from __future__ import annotations

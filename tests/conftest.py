@@ -24,7 +24,7 @@ def tiny_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     Under pytest-xdist each worker has its own base temp dir; their common parent is this run's, so all workers
     share one cache and the model is built once (``ensure_built`` holds a file lock while one process builds).
     """
-    from node import tiny
+    from node.model import tiny
 
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):

@@ -45,13 +45,13 @@ async def _memory(cfg: Any, ctx: Context) -> Transport:
 
 
 async def _hivemind(cfg: Any, ctx: Context) -> Transport:
-    from protocol.transport.hivemind_dht import HivemindTransport
+    from protocol.transport.hivemind.transport import HivemindTransport
 
     return await HivemindTransport.create(cfg, swarm=ctx.swarm, validate=ctx.validate, protocol=ctx.protocol)
 
 
 async def _libp2p(cfg: Any, ctx: Context) -> Transport:
-    from protocol.transport.libp2p_gossip import Libp2pTransport
+    from protocol.transport.libp2p.transport import Libp2pTransport
 
     return await Libp2pTransport.create(cfg, swarm=ctx.swarm, validate=ctx.validate, protocol=ctx.protocol)
 

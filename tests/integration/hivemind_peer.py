@@ -37,7 +37,7 @@ from protocol.identity import Identity
 from protocol.layout import IndexWriter, encode_index_entry, peer_key, record_digest_hex, shard_key, shard_of
 from protocol.records import encode_record, sign_body, window_of
 from protocol.transport.config import HivemindTransportConfig, ProtocolConfig
-from protocol.transport.hivemind_dht import HivemindTransport, record_key
+from protocol.transport.hivemind.transport import HivemindTransport, record_key
 from protocol.types import Completion, Group, RolloutBatch, TaskRef
 from protocol.validation import RecordValidator
 

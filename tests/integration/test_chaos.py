@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from node.metrics import read_jsonl
+from node.telemetry.metrics import read_jsonl
 from tests.integration.procs import FAST_JOIN
 
 pytestmark = [pytest.mark.network]

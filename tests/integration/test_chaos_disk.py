@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from node.checkpoint import load_latest
-from node.metrics import read_jsonl
+from node.learn.checkpoint import load_latest
+from node.telemetry.metrics import read_jsonl
 from tests.integration.procs import FAST_JOIN
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]

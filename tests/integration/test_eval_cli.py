@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from node.eval import read_results
-from node.metrics import read_jsonl
+from node.telemetry.metrics import read_jsonl
 
 SMALL_EVAL = [
     "--set", "eval.items_per_family=4",
@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.xdist_group("eval_cli_run")]
 
 def cli(*args: str) -> subprocess.CompletedProcess:
     exe = shutil.which("swarm-node", path=str(Path(sys.executable).parent))
-    cmd = [exe, *args] if exe else [sys.executable, "-m", "node.cli", *args]
+    cmd = [exe, *args] if exe else [sys.executable, "-m", "node.cli.main", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
 
 

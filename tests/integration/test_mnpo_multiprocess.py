@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from node.metrics import read_jsonl
+from node.telemetry.metrics import read_jsonl
 
 pytestmark = [pytest.mark.network]
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from node.metrics import read_jsonl
+from node.telemetry.metrics import read_jsonl
 from sim.config import SimConfig
 from sim.multiproc import run_seed_multiprocess
-from sim.report import write_report
+from sim.report.summary import write_report
 
 pytestmark = [pytest.mark.network]
 

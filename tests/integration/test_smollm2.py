@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from node.config import LearnerConfig, ModelConfig, TaskConfig, TaskFamily
-from node.packaged import PACKAGED, gguf_path
+from node.model.packaged import PACKAGED, gguf_path
 
 pytestmark = [pytest.mark.slow]
 
@@ -21,9 +21,9 @@ def test_smollm2_package_is_installed() -> None:
 def test_smollm2_loads_generates_and_learns(tmp_path) -> None:
     import random
 
-    from node.engine import TransformersEngine
-    from node.learner import Learner, TrainSample
-    from node.policy import load_policy
+    from node.learn.learner import Learner, TrainSample
+    from node.model.policy import load_policy
+    from node.rollout.engine import TransformersEngine
     from node.tasks import TaskSource
 
     torch.manual_seed(0)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from node.metrics import read_jsonl
+from node.telemetry.metrics import read_jsonl
 from protocol.identity import Identity
 from tests.integration.procs import FAST_JOIN, HivemindPeerProc
 

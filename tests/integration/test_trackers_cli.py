@@ -26,7 +26,7 @@ TINY_RUN = [
 
 
 def _join(run_dir: Path, *args: str, env: dict[str, str], prelude: str = "") -> subprocess.CompletedProcess:
-    code = f"{prelude}import sys; from node.cli import main; sys.argv = ['swarm-node', *sys.argv[1:]]; main()"
+    code = f"{prelude}import sys; from node.cli.main import main; sys.argv = ['swarm-node', *sys.argv[1:]]; main()"
     cmd = [sys.executable, "-c", code, "join", "--run-dir", str(run_dir), *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
 
@@ -62,7 +62,7 @@ def _wandb_history(run_file: str) -> list[dict]:
 def test_one_run_reports_to_tensorboard_wandb_and_trackio_offline(tmp_path: Path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from node.metrics import read_jsonl
+    from node.telemetry.metrics import read_jsonl
 
     run = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "TRACKIO_"))}

@@ -12,7 +12,7 @@ from protocol.errors import TransportError
 from protocol.identity import Identity
 from protocol.layout import IndexWriter, record_digest_hex, shard_key
 from protocol.transport.config import HivemindTransportConfig, ProtocolConfig
-from protocol.transport.hivemind_dht import HivemindTransport, record_key
+from protocol.transport.hivemind.transport import HivemindTransport, record_key
 from protocol.validation import RecordValidator
 from tests.contract.transport_contract import *  # noqa: F403
 from tests.contract.transport_contract import (
@@ -135,13 +135,13 @@ async def test_two_nodes_that_dropped_each_other_find_each_other_again(make_tran
 async def test_a_node_left_alone_keeps_trying_and_says_so_once(make_transports, monkeypatch, caplog):
     import logging
 
-    import protocol.transport.hivemind_dht as hd
+    import protocol.transport.hivemind.transport as hd
 
     monkeypatch.setattr(hd, "REJOIN_INTERVAL_S", 0.0)
     a, b = await make_transports(2)
     assert await a.peers()  # a remembers where b listens
     w = now_window()
-    with caplog.at_level(logging.INFO, logger="protocol.transport.hivemind_dht"):
+    with caplog.at_level(logging.INFO, logger="protocol.transport.hivemind.transport"):
         await a._runner.call(_forget_every_peer(a._node), timeout=10)
         await eventually(lambda: a.fetch_recent([w]), lambda r: a.stats()["rejoined"] >= 1)  # b answers
         await b.close()

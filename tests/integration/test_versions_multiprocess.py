@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from node.metrics import read_jsonl
+from node.telemetry.metrics import read_jsonl
 from protocol.version import ENV_OVERRIDE, PROTOCOL_VERSION, format_version
 from tests.integration.procs import FAST_JOIN
 

@@ -26,7 +26,7 @@ import psutil
 import pytest
 
 from node.eval import read_results
-from node.metrics import read_jsonl
+from node.telemetry.metrics import read_jsonl
 from protocol.identity import Identity
 from tests.integration.procs import FAST_JOIN
 

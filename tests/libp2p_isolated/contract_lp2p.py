@@ -15,7 +15,7 @@ from protocol.errors import TransportError
 from protocol.identity import Identity
 from protocol.records import encode_record
 from protocol.transport.config import Libp2pTransportConfig, ProtocolConfig
-from protocol.transport.libp2p_gossip import TAG_RECORD, Libp2pTransport
+from protocol.transport.libp2p.transport import TAG_RECORD, Libp2pTransport
 from protocol.validation import RecordValidator
 from tests.contract.transport_contract import *  # noqa: F403
 from tests.contract.transport_contract import (
@@ -184,7 +184,7 @@ def _host_key():
 def test_advertisements_verify_and_refuse_tampering_other_swarms_staleness_and_foreign_addresses():
     import time
 
-    from protocol.transport.lp2p.peers import AdError, make_ad, verify_ad
+    from protocol.transport.libp2p.peers import AdError, make_ad, verify_ad
 
     kp, pid = _host_key()
     now = time.time()
@@ -310,7 +310,7 @@ def test_a_message_the_validator_cannot_judge_costs_nobody_score_and_is_not_cach
     from libp2p.pubsub.pb import rpc_pb2
     from libp2p.pubsub.pubsub import ValidationError
 
-    from protocol.transport.lp2p.gossipsub import build_pubsub
+    from protocol.transport.libp2p.gossipsub import build_pubsub
 
     counted: list[str] = []
     cfg = Libp2pTransportConfig(request_timeout_s=0.2)  # py-libp2p's validation timeout
@@ -360,7 +360,7 @@ def _scored_pubsub():
     from libp2p.peer.id import ID
     from libp2p.pubsub.pb import rpc_pb2
 
-    from protocol.transport.lp2p.gossipsub import build_pubsub
+    from protocol.transport.libp2p.gossipsub import build_pubsub
 
     counted: list[str] = []
     pubsub, router = build_pubsub(new_host(key_pair=create_new_key_pair()), Libp2pTransportConfig(), counted.append)
@@ -484,7 +484,7 @@ def test_an_announcement_its_forwarder_cannot_serve_costs_that_forwarder_only():
     from libp2p.pubsub.pb import rpc_pb2
     from libp2p.pubsub.pubsub import ValidationError
 
-    from protocol.transport.lp2p.gossipsub import build_pubsub
+    from protocol.transport.libp2p.gossipsub import build_pubsub
 
     pubsub, router = build_pubsub(new_host(key_pair=create_new_key_pair()), Libp2pTransportConfig(), lambda r: None)
     empty, serving = (ID.from_pubkey(create_new_key_pair().public_key) for _ in range(2))
@@ -563,7 +563,7 @@ class _AnnounceRig:
         """The announcement body of a new record that every "ok" forwarder serves."""
         import msgpack
 
-        from protocol.transport.lp2p.store import digest_of
+        from protocol.transport.libp2p.store import digest_of
 
         record = make_record(Identity.generate(), window=now_window(), size=2000)
         self.records[digest_of(record)] = record
@@ -733,8 +733,8 @@ def test_sync_server_tells_a_bad_request_from_a_broken_stream(request_bytes, wri
     from libp2p.network.stream.exceptions import StreamReset
     from libp2p.utils.varint import encode_varint_prefixed
 
-    from protocol.transport.lp2p.store import Counters, RecordStore
-    from protocol.transport.lp2p.sync import SyncServer
+    from protocol.transport.libp2p.store import Counters, RecordStore
+    from protocol.transport.libp2p.sync import SyncServer
 
     if request_bytes == "have":
         request_bytes = encode_varint_prefixed(msgpack.packb({"op": "have", "windows": [1]}))

@@ -24,7 +24,7 @@ from pathlib import Path
 from protocol.identity import Identity
 from protocol.records import encode_record, window_of
 from protocol.transport.config import Libp2pTransportConfig, ProtocolConfig
-from protocol.transport.libp2p_gossip import TAG_ANNOUNCE, TAG_RECORD, Libp2pTransport
+from protocol.transport.libp2p.transport import TAG_ANNOUNCE, TAG_RECORD, Libp2pTransport
 from protocol.types import Completion, Group, RolloutBatch, TaskRef
 from protocol.validation import RecordValidator
 
@@ -84,7 +84,7 @@ def become_a_staller() -> None:
     import trio
     from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_bytes_limited
 
-    from protocol.transport.lp2p import sync
+    from protocol.transport.libp2p import sync
 
     async def handle(self: sync.SyncServer, stream: object) -> None:
         try:

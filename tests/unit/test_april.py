@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from node import tiny
-from node.april import AprilBuffer, PendingGroup, groups_in_flight, run_round
 from node.config import ModelConfig
-from node.engine import RolloutRequest, TransformersEngine, apply_top_p
-from node.planner import UniformPlanner
-from node.policy import Policy, load_policy
+from node.model import tiny
+from node.model.policy import Policy, load_policy
+from node.rollout.april import AprilBuffer, PendingGroup, groups_in_flight, run_round
+from node.rollout.engine import RolloutRequest, TransformersEngine, apply_top_p
+from node.rollout.planner import UniformPlanner
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -190,7 +190,7 @@ def test_runtime_with_april_keeps_its_buffer_across_a_restart(cache: Path, tmp_p
     assert all(0.0 <= r["april_offpolicy_token_share"] <= 1.0 for r in rows)
     saved = node.planner.state_dict()
     assert saved["april"]["groups"], "expected partial groups in the buffer after 3 steps"
-    from node.checkpoint import load_latest
+    from node.learn.checkpoint import load_latest
 
     assert load_latest(tmp_path / "checkpoints").extra["rollout_plan"] == json.loads(json.dumps(saved))
     # restart: the buffer comes back, and the next step continues those groups first

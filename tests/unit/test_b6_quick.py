@@ -33,8 +33,8 @@ def test_b6_mnpo_quick(tmp_path):
 
 
 def test_duality_gap_is_zero_at_the_nash_of_rock_paper_scissors():
-    from node.oracles import SyntheticOracle
-    from sim.experiments.mnpo import duality_gap, win_rate
+    from node.mnpo.oracles import SyntheticOracle
+    from sim.experiments.mnpo_game import duality_gap, win_rate
 
     m = SyntheticOracle.cyclic_matrix(3)
     assert abs(duality_gap(m, [1 / 3] * 3)) < 1e-12

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from node import learner
-from node.batch import HINT_RANGE, clamp_hint
+from node.learn import learner
+from node.learn.batch import HINT_RANGE, clamp_hint
 from node.seams import BEHAVIOUR_LOGPROB_FLOOR
 
 

@@ -10,10 +10,10 @@ from protocol.codec import EncodeError
 from protocol.errors import TransportError
 from protocol.identity import Identity
 from protocol.transport.base import Transport
-from protocol.transport.faults import Duplicate
 from protocol.transport.memory import MemoryNetwork, MemoryTransport
 from protocol.types import Completion, Group, RolloutBatch, TaskRef
 from protocol.validation import RecordValidator
+from sim.faults import Duplicate
 
 WS = 15
 

@@ -1,4 +1,4 @@
-"""node.checkpoint: atomic writes, keep-N, damaged checkpoints ignored, exact resume, SIGKILL mid-write."""
+"""node.learn.checkpoint: atomic writes, keep-N, damaged checkpoints ignored, exact resume, SIGKILL mid-write."""
 
 import json
 import os
@@ -14,9 +14,9 @@ import numpy as np
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from node.checkpoint import load_latest, restore, save_checkpoint
 from node.config import LearnerConfig
-from node.learner import Learner, TrainSample
+from node.learn.checkpoint import load_latest, restore, save_checkpoint
+from node.learn.learner import Learner, TrainSample
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -141,9 +141,9 @@ WRITER = textwrap.dedent(
     """
     import sys, torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
-    from node.checkpoint import save_checkpoint
+    from node.learn.checkpoint import save_checkpoint
     from node.config import LearnerConfig
-    from node.learner import Learner, TrainSample
+    from node.learn.learner import Learner, TrainSample
 
     torch.manual_seed(0)
     cfg = Qwen2Config(vocab_size=4000, hidden_size=128, intermediate_size=256, num_hidden_layers=2,

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sim.progress import StepProgress
+from sim.report.progress import StepProgress
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -62,12 +62,12 @@ def test_reasoning_gym_import_prints_nothing_to_stdout():
 
 def test_cli_logging_shows_project_info_lines_only():
     code = (
-        "import logging; from node.logs import setup_cli_logging; setup_cli_logging('INFO'); "
-        "logging.getLogger('node.tiny').info('building the model'); "
+        "import logging; from node.cli.logs import setup_cli_logging; setup_cli_logging('INFO'); "
+        "logging.getLogger('node.model.tiny').info('building the model'); "
         "logging.getLogger('somelib.sub').info('library chatter'); "
         "logging.getLogger('somelib.sub').warning('library warning')"
     )
     res = _run(sys.executable, "-c", code)
     assert res.returncode == 0 and res.stdout == ""
-    assert "node.tiny: building the model" in res.stderr
+    assert "node.model.tiny: building the model" in res.stderr
     assert "library warning" in res.stderr and "library chatter" not in res.stderr

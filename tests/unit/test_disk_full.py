@@ -11,10 +11,10 @@ import os
 
 import pytest
 
-import node.checkpoint as ckpt_mod
-import node.metrics as metrics_mod
-from node.checkpoint import load_latest, save_checkpoint, save_or_report
-from node.metrics import JsonlWriter, read_jsonl
+import node.learn.checkpoint as ckpt_mod
+import node.telemetry.metrics as metrics_mod
+from node.learn.checkpoint import load_latest, save_checkpoint, save_or_report
+from node.telemetry.metrics import JsonlWriter, read_jsonl
 from tests.unit.test_checkpoint import batch, make_learner, params
 
 
@@ -41,7 +41,7 @@ def test_a_checkpoint_on_a_full_disk_leaves_the_previous_one_loadable(tmp_path, 
         return real_save(tensors, path)
 
     monkeypatch.setattr(ckpt_mod, "save_file", fill_then_fail)
-    with caplog.at_level(logging.WARNING, logger="node.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="node.learn.checkpoint"):
         assert save_or_report(tmp_path, lrn, step=2) is None
     lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(lines) == 1, lines
@@ -62,7 +62,7 @@ def test_a_checkpoint_on_a_full_disk_leaves_the_previous_one_loadable(tmp_path, 
 
 def test_a_failed_first_checkpoint_says_there_is_no_earlier_one(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(ckpt_mod, "save_file", _enospc)
-    with caplog.at_level(logging.WARNING, logger="node.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="node.learn.checkpoint"):
         assert save_or_report(tmp_path, make_learner(), step=1) is None
     assert "there is no earlier one" in caplog.records[-1].getMessage()
     assert load_latest(tmp_path) is None
@@ -85,7 +85,7 @@ def test_jsonl_lines_wait_in_memory_while_the_disk_is_full(tmp_path, monkeypatch
         return real_write(fd, data)
 
     monkeypatch.setattr(metrics_mod.os, "write", full_disk)
-    with caplog.at_level(logging.WARNING, logger="node.metrics"):
+    with caplog.at_level(logging.WARNING, logger="node.telemetry.metrics"):
         for step in (2, 3, 4):
             w.write({"step": step})
         assert w.pending == 3

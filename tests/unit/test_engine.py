@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from node import tiny
 from node.config import ModelConfig
-from node.engine import GeneratedCompletion, TransformersEngine, apply_top_p
-from node.policy import Policy, load_policy
+from node.model import tiny
+from node.model.policy import Policy, load_policy
+from node.rollout.engine import GeneratedCompletion, TransformersEngine, apply_top_p
 
 QUESTIONS = ["State the final answer to the following arithmetic problem: 3 + 4 =", "What is 12 - 5?", "Hi"]
 

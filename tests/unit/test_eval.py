@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from node import tiny
 from node.config import EvalConfig, ModelConfig, RolloutConfig, TaskConfig, TaskFamily
 from node.eval import Evaluator, append_result, headline, read_results
+from node.model import tiny
 from node.tasks import TaskError, TaskSource, is_heldout_question
 
 FAMILIES = [
@@ -90,8 +90,8 @@ def test_small_families_are_warned_about_once_per_family(caplog: pytest.LogCaptu
 
 @pytest.fixture(scope="module")
 def small_policy(tiny_cache: Path):
-    from node.engine import TransformersEngine
-    from node.policy import load_policy
+    from node.model.policy import load_policy
+    from node.rollout.engine import TransformersEngine
 
     path = tiny.ensure_built(tiny_cache, tiny.SMALL_RECIPE)
     policy = load_policy(ModelConfig(name=str(path), device="cpu"))
@@ -128,7 +128,7 @@ def test_results_file_round_trips_and_headline(tmp_path: Path) -> None:
 
 
 def test_live_view_keeps_showing_the_latest_heldout_accuracy() -> None:
-    from node.metrics import LiveView
+    from node.telemetry.metrics import LiveView
 
     view = LiveView(10, enabled=True)
     try:

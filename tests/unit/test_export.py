@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from node import tiny
-from node.checkpoint import load_latest, restore, save_checkpoint
 from node.config import LearnerConfig, ModelConfig, NodeConfig
-from node.learner import Learner, TrainSample
-from node.policy import load_policy
+from node.learn.checkpoint import load_latest, restore, save_checkpoint
+from node.learn.learner import Learner, TrainSample
+from node.model import tiny
+from node.model.policy import load_policy
 from protocol.config import write_resolved
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,7 +29,7 @@ def base_path(tiny_cache: Path) -> Path:
 
 def _export(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "node.cli", "export", *args]
+    cmd = [sys.executable, "-m", "node.cli.main", "export", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
 
 

@@ -7,10 +7,10 @@ from protocol.identity import Identity
 from protocol.layout import IndexWriter
 from protocol.records import encode_record
 from protocol.transport.config import ProtocolConfig
-from protocol.transport.faults import Delay, Drop, Duplicate, Flood, Forge, Replay, Tamper, flip_bits
 from protocol.transport.memory import MemoryNetwork, MemoryTransport
 from protocol.types import Completion, Group, RolloutBatch, TaskRef
 from protocol.validation import RecordValidator
+from sim.faults import Delay, Drop, Duplicate, Flood, Forge, Replay, Tamper, flip_bits
 
 WS = 15
 

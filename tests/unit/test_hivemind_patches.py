@@ -1,4 +1,4 @@
-"""The hivemind transport builds hivemind's ``PeerID`` text lazily (``protocol/transport/hivemind_dht.py``): the
+"""The hivemind transport builds hivemind's ``PeerID`` text lazily (``protocol/transport/hivemind/transport.py``): the
 same values and behaviour as hivemind's own eager encoding, without the cost for ids that are never printed."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ pytest.importorskip("hivemind")
 def test_peer_ids_give_the_same_text_hashes_and_comparisons_as_hiveminds_own():
     from hivemind.p2p import PeerID
 
-    import protocol.transport.hivemind_dht  # noqa: F401  (applies the change)
+    import protocol.transport.hivemind.transport  # noqa: F401  (applies the change)
 
     raw = [bytes.fromhex("1220") + bytes([i]) * 32 for i in range(3)]
     ids = [PeerID(b) for b in raw]
@@ -28,7 +28,7 @@ def test_peer_ids_give_the_same_text_hashes_and_comparisons_as_hiveminds_own():
 def test_applying_it_twice_changes_nothing():
     from hivemind.p2p import PeerID
 
-    from protocol.transport.hivemind_dht import _lazy_peer_id_text
+    from protocol.transport.hivemind.transport import _lazy_peer_id_text
 
     before = (PeerID.__init__, PeerID.__dict__["_b58_str"])
     _lazy_peer_id_text()

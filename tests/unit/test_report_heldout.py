@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sim.report import write_report
+from sim.report.summary import write_report
 
 
 def _write(path: Path, rows: list[dict]) -> None:

@@ -6,7 +6,7 @@ import json
 import re
 from pathlib import Path
 
-from sim.report import write_report
+from sim.report.summary import write_report
 
 
 def _metrics(path: Path, rewards: list[float], evals: list[float] | None = None) -> None:

@@ -34,7 +34,8 @@ def test_vade_quick(tmp_path: Path) -> None:
 
 def test_default_path_never_imports_vllm() -> None:
     code = (
-        "import sys, node.runtime, node.engine, node.planner, node.april, node.engine_vllm, swarm.vade\n"
+        "import sys, node.runtime, node.rollout.engine, node.rollout.planner, node.rollout.april\n"
+        "import node.rollout.engine_vllm, swarm.vade\n"
         "print('vllm' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
@@ -54,11 +55,11 @@ def test_vllm_engine_logprobs_and_weight_sync(tmp_path: Path) -> None:
     assert _gpu_ready(), "needs a CUDA GPU and vllm installed (pip install -e '.[vllm]')"
     import torch
 
-    from node import tiny
     from node.config import ModelConfig
-    from node.engine import RolloutRequest, apply_top_p
-    from node.engine_vllm import VllmEngine
-    from node.policy import load_policy
+    from node.model import tiny
+    from node.model.policy import load_policy
+    from node.rollout.engine import RolloutRequest, apply_top_p
+    from node.rollout.engine_vllm import VllmEngine
 
     path = tiny.ensure_built(tmp_path / "cache", tiny.SMALL_RECIPE)
     policy = load_policy(ModelConfig(name=str(path), device="cuda", dtype="float32"))

@@ -1,4 +1,4 @@
-"""The SAPO experiment's metrics, from a synthetic run directory (sim.experiments.sapo)."""
+"""The SAPO experiment's metrics, from a synthetic run directory (benchmarks.analysis.sapo_b4)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.experiments import sapo as sa
+from benchmarks.analysis import sapo_b4 as sa
 
 
 def _write(path: Path, rows: list[dict]) -> None:

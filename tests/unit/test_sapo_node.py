@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from node import tiny
 from node.config import NodeConfig
+from node.model import tiny
 from protocol.types import Completion, Group, TaskRef
 from swarm.pool import PooledGroup
 from swarm.sapo import SapoBatch

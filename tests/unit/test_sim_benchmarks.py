@@ -94,7 +94,7 @@ def test_b4_ordering_ranks_by_the_paired_ratio_like_the_by_length_table():
 
 
 def test_b4_splits_by_length_pairs_by_seed_and_orders_each_length():
-    from sim.experiments.sapo import NodeRun, SeedResult, splits_by_length
+    from benchmarks.analysis.sapo_b4 import NodeRun, SeedResult, splits_by_length
 
     def run(seed, rewards):
         return SeedResult(seed, {0: NodeRun([{"reward_mean": r} for r in rewards], [], [])})

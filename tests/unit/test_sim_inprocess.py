@@ -6,7 +6,7 @@ from pathlib import Path
 
 from sim.config import SimConfig
 from sim.inprocess import run_seed
-from sim.report import markdown_table, write_report
+from sim.report.summary import markdown_table, write_report
 
 #: Metric fields that measure wall time (they differ between runs; everything else must not).
 TIMING = {"time", "gen_s", "train_s", "step_s", "gen_tokens_per_s", "seconds", "tokens_per_s"}

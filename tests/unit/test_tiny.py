@@ -13,8 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from node import tiny
 from node.config import ModelConfig, TaskConfig
+from node.model import tiny
 from node.tasks import TaskSource, format_answer
 
 
@@ -44,7 +44,7 @@ def test_recipe_overrides_from_the_model_config() -> None:
 
 
 def test_a_bad_builtin_recipe_is_a_model_load_error() -> None:
-    from node.policy import ModelLoadError, load_policy
+    from node.model.policy import ModelLoadError, load_policy
 
     with pytest.raises(ModelLoadError, match="model.builtin: unknown built-in recipe field"):
         load_policy(ModelConfig(name="builtin:tiny", device="cpu", builtin={"layers": 3}))
@@ -141,8 +141,8 @@ def test_sft_examples_mix_gold_and_distractors() -> None:
 @pytest.mark.slow
 def test_default_build_starts_between_zero_and_one(tmp_path: Path) -> None:
     """The real default model: built within minutes, starts clearly between 0 and 1 on the default task."""
-    from node.engine import TransformersEngine
-    from node.policy import load_policy
+    from node.model.policy import load_policy
+    from node.rollout.engine import TransformersEngine
 
     t0 = time.perf_counter()
     path = tiny.ensure_built(tmp_path)

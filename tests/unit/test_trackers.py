@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from node.cli.preflight import check_trackers
 from node.config import NodeConfig
-from node.metrics import read_jsonl
-from node.preflight import check_trackers
-from node.trackers import TRL_NAMES, TrackedMetrics, open_trackers, tracker_metrics
+from node.telemetry.metrics import read_jsonl
+from node.telemetry.trackers import TRL_NAMES, TrackedMetrics, open_trackers, tracker_metrics
 from protocol.errors import ConfigError
 from protocol.types import Completion, Group, TaskRef
 from swarm.pool import SELF, PooledGroup, rollout_stats
@@ -119,7 +119,7 @@ class _Recorder:
 def test_a_failing_tracker_is_logged_once_and_dropped_while_the_others_go_on(tmp_path: Path, caplog) -> None:
     bad, good = _Recorder("bad", fail_at=2), _Recorder("good")
     w = TrackedMetrics(tmp_path / "metrics.jsonl", [bad, good])
-    with caplog.at_level(logging.WARNING, logger="node.trackers"):
+    with caplog.at_level(logging.WARNING, logger="node.telemetry.trackers"):
         for step in range(1, 5):
             w.write({"step": step, "reward_mean": step / 10})
     w.close()
@@ -131,13 +131,13 @@ def test_a_failing_tracker_is_logged_once_and_dropped_while_the_others_go_on(tmp
 
 
 def test_a_tracker_that_cannot_start_is_left_out(tmp_path: Path, caplog, monkeypatch) -> None:
-    import node.trackers as trackers
+    import node.telemetry.trackers as trackers
 
     def broken(*args, **kwargs):
         raise RuntimeError("service down")
 
     monkeypatch.setattr(trackers, "WandbTracker", broken)
-    with caplog.at_level(logging.WARNING, logger="node.trackers"):
+    with caplog.at_level(logging.WARNING, logger="node.telemetry.trackers"):
         assert open_trackers(["wandb"], tmp_path, config={}) == []
     assert any("wandb tracker did not start" in r.getMessage() for r in caplog.records)
 
@@ -175,7 +175,7 @@ def test_tracker_packages_are_imported_only_when_selected(tmp_path: Path) -> Non
     code = (
         "import sys\n"
         "from node.config import NodeConfig\n"
-        "from node.trackers import open_metrics\n"
+        "from node.telemetry.trackers import open_metrics\n"
         f"open_metrics({str(tmp_path / 'metrics.jsonl')!r}, NodeConfig()).close()\n"
         "print(sorted(m for m in ('wandb', 'trackio', 'tensorboard') if m in sys.modules))\n"
     )

@@ -4,8 +4,8 @@ TRL's own code path runs: a real ``GRPOTrainer`` is built around a tiny local Qw
 ``_compute_loss(model, inputs)`` is called on a prepared inputs dict (the dict its
 ``_generate_and_score_completions`` would produce), so TRL computes the completion logprobs with its fused LM
 head and applies its own ratio, clipping, KL, importance weighting and normalisation. Our side computes
-logprobs with ``node.learner.completion_logprobs`` and the loss with ``node.losses``. Loss values and parameter
-gradients must agree to 1e-5.
+logprobs with ``node.learn.learner.completion_logprobs`` and the loss with ``node.learn.losses``. Loss values and
+parameter gradients must agree to 1e-5.
 """
 
 import copy
@@ -19,8 +19,8 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import nanstd
 
 from node.config import LearnerConfig
-from node.learner import Learner, TrainSample, completion_logprobs
-from node.losses import get_loss, group_advantages, policy_gradient_loss, truncated_is_weights
+from node.learn.learner import Learner, TrainSample, completion_logprobs
+from node.learn.losses import get_loss, group_advantages, policy_gradient_loss, truncated_is_weights
 
 VOCAB, PAD = 100, 0
 PROMPT_LEN, LENGTHS = 3, [5, 2, 4, 3]

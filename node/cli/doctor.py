@@ -1,0 +1,145 @@
+"""``swarm-node doctor``: can this machine take part in a swarm? Each finding is one line with its remedy.
+
+Checks, in order: the listening port can be bound; hivemind's p2pd daemon starts (the most frequent failure
+people report); which addresses it listens on and whether any is public (only private or loopback addresses
+means peers elsewhere cannot dial in: use client mode or port forwarding); each ``--peers`` address answers.
+Exit status 0 when nothing failed, 1 otherwise (a NATed host is a warning: client mode works there).
+
+Knows nothing about models or training; it starts the real transport, exactly as ``swarm-node join`` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from protocol.errors import SwarmError
+
+OK, WARN, FAIL = "ok", "warn", "FAIL"
+
+
+@dataclass
+class Finding:
+    """One check's verdict: ``ok``, ``warn`` or ``FAIL``, what was found, and what to do about it."""
+
+    status: str
+    what: str
+    remedy: str = ""
+
+    def line(self) -> str:
+        return f"{self.status:4} {self.what}" + (f" -> {self.remedy}" if self.remedy else "")
+
+
+def check_port(host: str, port: int) -> Finding:
+    """Bind ``host:port`` for TCP like p2pd will (port 0: any free port, always fine)."""
+    if port == 0:
+        return Finding(OK, f"port: any free port on {host} (pass --port to check a fixed one)")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            return Finding(
+                FAIL,
+                f"port {port} on {host} cannot be bound ({e.strerror or e})",
+                f"stop what uses it (e.g. `ss -ltnp | grep :{port}`) or pick another --port",
+            )
+    return Finding(OK, f"port {port} on {host} is free")
+
+
+def classify_addresses(maddrs: list[str]) -> Finding:
+    """Whether any listening address is public; only private/loopback ones look like a host behind NAT."""
+    ips = []
+    for m in maddrs:
+        parts = m.split("/")
+        if len(parts) > 2 and parts[1] in ("ip4", "ip6"):
+            try:
+                ips.append(ipaddress.ip_address(parts[2]))
+            except ValueError:
+                continue
+    if any(ip.is_global for ip in ips):
+        return Finding(OK, "a public address is among the listening addresses: peers can dial in")
+    kind = "loopback only" if ips and all(ip.is_loopback for ip in ips) else "private or loopback only"
+    return Finding(
+        WARN,
+        f"no public address ({kind}): peers on other networks cannot dial this node (behind NAT?)",
+        "join with --set transport.client_mode=true (reads and writes records without accepting connections), "
+        "or forward the port and set transport.announce_maddrs=[/ip4/PUBLIC_IP/tcp/PORT]; --host 0.0.0.0 to "
+        "listen on every interface",
+    )
+
+
+async def _start(host: str, port: int, peers: list[str], timeout_s: float):  # type: ignore[no-untyped-def]
+    from protocol.transport.config import HivemindTransportConfig
+    from protocol.transport.factory import create_transport
+
+    cfg = HivemindTransportConfig(
+        host=host, port=port, initial_peers=peers, startup_timeout_s=timeout_s, request_timeout_s=min(10.0, timeout_s)
+    )
+    return await create_transport(cfg, swarm="rl-swarm-doctor", peer_id="doctor")
+
+
+async def run_checks(
+    host: str, port: int, peers: list[str], say: Callable[[str], None], timeout_s: float = 30.0
+) -> list[Finding]:
+    """Run every check, printing each finding as it comes; returns them all."""
+    from node.cli.preflight import check_peers
+
+    findings: list[Finding] = []
+
+    def note(f: Finding) -> None:
+        findings.append(f)
+        say(f.line())
+
+    note(check_port(host, port))
+    if findings[-1].status == FAIL:
+        return findings
+    try:
+        transport = await _start(host, port, [], timeout_s)
+    except (SwarmError, OSError) as e:
+        note(
+            Finding(
+                FAIL,
+                f"hivemind's p2pd daemon did not start ({e})",
+                "check that /tmp is writable and not full, then reinstall: pip install --force-reinstall "
+                "hivemind==1.1.12 (its wheel ships the p2pd binary)",
+            )
+        )
+        return findings
+    try:
+        addrs = transport.addresses()
+        note(Finding(OK, "p2pd started; listening on " + ", ".join(addrs)))
+        note(classify_addresses(addrs))
+    finally:
+        await transport.close()
+    for peer in peers:
+        try:
+            check_peers([peer], "hivemind")
+        except SwarmError as e:
+            note(Finding(FAIL, str(e), "copy the peer's whole 'listening on' line"))
+            continue
+        try:
+            probe = await _start(host, 0, [peer], timeout_s)
+        except (SwarmError, OSError) as e:
+            note(
+                Finding(
+                    FAIL,
+                    f"peer {peer} did not answer ({str(e).splitlines()[0][:160]})",
+                    "check that the peer runs, that its address is current (a restarted node gets a new "
+                    "/p2p/ id) and that no firewall blocks its port",
+                )
+            )
+            continue
+        await probe.close()
+        note(Finding(OK, f"peer {peer} answered"))
+    return findings
+
+
+def doctor(host: str, port: int, peers: list[str], say: Callable[[str], None]) -> int:
+    """Run the checks; 0 when none failed, else 1."""
+    findings = asyncio.run(run_checks(host, port, peers, say))
+    failed = [f for f in findings if f.status == FAIL]
+    say("healthy" if not failed else f"{len(failed)} problem(s) found")
+    return 1 if failed else 0

@@ -1,0 +1,98 @@
+"""Batch -> samples: the groups SAPO sampled for a step, as learner samples with their advantages.
+
+* own groups train on the engine's exact tokens and per-token behaviour logprobs
+  (:class:`node.rollout.groups.OwnRollouts`);
+* peers' groups are re-tokenized here, once, with the local tokenizer (:meth:`SampleBuilder.tokenize`, which the
+  MNPO phase uses too); their behaviour information is the sender's mean logprob, an untrusted hint that is
+  clamped, and used only when the sender's tokenizer is ours (``sapo.peer_importance_weights``);
+* advantages are computed here, in one place, from the rewards this node gave each group
+  (``node.learn.losses.advantages_for``), and travel with the samples: the loss never recomputes them.
+
+Knows nothing about how groups were chosen (``swarm.sapo``), the network, or tensors beyond the advantage helper.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from node.seams import BEHAVIOUR_LOGPROB_FLOOR, Generation, PolicyLike, TasksLike, TrainSample
+from protocol.types import TaskRef
+from swarm.sapo import SapoBatch
+
+#: Behaviour log-prob hints from peers are clamped to this range (per-token mean, nats); the learner clamps
+#: peers' values to the same range.
+HINT_RANGE = (BEHAVIOUR_LOGPROB_FLOOR, 0.0)
+
+
+@dataclass
+class TrainBatch:
+    """What one learner step trains on: the SAPO batch (for metrics) and its samples."""
+
+    sapo: SapoBatch
+    samples: list[TrainSample]
+
+
+def clamp_hint(hint: float | None) -> float | None:
+    """A peer's mean behaviour logprob, clamped to :data:`HINT_RANGE`; None when absent or not finite."""
+    if hint is None or not math.isfinite(hint):
+        return None
+    return min(max(float(hint), HINT_RANGE[0]), HINT_RANGE[1])
+
+
+class SampleBuilder:
+    """Turns sampled groups into :class:`TrainSample` s for one policy's tokenizer and prompt format."""
+
+    def __init__(
+        self,
+        policy: PolicyLike,
+        tasks: TasksLike,
+        *,
+        max_new_tokens: int,
+        advantages: Callable[[Sequence[float]], list[float]],
+        peer_importance_weights: bool = True,
+    ) -> None:
+        self.policy = policy
+        self.tasks = tasks
+        self.max_new_tokens = max_new_tokens
+        self.advantages = advantages
+        self.peer_importance_weights = peer_importance_weights
+
+    def prompt_ids(self, task: TaskRef) -> list[int]:
+        """The local prompt tokens of ``task`` (regenerated from its ref, formatted as this policy prompts)."""
+        item = self.tasks.materialize(task)
+        return self.policy.encode(self.policy.format_prompt(item.question))
+
+    def completion_ids(self, text: str, finish_reason: str) -> list[int]:
+        """``text`` in local tokens, cut to the token budget; EOS appended when the sender's completion stopped."""
+        ids = self.policy.encode(text)[: self.max_new_tokens]
+        eos = self.policy.tokenizer.eos_token_id
+        if finish_reason == "stop" and eos is not None and len(ids) < self.max_new_tokens:
+            ids.append(eos)
+        return ids
+
+    def tokenize(self, task: TaskRef, text: str, finish_reason: str) -> tuple[list[int], list[int]]:
+        """``(prompt_ids, completion_ids)`` of a completion someone (a peer, or this node earlier) wrote as text."""
+        return self.prompt_ids(task), self.completion_ids(text, finish_reason)
+
+    def build(self, batch: SapoBatch, generations: Mapping[str, Sequence[Generation]]) -> list[TrainSample]:
+        """Samples of every group in ``batch``; own groups' tokens come from ``generations`` (by group key)."""
+        samples: list[TrainSample] = []
+        own_tokenizer = self.policy.tokenizer_id
+        for g in batch.groups:
+            advs = self.advantages(g.rewards)
+            if g.local:
+                for gen, adv in zip(generations[g.key], advs, strict=True):
+                    if gen.token_ids:
+                        samples.append(TrainSample(gen.prompt_ids, list(gen.token_ids), adv, list(gen.logprobs)))
+                continue
+            prompt_ids = self.prompt_ids(g.group.task)
+            use_hint = self.peer_importance_weights and g.tokenizer == own_tokenizer
+            for comp, adv in zip(g.group.completions, advs, strict=True):
+                ids = self.completion_ids(comp.text, comp.finish_reason)
+                if not ids:
+                    continue
+                hint = clamp_hint(comp.logprob_mean) if use_hint else None
+                samples.append(TrainSample(prompt_ids, ids, adv, None, hint, external=True))
+        return samples

@@ -1,0 +1,408 @@
+"""The node's local learner: one GRPO-family optimizer update per call on a batch of scored completions.
+
+It turns :class:`TrainSample` s (own rollouts and re-tokenized peer rollouts) into padded tensors, computes
+completion logprobs under the current policy micro-batch by micro-batch, weights off-policy tokens with
+truncated importance sampling (DART), applies the loss preset named by ``LearnerConfig.loss`` (see
+``node.learn.losses``), clips the gradient and steps AdamW. It is synchronous: the runtime calls :meth:`Learner.step`
+through ``asyncio.to_thread``. The learner is the one owner of the optimizer: every update (policy gradient, or
+MNPO's preference loss through :meth:`Learner.preference_step`) zeroes, clips, steps and bumps ``policy_version``
+here. It knows nothing about rollouts, peers, rewards or checkpoint files; advantages arrive already computed
+(``node.learn.batch``).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal, overload
+
+import torch
+from torch import Tensor, nn
+
+from node.config import LearnerConfig
+from node.learn.losses import LossSpec, get_loss, sequence_is_weights, truncated_is_weights
+from node.seams import BEHAVIOUR_LOGPROB_FLOOR, TrainSample
+
+logger = logging.getLogger(__name__)
+
+#: Log-ratio above the cap (0.1%) before a token counts as truncated in ``is_truncated_frac``.
+TRUNCATION_TOLERANCE = 1e-3
+
+
+@overload
+def completion_logprobs(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    prompt_lens: Tensor,
+    completion_lens: Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: Literal[False] = False,
+) -> Tensor: ...
+@overload
+def completion_logprobs(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    prompt_lens: Tensor,
+    completion_lens: Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool,
+) -> Tensor | tuple[Tensor, Tensor]: ...
+def completion_logprobs(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    prompt_lens: Tensor,
+    completion_lens: Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Logprobs of the completion tokens of right-padded ``prompt + completion`` rows.
+
+    Only positions from the shortest prompt onward are projected to the vocabulary (``logits_to_keep`` where
+    the model supports it), and each kept position is reduced to one number (``logit[target] - logsumexp``)
+    without a full ``log_softmax`` copy of the logits.
+
+    Args:
+        model: a Hugging Face causal LM (``model(input_ids=..., attention_mask=...).logits``).
+        input_ids: ``(B, L)`` prompt then completion, right-padded.
+        attention_mask: ``(B, L)``.
+        prompt_lens: ``(B,)`` prompt lengths ``P_i >= 1``.
+        completion_lens: ``(B,)`` completion lengths ``C_i``.
+        temperature: logits are divided by it (match the rollout engine's sampling temperature).
+        with_entropy: also return the detached entropy ``H = logsumexp(z) - sum softmax(z) * z`` of each position's
+            next-token distribution, ``(B, T)``, 0 beyond ``C_i`` (for high-entropy token selection).
+
+    Returns:
+        ``(B, T)`` with ``T = max C_i``: entry ``(i, j)`` is ``log pi(completion_ij | prefix)``, 0 beyond ``C_i``
+        (and the entropies when ``with_entropy``).
+    """
+    batch, length = input_ids.shape
+    start = int(prompt_lens.min()) - 1  # first position whose logits predict a completion token
+    kwargs = {}
+    if _accepts_logits_to_keep(model):
+        kwargs["logits_to_keep"] = length - start
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, **kwargs).logits  # (B, K, V)
+    logits = logits[:, -(length - start) :, :]  # (B, L - start, V) whatever the model kept
+    t_max = int(completion_lens.max())
+    offsets = torch.arange(t_max, device=input_ids.device)  # (T,)
+    # Position p's logits predict token p + 1: completion token j of row i sits at P_i + j.
+    pos = (prompt_lens.unsqueeze(-1) - 1 + offsets).clamp(max=length - 2)  # (B, T) absolute positions
+    targets = input_ids.gather(1, pos + 1)  # (B, T)
+    picked = logits.gather(1, (pos - start).unsqueeze(-1).expand(batch, t_max, logits.shape[-1]))  # (B, T, V)
+    picked = picked.float()
+    if temperature != 1.0:
+        picked = picked / temperature
+    lse = torch.logsumexp(picked, dim=-1)  # (B, T)
+    logp = picked.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse  # (B, T)
+    mask = offsets < completion_lens.unsqueeze(-1)  # (B, T)
+    if not with_entropy:
+        return logp * mask
+    with torch.no_grad():
+        entropy = lse - (picked.softmax(dim=-1) * picked).sum(-1)  # (B, T)
+    return logp * mask, entropy * mask
+
+
+def high_entropy_mask(entropy: Tensor, mask: Tensor, top_frac: float) -> Tensor:
+    """1 for the ``ceil(top_frac * N)`` valid tokens with the highest entropy, 0 elsewhere (ties kept).
+
+    The "80/20" selection (Wang et al. 2025, Beyond the 80/20 Rule, arXiv 2506.01939; DART's optional token
+    selection): the policy gradient on the high-entropy "forking" minority carries most of the learning signal.
+    ``entropy, mask  # (B, T)``; returns ``(B, T)`` float, no gradient."""
+    valid = mask.to(torch.bool)
+    n = int(valid.sum())
+    if top_frac >= 1.0 or n == 0:
+        return valid.to(entropy.dtype)
+    k = max(1, math.ceil(top_frac * n))
+    threshold = entropy[valid].topk(k).values.min()
+    return (valid & (entropy >= threshold)).to(entropy.dtype)
+
+
+def _accepts_logits_to_keep(model: nn.Module) -> bool:
+    try:
+        return "logits_to_keep" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+@dataclass
+class _Batch:
+    """Padded tensors of one micro-batch."""
+
+    input_ids: Tensor  # (b, L)
+    attention_mask: Tensor  # (b, L)
+    prompt_lens: Tensor  # (b,)
+    completion_lens: Tensor  # (b,)
+    mask: Tensor  # (b, T)
+    advantages: Tensor  # (b,)
+    behaviour_logp: Tensor  # (b, T) per-token behaviour logprobs (valid where has_token_behaviour)
+    has_token_behaviour: Tensor  # (b,) bool
+    behaviour_mean: Tensor  # (b,) sequence-mean hint (valid where has_mean_behaviour)
+    has_mean_behaviour: Tensor  # (b,) bool
+
+
+class Learner:
+    """AdamW learner for the GRPO-family losses, with micro-batching and truncated importance sampling.
+
+    ``policy_version`` counts optimizer updates; the runtime tags rollouts with it. With ``beta > 0`` a frozen
+    copy of the model as it is at construction time serves as the KL reference. Dropout is off throughout
+    (the model stays in ``eval`` mode), so pi_old and the trained policy are the same function before the update.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        cfg: LearnerConfig,
+        *,
+        device: torch.device | str,
+        pad_token_id: int,
+        max_tokens: int,
+        temperature: float = 1.0,
+    ) -> None:
+        self.cfg = cfg
+        self.device = torch.device(device)
+        self.pad_token_id = pad_token_id
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+        self.spec: LossSpec = get_loss(cfg.loss)
+        if self.spec.kind != "policy_gradient":
+            raise ValueError(f"loss {cfg.loss!r} is a {self.spec.kind!r} loss; this learner trains policy_gradient")
+        self.eps_low = cfg.eps_low
+        self.eps_high = cfg.eps_high if self.spec.clip_higher else cfg.eps_low
+        self.model = model.to(self.device)
+        self.model.eval()
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.ref_model: nn.Module | None = None
+        if cfg.beta > 0:
+            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.policy_version = 0
+
+    # ------------------------------------------------------------------------------------------------------
+    def step(self, samples: list[TrainSample]) -> dict[str, float]:
+        """One optimizer update on ``samples``; returns float metrics.
+
+        pi_old is the current policy, read from the same forward pass as the trained logprobs (detached):
+        with one update per batch and no dropout the separate no-grad pass of multi-epoch PPO would give the
+        same numbers at 1.5x the compute. Gradients are accumulated over micro-batches of
+        ``cfg.micro_batch_size`` sequences with the full batch's normalisers, so the update does not depend on
+        the micro-batch size.
+        """
+        t0 = time.perf_counter()
+        totals = self.accumulate_gradients(samples)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.policy_version += 1
+        seconds = time.perf_counter() - t0
+        metrics = {k: float(v) for k, v in totals.items()}
+        metrics.update(
+            grad_norm=float(grad_norm),
+            seconds=seconds,
+            tokens_per_s=metrics["tokens"] / max(seconds, 1e-9),
+            policy_version=float(self.policy_version),
+        )
+        return metrics
+
+    def preference_step(self, loss_fn: Callable[[nn.Module], tuple[Tensor, dict[str, Tensor]]]) -> dict[str, float]:
+        """One optimizer update on a loss the caller builds from the trained model (MNPO's pairs).
+
+        ``loss_fn(model) -> (loss, metrics)`` runs the forward passes it needs; this method owns the rest, as
+        :meth:`step` does: zero the gradients, backward, clip to ``max_grad_norm``, step, bump ``policy_version``.
+        """
+        self.optimizer.zero_grad(set_to_none=True)
+        loss, metrics = loss_fn(self.model)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.policy_version += 1
+        out = {k: float(v) for k, v in metrics.items() if v.numel() == 1}
+        out.update(loss=float(loss.detach()), grad_norm=float(grad_norm))
+        return out
+
+    def mean_logprobs(
+        self,
+        rows: Sequence[tuple[list[int], list[int]]],
+        *,
+        model: nn.Module | None = None,
+        grad: bool = False,
+        micro_batch_size: int | None = None,
+    ) -> Tensor:
+        """Length-averaged logprobs ``(n,)`` of ``(prompt_ids, completion_ids)`` rows under ``model`` (default: the
+        trained model), micro-batched; an empty completion is scored on one pad token so it still has a value."""
+        model = self.model if model is None else model
+        outs = []
+        mb = micro_batch_size or self.cfg.micro_batch_size
+        for lo in range(0, len(rows), mb):
+            chunk = [TrainSample(p, c if c else [self.pad_token_id], 0.0) for p, c in rows[lo : lo + mb]]
+            batch = self._collate(chunk)
+            with torch.set_grad_enabled(grad):
+                logp = completion_logprobs(
+                    model, batch.input_ids, batch.attention_mask, batch.prompt_lens, batch.completion_lens
+                )  # (b, T)
+                outs.append(logp.sum(-1) / batch.completion_lens.to(logp.dtype))  # (b,)
+        return torch.cat(outs) if outs else torch.zeros(0, device=self.device)
+
+    def accumulate_gradients(self, samples: list[TrainSample]) -> dict[str, Tensor]:
+        """Forward + backward over micro-batches, leaving the full batch's gradient in ``.grad``; no update.
+
+        Returns 0-d tensor totals: the batch loss, token-weighted means of the per-token metrics, counts.
+        """
+        samples = [s for s in samples if s.completion_ids]
+        if not samples:
+            raise ValueError("no sample with a non-empty completion to train on")
+        n_seq = len(samples)
+        n_tok = sum(len(s.completion_ids) for s in samples)
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, Tensor] = {}
+        loss_total = torch.zeros((), device=self.device)
+        pg_total = torch.zeros((), device=self.device)
+        trunc_hits = torch.zeros((), device=self.device)
+        trunc_tokens = torch.zeros((), device=self.device)
+        mb = self.cfg.micro_batch_size
+        for lo in range(0, n_seq, mb):
+            batch = self._collate(samples[lo : lo + mb])
+            top_frac = getattr(self.cfg, "entropy_top_frac", 1.0)
+            logp = completion_logprobs(
+                self.model,
+                batch.input_ids,
+                batch.attention_mask,
+                batch.prompt_lens,
+                batch.completion_lens,
+                temperature=self.temperature,
+                with_entropy=top_frac < 1.0,
+            )  # (b, T)
+            entropy = None
+            if isinstance(logp, tuple):
+                logp, entropy = logp
+            old_logp = logp.detach()  # (b, T)
+            weights, hits, counted = self._is_weights(old_logp, batch)  # (b, T)
+            if entropy is not None:  # high-entropy token selection (per micro-batch): other tokens get weight 0
+                keep = high_entropy_mask(entropy, batch.mask, top_frac)  # (b, T)
+                weights = weights * keep
+                sums["entropy_kept_frac"] = sums.get("entropy_kept_frac", torch.zeros((), device=self.device)) + (
+                    keep.sum() / n_tok
+                )
+            ref_logp = None
+            if self.ref_model is not None:
+                with torch.no_grad():
+                    ref_logp = completion_logprobs(
+                        self.ref_model,
+                        batch.input_ids,
+                        batch.attention_mask,
+                        batch.prompt_lens,
+                        batch.completion_lens,
+                        temperature=self.temperature,
+                    )
+            loss, metrics = self.spec.fn(
+                logp,
+                old_logp,
+                batch.advantages,
+                batch.mask,
+                eps_low=self.eps_low,
+                eps_high=self.eps_high,
+                aggregation=self.spec.aggregation,
+                max_tokens=self.max_tokens,
+                is_weights=weights,
+                ref_logp=ref_logp,
+                beta=self.cfg.beta,
+                batch_tokens=float(n_tok),
+                batch_sequences=n_seq,
+            )
+            loss.backward()
+            loss_total += loss.detach()
+            pg_total += metrics.pop("pg_loss")
+            share = batch.mask.sum() / n_tok
+            for key, value in metrics.items():
+                sums[key] = sums.get(key, torch.zeros((), device=self.device)) + value * share
+            trunc_hits += hits
+            trunc_tokens += counted
+        out = {"loss": loss_total, "pg_loss": pg_total, **sums}
+        out["is_truncated_frac"] = trunc_hits / trunc_tokens.clamp(min=1.0)
+        out["tokens"] = torch.tensor(float(n_tok))
+        out["sequences"] = torch.tensor(float(n_seq))
+        return out
+
+    # ------------------------------------------------------------------------------------------------------
+    def _is_weights(self, old_logp: Tensor, batch: _Batch) -> tuple[Tensor, Tensor, Tensor]:
+        """Truncated IS weights (1 where no behaviour information), and (#truncated, #tokens with information)."""
+        cap = self.cfg.is_cap
+        mask = batch.mask.to(old_logp.dtype)  # (b, T)
+        tok = truncated_is_weights(old_logp, batch.behaviour_logp, cap)  # (b, T)
+        seq = sequence_is_weights(old_logp, batch.mask, batch.behaviour_mean, cap)  # (b, T)
+        ones = torch.ones_like(old_logp)
+        weights = torch.where(batch.has_token_behaviour.unsqueeze(-1), tok, ones)
+        weights = torch.where(batch.has_mean_behaviour.unsqueeze(-1), seq, weights)  # (b, T)
+        with torch.no_grad():
+            # A token counts as truncated only when the cap changes its weight noticeably: on-policy tokens have
+            # pi_old / pi_behaviour = 1 up to float noise (the sampler's cached forward vs the learner's padded
+            # one), and half of them land a hair above a cap of 1, which is no truncation at all.
+            log_cap = math.log(cap) + TRUNCATION_TOLERANCE
+            tok_over = (old_logp - batch.behaviour_logp) > log_cap  # (b, T)
+            old_mean = (old_logp * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)  # (b,)
+            seq_over = ((old_mean - batch.behaviour_mean) > log_cap).unsqueeze(-1).expand_as(tok_over)
+            over = torch.where(
+                batch.has_mean_behaviour.unsqueeze(-1), seq_over, tok_over & batch.has_token_behaviour.unsqueeze(-1)
+            )
+            informed = (batch.has_token_behaviour | batch.has_mean_behaviour).unsqueeze(-1).to(mask.dtype) * mask
+            hits = (over.to(mask.dtype) * informed).sum()
+        return weights, hits, informed.sum()
+
+    def _collate(self, samples: list[TrainSample]) -> _Batch:
+        """Right-pad ``prompt + completion`` rows and gather the per-token behaviour information."""
+        lens = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
+        length = max(lens)
+        t_max = max(len(s.completion_ids) for s in samples)
+        b = len(samples)
+        input_ids = torch.full((b, length), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((b, length), dtype=torch.long)
+        behaviour = torch.zeros((b, t_max))
+        has_tok = torch.zeros(b, dtype=torch.bool)
+        means = torch.zeros(b)
+        has_mean = torch.zeros(b, dtype=torch.bool)
+        for i, s in enumerate(samples):
+            if not s.prompt_ids:
+                raise ValueError("a sample has an empty prompt (the first completion token needs a prefix)")
+            row = s.prompt_ids + s.completion_ids
+            input_ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+            attention_mask[i, : len(row)] = 1
+            n = len(s.completion_ids)
+            per_token = s.behaviour_logprobs
+            if per_token is not None and len(per_token) != n:
+                if not s.external:
+                    raise ValueError(f"{len(per_token)} behaviour logprobs for {n} completion tokens")
+                per_token = None  # a peer's tokens need not align with ours after re-tokenization
+            if per_token is not None:
+                values = torch.tensor(per_token, dtype=torch.float32)
+                if s.external:
+                    values = values.nan_to_num(nan=0.0).clamp(BEHAVIOUR_LOGPROB_FLOOR, 0.0)
+                behaviour[i, :n] = values
+                has_tok[i] = True
+            elif s.behaviour_logprob_mean is not None and math.isfinite(s.behaviour_logprob_mean):
+                means[i] = min(max(s.behaviour_logprob_mean, BEHAVIOUR_LOGPROB_FLOOR), 0.0)
+                has_mean[i] = True
+        comp = torch.tensor([len(s.completion_ids) for s in samples])
+        mask = torch.arange(t_max).unsqueeze(0) < comp.unsqueeze(-1)  # (b, T)
+        dev = self.device
+        return _Batch(
+            input_ids=input_ids.to(dev),
+            attention_mask=attention_mask.to(dev),
+            prompt_lens=torch.tensor([len(s.prompt_ids) for s in samples], device=dev),
+            completion_lens=comp.to(dev),
+            mask=mask.to(dev),
+            advantages=torch.tensor([float(s.advantage) for s in samples], device=dev),
+            behaviour_logp=behaviour.to(dev),
+            has_token_behaviour=has_tok.to(dev),
+            behaviour_mean=means.to(dev),
+            has_mean_behaviour=has_mean.to(dev),
+        )

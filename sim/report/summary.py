@@ -1,0 +1,297 @@
+"""Turn a simulator run directory into a results table (CSV + Markdown) and reward-curve plots (PNG).
+
+Layout read: ``OUT/<configuration>/seed<k>/node<i>/metrics.jsonl`` (one JSON object per learner step, written
+by :class:`node.runtime.Node`) and ``eval.jsonl`` beside it (held-out evaluations, ``node.eval``). Cumulative
+reward is ``reward_mean`` summed over nodes and steps (the SAPO paper's "total reward": training reward on the
+node's own rollouts), per seed, then averaged over seeds with its standard deviation. Held-out accuracy is the
+mean over nodes of each node's first and last evaluation on questions no node trained on; its gain is the
+learning measure (training reward alone can be memorization). Knows nothing about how the nodes were run.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import math
+import re
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from node.telemetry.metrics import read_jsonl
+from sim.report.html import write_html_report
+
+logger = logging.getLogger(__name__)
+
+_SEED_RE = re.compile(r"^seed(-?\d+)$")
+_NODE_RE = re.compile(r"^node(\d+)$")
+CSV_FIELDS = (
+    "config",
+    "seeds",
+    "nodes",
+    "steps",
+    "cumulative_reward",
+    "cumulative_reward_std",
+    "final_reward",
+    "external_groups",
+    "rejected",
+    "ratio_vs_baseline",
+    "heldout_start",
+    "heldout_end",
+    "heldout_gain",
+    "heldout_gain_std",
+)
+
+
+@dataclass
+class SeedRun:
+    """Per-node metric rows of one (configuration, seed)."""
+
+    seed: int
+    nodes: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    evals: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    """Per node: its held-out evaluations in order (empty when it did not evaluate)."""
+
+    def heldout(self) -> tuple[float, float] | None:
+        """Mean over evaluated nodes of (first, last) held-out accuracy, or None when no node has two evals."""
+        pairs = [(float(e[0]["accuracy"]), float(e[-1]["accuracy"])) for e in self.evals.values() if len(e) >= 2]
+        if not pairs:
+            return None
+        return statistics.fmean(p[0] for p in pairs), statistics.fmean(p[1] for p in pairs)
+
+    def cumulative_reward(self) -> float:
+        return math.fsum(float(r.get("reward_mean", 0.0)) for rows in self.nodes.values() for r in rows)
+
+    def external_groups(self) -> int:
+        return int(sum(int(r.get("external_groups", 0)) for rows in self.nodes.values() for r in rows))
+
+    def rejected(self) -> int:
+        # the counter is cumulative per node: its last value is the node's total
+        return int(sum(int(rows[-1].get("rejected", 0)) for rows in self.nodes.values() if rows))
+
+    def final_reward(self, tail: int) -> float:
+        """Mean over nodes of each node's mean reward over its last ``tail`` steps."""
+        vals = []
+        for rows in self.nodes.values():
+            if rows:
+                last = rows[-tail:]
+                vals.append(math.fsum(float(r.get("reward_mean", 0.0)) for r in last) / len(last))
+        return math.fsum(vals) / len(vals) if vals else 0.0
+
+    def max_step(self) -> int:
+        return max((int(r.get("step", 0)) for rows in self.nodes.values() for r in rows), default=0)
+
+
+@dataclass
+class ConfigResult:
+    """All seeds of one configuration and the row they make."""
+
+    name: str
+    runs: list[SeedRun]
+
+    def row(self, baseline: float | None) -> dict[str, Any]:
+        cums = [r.cumulative_reward() for r in self.runs]
+        steps = max((r.max_step() for r in self.runs), default=0)
+        tail = max(1, steps // 10)
+        mean = statistics.fmean(cums) if cums else 0.0
+        held = [h for h in (r.heldout() for r in self.runs) if h is not None]
+        gains = [end - start for start, end in held]
+        nan = float("nan")
+        return {
+            "config": self.name,
+            "seeds": len(self.runs),
+            "nodes": max((len(r.nodes) for r in self.runs), default=0),
+            "steps": steps,
+            "cumulative_reward": mean,
+            "cumulative_reward_std": statistics.stdev(cums) if len(cums) > 1 else 0.0,
+            "final_reward": statistics.fmean(r.final_reward(tail) for r in self.runs) if self.runs else 0.0,
+            "external_groups": statistics.fmean(r.external_groups() for r in self.runs) if self.runs else 0.0,
+            "rejected": statistics.fmean(r.rejected() for r in self.runs) if self.runs else 0.0,
+            "ratio_vs_baseline": (mean / baseline) if baseline else float("nan"),
+            "heldout_start": statistics.fmean(h[0] for h in held) if held else nan,
+            "heldout_end": statistics.fmean(h[1] for h in held) if held else nan,
+            "heldout_gain": statistics.fmean(gains) if gains else nan,
+            "heldout_gain_std": statistics.stdev(gains) if len(gains) > 1 else nan,
+        }
+
+    def heldout_curve(self) -> tuple[list[int], list[float]]:
+        """Per evaluated step: held-out accuracy, mean over nodes and seeds."""
+        by_step: dict[int, list[float]] = {}
+        for run in self.runs:
+            for evals in run.evals.values():
+                for e in evals:
+                    by_step.setdefault(int(e["step"]), []).append(float(e["accuracy"]))
+        steps = sorted(by_step)
+        return steps, [statistics.fmean(by_step[s]) for s in steps]
+
+    def curve(self) -> tuple[list[int], list[float], list[float], list[float]]:
+        """Per step: the mean over nodes (averaged over seeds), and the min and max over nodes (averaged)."""
+        by_step: dict[int, list[tuple[float, float, float]]] = {}
+        for run in self.runs:
+            per_step: dict[int, list[float]] = {}
+            for rows in run.nodes.values():
+                for r in rows:
+                    per_step.setdefault(int(r["step"]), []).append(float(r.get("reward_mean", 0.0)))
+            for s, vals in per_step.items():
+                by_step.setdefault(s, []).append((statistics.fmean(vals), min(vals), max(vals)))
+        steps = sorted(by_step)
+        mean = [statistics.fmean(v[0] for v in by_step[s]) for s in steps]
+        lo = [statistics.fmean(v[1] for v in by_step[s]) for s in steps]
+        hi = [statistics.fmean(v[2] for v in by_step[s]) for s in steps]
+        return steps, mean, lo, hi
+
+
+def collect(out: str | Path, order: list[str] | None = None) -> list[ConfigResult]:
+    """Read every ``<config>/seed<k>/node<i>/metrics.jsonl`` under ``out``; ``order`` fixes the row order."""
+    out = Path(out)
+    found: dict[str, list[SeedRun]] = {}
+    for cfg_dir in sorted(p for p in out.iterdir() if p.is_dir()):
+        runs = []
+        for seed_dir in sorted(cfg_dir.iterdir()):
+            m = _SEED_RE.match(seed_dir.name)
+            if not (m and seed_dir.is_dir()):
+                continue
+            run = SeedRun(int(m.group(1)))
+            for node_dir in sorted(seed_dir.iterdir()):
+                n = _NODE_RE.match(node_dir.name)
+                if n and node_dir.is_dir():
+                    run.nodes[int(n.group(1))] = read_jsonl(node_dir / "metrics.jsonl")
+                    run.evals[int(n.group(1))] = read_jsonl(node_dir / "eval.jsonl")
+            runs.append(run)
+        if runs:
+            found[cfg_dir.name] = runs
+    names = [n for n in (order or []) if n in found] + sorted(n for n in found if n not in (order or []))
+    return [ConfigResult(n, found[n]) for n in names]
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "-"
+        return f"{v:.4g}" if abs(v) < 1000 else f"{v:.1f}"
+    return str(v)
+
+
+def _spread(value: float, std: float, seeds: int, digits: int) -> str:
+    """``value ± std`` over seeds; the value alone for one seed (a spread of one sample means nothing)."""
+    if math.isnan(value):
+        return "-"
+    if seeds < 2 or math.isnan(std):
+        return f"{value:.{digits}f}"
+    return f"{value:.{digits}f} ± {std:.{digits}f}"
+
+
+def md_table(head: Sequence[str], rows: Iterable[Sequence[Any]], numeric_from: int = 1) -> str:
+    """A GitHub Markdown table: ``head`` cells, then one line per row (cells already formatted, or ``str()``-ed);
+    columns from ``numeric_from`` on are right-aligned."""
+    lines = [
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join("---:" if i >= numeric_from else "---" for i in range(len(head))) + "|",
+    ]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    """The results rows as a GitHub Markdown table."""
+    head = (
+        "config",
+        "seeds",
+        "nodes",
+        "steps",
+        "cumulative reward",
+        f"ratio vs {rows[0]['config'] if rows else 'baseline'}",
+        "final reward",
+        "held-out acc. start -> end",
+        "held-out gain",
+        "external groups",
+        "rejected",
+    )
+    body = []
+    for r in rows:
+        held = "-" if math.isnan(r["heldout_start"]) else f"{r['heldout_start']:.3f} -> {r['heldout_end']:.3f}"
+        body.append(
+            (
+                r["config"],
+                r["seeds"],
+                r["nodes"],
+                r["steps"],
+                _spread(r["cumulative_reward"], r["cumulative_reward_std"], r["seeds"], 2),
+                _fmt(r["ratio_vs_baseline"]),
+                f"{r['final_reward']:.3f}",
+                held,
+                _spread(r["heldout_gain"], r["heldout_gain_std"], r["seeds"], 3),
+                _fmt(r["external_groups"]),
+                _fmt(r["rejected"]),
+            )
+        )
+    return md_table(head, body)
+
+
+def plot_curves(results: list[ConfigResult], path: Path, title: str) -> Path:
+    """Reward per step for each configuration: mean over nodes, shaded between the min and max node."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    has_heldout = any(res.heldout_curve()[0] for res in results)
+    fig, axes = plt.subplots(1, 2 if has_heldout else 1, figsize=(13 if has_heldout else 8, 4.5), dpi=110)
+    ax = axes[0] if has_heldout else axes
+    for res in results:
+        steps, mean, lo, hi = res.curve()
+        if not steps:
+            continue
+        (line,) = ax.plot(steps, mean, label=res.name, linewidth=1.5)
+        ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.15, linewidth=0)
+        if has_heldout:
+            hs, hv = res.heldout_curve()
+            axes[1].plot(hs, hv, marker="o", label=res.name, color=line.get_color(), linewidth=1.5)
+    ax.set_xlabel("learner step")
+    ax.set_ylabel("training reward, own rollouts\n(mean over nodes; band: min-max node)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize="small")
+    if has_heldout:
+        axes[1].set_xlabel("learner step")
+        axes[1].set_ylabel("held-out accuracy\n(unseen questions; mean over nodes)")
+        axes[1].set_title("held-out accuracy")
+        axes[1].grid(alpha=0.3)
+        axes[1].legend(loc="best", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def write_report(out: str | Path, *, title: str = "experiment", order: list[str] | None = None) -> list[dict[str, Any]]:
+    """Write ``results.csv``, ``results.md`` and ``rewards.png`` into ``out``; return the table rows."""
+    out = Path(out)
+    results = collect(out, order)
+    rows: list[dict[str, Any]] = []
+    baseline = None
+    for res in results:
+        row = res.row(baseline)
+        if baseline is None:
+            baseline = row["cumulative_reward"] or None
+            row["ratio_vs_baseline"] = 1.0 if baseline else float("nan")
+        rows.append(row)
+    with (out / "results.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
+    md = (
+        f"# {title}\n\nCumulative reward = training reward of each node's own rollouts (reward_mean) summed over "
+        "nodes and steps, mean ± std over seeds. Held-out accuracy = mean over nodes of the accuracy on questions "
+        "of the held-out split, which no node trains on, at the first and the last evaluation; its gain is the "
+        "learning measure (mean ± std over seeds).\n\n"
+    )
+    (out / "results.md").write_text(md + markdown_table(rows))
+    write_html_report(out, results, rows, title)
+    if rows:
+        plot_curves(results, out / "rewards.png", title)
+    logger.info("wrote results for %d configurations into %s", len(rows), out)
+    return rows
