@@ -32,7 +32,7 @@ from benchmarks.common.machine import machine_info  # noqa: E402
 def swarm_node(*args: str, capture: bool = False) -> str:
     """Run the real ``swarm-node`` CLI; its stdout when ``capture``."""
     exe = shutil.which("swarm-node")
-    cmd = [exe, *args] if exe else [sys.executable, "-m", "node.cli.main", *args]
+    cmd = [exe, *args] if exe else [sys.executable, "-m", "node.cli.app", *args]
     done = subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.PIPE if capture else subprocess.DEVNULL)
     return done.stdout.decode() if capture else ""
 

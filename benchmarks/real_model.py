@@ -51,7 +51,7 @@ CONFIG = {
 
 def _exe() -> list[str]:
     exe = shutil.which("swarm-node")
-    return [exe] if exe else [sys.executable, "-m", "node.cli.main"]
+    return [exe] if exe else [sys.executable, "-m", "node.cli.app"]
 
 
 def _evals(run_dir: Path) -> tuple[dict, dict]:

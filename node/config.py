@@ -196,6 +196,12 @@ class SapoConfig(StrictModel):
     """When peers supply fewer than J groups, train on more own groups instead (a lone node keeps its batch)."""
     max_per_peer: int | None = Field(default=None, ge=1)
     """Cap on groups from one peer per batch (default: ceil(J/2) so no single peer fills it)."""
+    newcomer_share: float = Field(default=0.25, ge=0, le=1)
+    """Sybil budget: all newcomers together take at most max(1, floor(J * newcomer_share)) of the J external slots
+    (minting identities is free, so a flood of fresh ones competes for these slots alone; SPEC 11)."""
+    establish_steps: int = Field(default=3, ge=0)
+    """A sender stops being a newcomer once its informative groups arrived at this many distinct steps of ours
+    (0: every sender is established at once, no sybil budget)."""
     pool_size: int = Field(default=2048, ge=1)
     """Groups kept in the rollout pool (oldest evicted first)."""
     max_age_steps: int = Field(default=50, ge=1)

@@ -33,8 +33,7 @@ from node.config import NodeConfig
 from node.learn.batch import SampleBuilder, TrainBatch
 from node.rollout.groups import OwnRollouts, own_rollouts
 from node.rollout.planner import Planner, RolloutPlanner, UniformPlanner, planner_enabled
-from node.seams import EngineLike, Generation, LearnerLike, NoPhase, PolicyLike, StepPhase, TasksLike
-from node.tasks import TaskItem
+from node.seams import EngineLike, GenerationSettings, LearnerLike, NoPhase, PolicyLike, StepPhase, TasksLike
 from node.telemetry.metrics import JsonlWriter, LiveView, truncate_after_step
 from node.telemetry.trackers import open_metrics
 from protocol.channel import Channel
@@ -87,7 +86,9 @@ def build_parts(cfg: NodeConfig) -> NodeParts:
 
         engine = build_vllm_engine(cfg, policy)
     else:
-        engine = TransformersEngine(policy, batch_size=cfg.rollout.batch_size)
+        engine = TransformersEngine(
+            policy, batch_size=cfg.rollout.batch_size, settings=GenerationSettings.of(cfg.rollout)
+        )
     pad = policy.tokenizer.pad_token_id
     if pad is None:
         pad = policy.tokenizer.eos_token_id
@@ -126,6 +127,8 @@ class Node:
             max_per_peer=cfg.sapo.max_per_peer,
             fill_local=cfg.sapo.fill_local,
             seed=cfg.seed,
+            newcomer_share=cfg.sapo.newcomer_share,
+            establish_steps=cfg.sapo.establish_steps,
             keep_zero_advantage=cfg.sapo.keep_zero_advantage,
         )
         self.samples = SampleBuilder(
@@ -157,7 +160,7 @@ class Node:
         self.planner: Planner = (
             RolloutPlanner(cfg, self.tasks, self.engine, self.policy)
             if planner_enabled(cfg)
-            else UniformPlanner(cfg, self.tasks, self.rollout)
+            else UniformPlanner(cfg, self.tasks, self.engine, self.policy)
         )
         self.phase: StepPhase = NoPhase() if cfg.mnpo.schedule == "off" else self._mnpo_phase()
 
@@ -179,7 +182,7 @@ class Node:
             learner=self._torch_learner("MNPO"),
             tasks=self.tasks,
             samples=self.samples,
-            rollout=self.rollout,
+            rollout=self.planner.rollout,
             step=lambda: self.step,
             window_base=(lambda: channel.validator.current_window()) if channel is not None else (lambda: self.step),
             publish=channel.publish if channel is not None else None,
@@ -301,22 +304,6 @@ class Node:
     def _step_rng(self, purpose: str) -> random.Random:
         # Derived from (seed, node, step) alone, so a resumed node redraws exactly what it would have drawn.
         return random.Random(f"{self.cfg.seed}:{self.name}:{purpose}:{self.step}")
-
-    def rollout(
-        self, refs: list[TaskRef], n: int, rng: random.Random
-    ) -> tuple[list[TaskItem], Sequence[Sequence[Generation]]]:
-        """Materialize ``refs``, format their prompts and sample ``n`` completions each with the rollout config."""
-        rcfg = self.cfg.rollout
-        items = [self.tasks.materialize(r) for r in refs]
-        gens = self.engine.generate(
-            [self.policy.format_prompt(it.question) for it in items],
-            n,
-            max_new_tokens=rcfg.max_new_tokens,
-            temperature=rcfg.temperature,
-            top_p=rcfg.top_p,
-            seed=rng.randrange(2**31),
-        )
-        return items, gens
 
     def generate(self) -> OwnRollouts:
         """Draw prompts, generate G completions each, score them locally. Blocking (run off the loop)."""

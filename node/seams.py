@@ -29,6 +29,40 @@ read: a logprob is never positive, and below about -20 (probability 2e-9) a hint
 leverage over the importance weight."""
 
 
+@dataclass(frozen=True)
+class GenerationSettings:
+    """How a node's rollout engine samples, fixed when the engine is built (from the ``rollout`` config section).
+
+    The planner, APRIL and the MNPO phase all sample with these; only the held-out evaluator asks for other values
+    (greedy decoding, its own token budget), per call."""
+
+    max_new_tokens: int = 32
+    """Token budget of one completion."""
+    temperature: float = 1.0
+    """Sampling temperature (0: greedy)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass."""
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1 or self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError("need max_new_tokens >= 1, temperature >= 0 and 0 < top_p <= 1")
+
+    @classmethod
+    def of(cls, rollout: Any) -> GenerationSettings:
+        """The settings of a ``RolloutConfig``."""
+        return cls(max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature, top_p=rollout.top_p)
+
+    def resolve(
+        self, max_new_tokens: int | None, temperature: float | None, top_p: float | None
+    ) -> tuple[int, float, float]:
+        """These settings with a call's overrides applied: ``(max_new_tokens, temperature, top_p)``."""
+        return (
+            self.max_new_tokens if max_new_tokens is None else max_new_tokens,
+            self.temperature if temperature is None else temperature,
+            self.top_p if top_p is None else top_p,
+        )
+
+
 @dataclass
 class TrainSample:
     """One scored completion, ready for the learner."""
@@ -76,18 +110,21 @@ class PolicyLike(Protocol):
 
 
 class EngineLike(Protocol):
-    """Samples ``n`` completions per prompt and tags each with the policy version it was told."""
+    """Samples ``n`` completions per prompt with its :class:`GenerationSettings` (a call may override them) and tags
+    each with the policy version it was told."""
 
+    @property
+    def settings(self) -> GenerationSettings: ...
     def generate(
         self,
         prompts: list[str],
         n: int,
         /,
         *,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
         seed: int | None = None,
+        max_new_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
     ) -> Sequence[Sequence[Generation]]: ...
     def set_policy_version(self, version: int) -> None: ...
 
@@ -100,6 +137,7 @@ class TasksLike(Protocol):
     def sample(self, rng: random.Random, n: int) -> list[TaskRef]: ...
     def materialize(self, ref: TaskRef) -> TaskItem: ...
     def materialize_for_training(self, ref: TaskRef) -> TaskItem: ...
+    def accepts(self, ref: TaskRef) -> bool: ...
     def score(self, item: TaskItem, completion_text: str) -> float: ...
     def warn_if_small(self, total_draws: int) -> list[str]: ...
 

@@ -1,4 +1,4 @@
-"""The wire layer: who a peer is, what it publishes, how records are checked, how bytes move.
+"""The wire layer (no torch): who a peer is, what it publishes, how records are checked, how bytes move.
 
 * ``errors``     -- :class:`SwarmError` and the protocol's error classes
 * ``config``     -- strict pydantic base model, YAML + overrides loader, one-line config errors
@@ -12,7 +12,12 @@
 * ``layout``     -- the sharded key layout: signed bounded index entries, shards and levels, bounded random reads
 * ``version``    -- the protocol version (major.minor), the compatibility rule, the one-line mismatch report
 * ``channel``    -- sign+publish own records, fetch+validate+dedup peers' records over a transport
-* ``transport``  -- the Transport interface and its implementations (memory, hivemind, libp2p)
+* ``lazy``       -- lazy re-exports for package faces whose modules import heavy libraries
+* ``transport``  -- the Transport interface and its implementations (memory; hivemind and libp2p, a folder each)
 
-Never imports torch, transformers or hivemind at import time (``protocol.transport.hivemind.transport`` aside).
+Layers, top to bottom: ``channel`` -> ``transport`` -> ``validation`` -> ``layout`` -> ``records`` -> ``kinds`` ->
+``codec`` | ``schema`` -> ``identity`` | ``types`` | ``version`` | ``config`` | ``errors``.
+
+Never imports torch, transformers or hivemind at import time (``protocol.transport.hivemind`` and
+``protocol.transport.libp2p`` aside, which import their library).
 """

@@ -1,14 +1,30 @@
 """The simulator: many nodes on one machine, faults, experiments, reports.
 
-* ``config``     -- the experiment YAML (``SimConfig``): nodes, steps, seeds, variants, faults, adversaries
-* ``scripted``   -- a cheap scripted policy/tasks/engine/learner for scale and unit tests
-* ``adversary``  -- hostile peers built from the protocol's fault-injecting transport wrappers
-* ``inprocess``  -- N nodes on one event loop over the memory transport, deterministic given a seed
-* ``multiproc``  -- N real ``swarm-node join`` processes over hivemind on 127.0.0.1
-* ``runner``     -- every configuration x seed of an experiment
-* ``report``     -- results.csv / results.md / rewards.png from the per-node metrics
-* ``report_html`` -- the self-contained report.html (tables, inline SVG curves, per-node detail)
-* ``experiments`` -- experiment-specific metrics and reports (the MNPO game, the SAPO analysis)
-* ``progress``   -- progress lines (configuration, seed, step k/N, ETA) on stderr
-* ``cli``        -- ``swarm-sim``
+* ``cli``         -- ``swarm-sim``
+* ``runner``      -- every configuration x seed of an experiment
+* ``inprocess``   -- N nodes on one event loop over the memory transport, deterministic given a seed
+* ``multiproc``   -- N real ``swarm-node join`` processes over hivemind on 127.0.0.1
+* ``config``      -- the experiment YAML (``SimConfig``): nodes, steps, seeds, variants, faults, adversaries
+* ``scripted``    -- a cheap scripted policy/tasks/engine/learner for scale and unit tests
+* ``adversary``   -- hostile peers built from the fault-injecting transport wrappers
+* ``faults``      -- composable transport wrappers injecting drop, delay, duplicate, tamper, replay, flood, forge
+* ``experiments`` -- experiment-specific runs and reports (the MNPO population game of B6)
+* ``report``      -- results.csv / results.md / rewards.png, report.html, progress lines
+
+Layers, top to bottom: ``cli`` -> ``runner`` -> ``experiments`` | ``inprocess`` | ``multiproc`` -> ``adversary`` ->
+``faults`` | ``scripted`` | ``report`` -> ``config``. Imports ``node``, ``swarm`` and ``protocol``; nothing in those
+imports the simulator. Public names resolve lazily (``swarm-sim --help`` stays instant).
 """
+
+from protocol.lazy import lazy_exports
+
+__all__ = ["SimConfig", "load_sim_config", "run_experiment", "write_report"]
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "SimConfig": "config",
+        "load_sim_config": "config",
+        "run_experiment": "runner",
+        "write_report": "report",
+    },
+)

@@ -90,7 +90,7 @@ class NodeProcess:
 
 def node_command(config_file: Path, run_dir: Path, steps: int, peers: list[str], extra: list[str]) -> list[str]:
     """The ``swarm-node join`` command line of one node (run with this interpreter)."""
-    cmd = [sys.executable, "-m", "node.cli.main", "join", "--run-dir", str(run_dir), "--max-steps", str(steps)]
+    cmd = [sys.executable, "-m", "node.cli.app", "join", "--run-dir", str(run_dir), "--max-steps", str(steps)]
     cmd += ["--config", str(config_file), "--host", "127.0.0.1", "--port", "0"]
     for p in peers:
         cmd += ["--peers", p]

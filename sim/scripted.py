@@ -28,7 +28,7 @@ from typing import Any
 
 from node.config import NodeConfig, TaskConfig
 from node.runtime import NodeParts
-from node.seams import TrainSample
+from node.seams import GenerationSettings, TrainSample
 from node.tasks import TaskError, TaskItem, extract_answer, format_answer
 from protocol.types import TaskRef
 
@@ -168,9 +168,10 @@ class ScriptedGeneration:
 class ScriptedEngine:
     """Stands in for the rollout engine: G answers per prompt, right with the model's probability."""
 
-    def __init__(self, policy: ScriptedPolicy, answer_tokens: int) -> None:
+    def __init__(self, policy: ScriptedPolicy, answer_tokens: int, settings: GenerationSettings) -> None:
         self.policy = policy
         self.answer_tokens = answer_tokens
+        self.settings = settings
         self.policy_version = 0
 
     def set_policy_version(self, version: int) -> None:
@@ -182,11 +183,12 @@ class ScriptedEngine:
         group_size: int,
         /,
         *,
-        max_new_tokens: int = 32,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
         seed: int | None = None,
+        max_new_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
     ) -> list[list[ScriptedGeneration]]:
+        max_new_tokens = self.settings.max_new_tokens if max_new_tokens is None else max_new_tokens
         rng = random.Random(seed)
         out = []
         for prompt in prompts:
@@ -260,7 +262,7 @@ def build_scripted_parts(
     return NodeParts(
         policy=policy,
         tasks=tasks,
-        engine=ScriptedEngine(policy, answer_tokens),
+        engine=ScriptedEngine(policy, answer_tokens, GenerationSettings.of(cfg.rollout)),
         learner=ScriptedLearner(
             policy, lr, cfg.rollout.group_size * (cfg.sapo.local_groups + cfg.sapo.external_groups)
         ),

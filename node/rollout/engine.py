@@ -37,6 +37,7 @@ from typing import Any, Literal
 import torch
 
 from node.model.policy import Policy
+from node.seams import GenerationSettings
 
 logger = logging.getLogger(__name__)
 
@@ -88,9 +89,11 @@ class RolloutRequest:
 
 
 class RolloutEngine(ABC):
-    """Samples completions from the current policy; ``policy_version`` tags every completion it returns."""
+    """Samples completions from the current policy with the :class:`GenerationSettings` it was built with;
+    ``policy_version`` tags every completion it returns."""
 
     policy_version: int = 0
+    settings: GenerationSettings = GenerationSettings()
 
     @abstractmethod
     def generate(
@@ -98,12 +101,13 @@ class RolloutEngine(ABC):
         prompts: list[str],
         n: int,
         *,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
         seed: int | None = None,
+        max_new_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
     ) -> list[list[GeneratedCompletion]]:
-        """``n`` completions for each prompt (outer list in prompt order)."""
+        """``n`` completions for each prompt (outer list in prompt order), sampled with the engine's settings; the
+        keyword overrides are for callers that decode differently (the held-out evaluator's greedy pass)."""
 
     def generate_requests(
         self,
@@ -166,11 +170,12 @@ def apply_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
 class TransformersEngine(RolloutEngine):
     """Sampling loop over a transformers causal LM with a KV cache; shares the policy's model object."""
 
-    def __init__(self, policy: Policy, batch_size: int = 64):
+    def __init__(self, policy: Policy, batch_size: int = 64, settings: GenerationSettings | None = None):
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         self.policy = policy
         self.batch_size = batch_size
+        self.settings = settings or GenerationSettings()
         self.policy_version = 0
 
     def generate(
@@ -178,11 +183,12 @@ class TransformersEngine(RolloutEngine):
         prompts: list[str],
         n: int,
         *,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
         seed: int | None = None,
+        max_new_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
     ) -> list[list[GeneratedCompletion]]:
+        max_new_tokens, temperature, top_p = self.settings.resolve(max_new_tokens, temperature, top_p)
         if n < 1 or max_new_tokens < 1 or temperature < 0 or not 0 < top_p <= 1:
             raise ValueError("need n >= 1, max_new_tokens >= 1, temperature >= 0 and 0 < top_p <= 1")
         encoded = [self.policy.encode(p) for p in prompts]

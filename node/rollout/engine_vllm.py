@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from node.rollout.engine import FinishReason, GeneratedCompletion, RolloutEngine, RolloutRequest, StopFn
+from node.seams import GenerationSettings
 
 logger = logging.getLogger(__name__)
 
@@ -130,8 +131,11 @@ class _Progress:
 class _ChunkedEngine(RolloutEngine):
     """The engine logic shared by both modes: prompts -> token ids, chunked APRIL generation, weight sync."""
 
-    def __init__(self, policy: Any, *, sync_dir: Path, chunk_tokens: int = 64) -> None:
+    def __init__(
+        self, policy: Any, *, sync_dir: Path, chunk_tokens: int = 64, settings: GenerationSettings | None = None
+    ) -> None:
         self.policy = policy
+        self.settings = settings or GenerationSettings()
         self.sync_dir = Path(sync_dir)
         self.chunk_tokens = chunk_tokens
         self.policy_version = 0
@@ -144,7 +148,8 @@ class _ChunkedEngine(RolloutEngine):
     @abstractmethod
     def _load(self, path: Path) -> None: ...
 
-    def generate(self, prompts, n, *, max_new_tokens, temperature=1.0, top_p=1.0, seed=None):
+    def generate(self, prompts, n, *, seed=None, max_new_tokens=None, temperature=None, top_p=None):
+        max_new_tokens, temperature, top_p = self.settings.resolve(max_new_tokens, temperature, top_p)
         encoded = [self.policy.encode(p) for p in prompts]
         return self._generate_by_requests(
             encoded, n, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
@@ -222,8 +227,17 @@ class _ChunkedEngine(RolloutEngine):
 class VllmEngine(_ChunkedEngine):
     """vLLM in the node's own process (GPU machines whose torch is vLLM's)."""
 
-    def __init__(self, policy: Any, model_path: str, *, sync_dir: Path, gpu_memory_utilization: float, chunk_tokens=64):
-        super().__init__(policy, sync_dir=sync_dir, chunk_tokens=chunk_tokens)
+    def __init__(
+        self,
+        policy: Any,
+        model_path: str,
+        *,
+        sync_dir: Path,
+        gpu_memory_utilization: float,
+        chunk_tokens: int = 64,
+        settings: GenerationSettings | None = None,
+    ):
+        super().__init__(policy, sync_dir=sync_dir, chunk_tokens=chunk_tokens, settings=settings)
         self.backend = VllmBackend(model_path, gpu_memory_utilization=gpu_memory_utilization)
 
     def _complete(self, prompts, max_tokens, temperature, top_p, seed):
@@ -236,8 +250,17 @@ class VllmEngine(_ChunkedEngine):
 class VllmServerEngine(_ChunkedEngine):
     """A client of the rollout server (``python -m node.rollout.engine_vllm serve``) on localhost."""
 
-    def __init__(self, policy: Any, url: str, *, sync_dir: Path, timeout_s: float = 600.0, chunk_tokens: int = 64):
-        super().__init__(policy, sync_dir=sync_dir, chunk_tokens=chunk_tokens)
+    def __init__(
+        self,
+        policy: Any,
+        url: str,
+        *,
+        sync_dir: Path,
+        timeout_s: float = 600.0,
+        chunk_tokens: int = 64,
+        settings: GenerationSettings | None = None,
+    ):
+        super().__init__(policy, sync_dir=sync_dir, chunk_tokens=chunk_tokens, settings=settings)
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
 
@@ -259,10 +282,11 @@ class VllmServerEngine(_ChunkedEngine):
 def build_vllm_engine(cfg: Any, policy: Any) -> RolloutEngine:
     """The engine ``cfg.vllm`` describes; the policy stays the learner's (tokenizer, weights to sync)."""
     v = cfg.vllm
+    settings = GenerationSettings.of(cfg.rollout)
     sync_dir = v.sync_dir or Path(os.environ.get("RL_SWARM_RUN_DIR", ".")) / "vllm-weights"
     if v.mode == "server":
         engine: _ChunkedEngine = VllmServerEngine(
-            policy, v.url, sync_dir=sync_dir, timeout_s=v.timeout_s, chunk_tokens=v.chunk_tokens
+            policy, v.url, sync_dir=sync_dir, timeout_s=v.timeout_s, chunk_tokens=v.chunk_tokens, settings=settings
         )
     else:
         engine = VllmEngine(
@@ -271,6 +295,7 @@ def build_vllm_engine(cfg: Any, policy: Any) -> RolloutEngine:
             sync_dir=sync_dir,
             gpu_memory_utilization=v.gpu_memory_utilization,
             chunk_tokens=v.chunk_tokens,
+            settings=settings,
         )
     engine.sync_weights(0)  # the learner's weights, whatever the server loaded from disk
     return engine

@@ -10,7 +10,8 @@ It composes three optional features (each on/off in the node config) around the 
 The posteriors are updated from the node's own scored groups (:meth:`RolloutPlanner.observe`); the state (APRIL
 buffer and posteriors) is one JSON blob the runtime puts in its checkpoint. The runtime calls its planner at two
 points (``generate`` and ``observe``); with every feature off it is a :class:`UniformPlanner` (uniform prompts,
-``G`` completions each, no state, no metrics).
+``G`` completions each, no state, no metrics). The planner owns the node's one generation path: the MNPO phase asks
+it for rollouts (:meth:`UniformPlanner.rollout`), and the engine samples with the settings it was built with.
 
 Imports torch (through ``node.rollout.april`` and the engine) only when APRIL is on, so the scripted simulator's VADE
 runs stay light. Knows nothing about rewards' meaning, the swarm or the learner.
@@ -22,11 +23,11 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, Protocol
 
 from node.config import NodeConfig
-from node.seams import Generation
+from node.seams import EngineLike, Generation, PolicyLike, TasksLike
 from node.tasks import TaskItem
 from protocol.types import TaskRef
 from swarm.pool import PooledGroup
@@ -40,14 +41,13 @@ def planner_enabled(cfg: NodeConfig) -> bool:
     return cfg.april.enabled or cfg.vade.enabled or cfg.dart.enabled
 
 
-#: ``rollout(refs, n, rng) -> (items, generations)``: the node's engine with its sampling settings.
-RolloutFn = Callable[[list[TaskRef], int, random.Random], tuple[list[TaskItem], Sequence[Sequence[Generation]]]]
-
-
 class Planner(Protocol):
     """What the runtime asks of a planner each step, and what it checkpoints."""
 
     def generate(self, rng: random.Random, step: int) -> tuple[list[TaskItem], Sequence[Sequence[Generation]]]: ...
+    def rollout(
+        self, refs: list[TaskRef], n: int, rng: random.Random
+    ) -> tuple[list[TaskItem], Sequence[Sequence[Generation]]]: ...
     def observe(self, own: list[PooledGroup], step: int) -> None: ...
     def metrics(self) -> dict[str, float]: ...
     def state_dict(self) -> dict[str, Any] | None: ...
@@ -55,11 +55,26 @@ class Planner(Protocol):
 
 
 class UniformPlanner:
-    """The planner of a node with APRIL, VADE and DART off: ``prompts_per_step`` uniform prompts, ``G`` each."""
+    """The planner of a node with APRIL, VADE and DART off: ``prompts_per_step`` uniform prompts, ``G`` each.
 
-    def __init__(self, cfg: NodeConfig, tasks: Any, rollout: RolloutFn) -> None:
+    It owns the node's one generation path, prompt -> completions (:meth:`rollout`, :meth:`sample`): the runtime,
+    the MNPO phase and :class:`RolloutPlanner` all come through here, and the engine samples with the settings it
+    was built with."""
+
+    def __init__(self, cfg: NodeConfig, tasks: TasksLike, engine: EngineLike, policy: PolicyLike) -> None:
         self.n, self.group_size = cfg.rollout.prompts_per_step, cfg.rollout.group_size
-        self.tasks, self.rollout = tasks, rollout
+        self.tasks, self.engine, self.policy = tasks, engine, policy
+
+    def sample(self, items: Sequence[TaskItem], n: int, seed: int) -> Sequence[Sequence[Generation]]:
+        """``n`` completions for each item's formatted prompt: the one call into the engine for training rollouts."""
+        return self.engine.generate([self.policy.format_prompt(it.question) for it in items], n, seed=seed)
+
+    def rollout(
+        self, refs: list[TaskRef], n: int, rng: random.Random
+    ) -> tuple[list[TaskItem], Sequence[Sequence[Generation]]]:
+        """Materialize ``refs`` and sample ``n`` completions each (seeded from ``rng``)."""
+        items = [self.tasks.materialize(r) for r in refs]
+        return items, self.sample(items, n, rng.randrange(2**31))
 
     def generate(self, rng: random.Random, step: int) -> tuple[list[TaskItem], Sequence[Sequence[Generation]]]:
         return self.rollout(self.tasks.sample(rng, self.n), self.group_size, rng)
@@ -77,12 +92,12 @@ class UniformPlanner:
         return None
 
 
-class RolloutPlanner:
+class RolloutPlanner(UniformPlanner):
     """Prompt selection (uniform or VADE), rollout counts (G or DART) and generation (plain or APRIL)."""
 
-    def __init__(self, cfg: NodeConfig, tasks: Any, engine: Any, policy: Any) -> None:
+    def __init__(self, cfg: NodeConfig, tasks: TasksLike, engine: EngineLike, policy: PolicyLike) -> None:
+        super().__init__(cfg, tasks, engine, policy)
         self.cfg = cfg
-        self.tasks, self.engine, self.policy = tasks, engine, policy
         v = cfg.vade
         self.posteriors: VadeSelector | None = None
         if v.enabled or cfg.dart.enabled:
@@ -159,28 +174,20 @@ class RolloutPlanner:
         return items, gens
 
     def _generate_plain(self, items: list[Any], counts: list[int], seed: int) -> list[list[Any]]:
-        """One ``engine.generate`` call per distinct rollout count (works with any engine)."""
-        rcfg = self.cfg.rollout
+        """One :meth:`sample` call per distinct rollout count (works with any engine)."""
         gens: list[list[Any]] = [[] for _ in items]
         for n in sorted(set(counts)):
             idx = [i for i, c in enumerate(counts) if c == n]
-            out = self.engine.generate(
-                [self.policy.format_prompt(items[i].question) for i in idx],
-                n,
-                max_new_tokens=rcfg.max_new_tokens,
-                temperature=rcfg.temperature,
-                top_p=rcfg.top_p,
-                seed=seed + n,
-            )
+            out = self.sample([items[i] for i in idx], n, seed + n)
             for i, comps in zip(idx, out, strict=True):
-                gens[i] = comps
+                gens[i] = list(comps)
         return gens
 
     def _generate_april(self, rng: random.Random, step: int) -> tuple[list[Any], list[list[Any]], Any]:
         from node.rollout.april import PendingGroup, groups_in_flight, run_round
 
-        rcfg, acfg = self.cfg.rollout, self.cfg.april
-        target = rcfg.prompts_per_step
+        settings, acfg = self.engine.settings, self.cfg.april
+        target = self.cfg.rollout.prompts_per_step
         want = groups_in_flight(target, acfg.oversample)
         carried = self.buffer.groups[:want]  # oldest first
         kept = self.buffer.groups[want:]
@@ -197,17 +204,18 @@ class RolloutPlanner:
                     key=ref.key(),
                     payload=ref.to_dict(),
                     prompt_ids=self.policy.encode(self.policy.format_prompt(item.question)),
-                    max_new_tokens=rcfg.max_new_tokens,
+                    max_new_tokens=settings.max_new_tokens,
                     completions=[None] * self.rollouts_for(ref, step),
                     started_step=step,
                 )
             )
+        engine: Any = self.engine  # APRIL continues partial completions: a RolloutEngine (generate_requests)
         complete, incomplete, stats = run_round(
-            self.engine,
+            engine,
             carried + fresh,
             target,
-            temperature=rcfg.temperature,
-            top_p=rcfg.top_p,
+            temperature=settings.temperature,
+            top_p=settings.top_p,
             seed=rng.randrange(2**31),
         )
         self.buffer.groups = incomplete + kept

@@ -1,12 +1,20 @@
 """Transports: move opaque signed record bytes between peers; all share one interface and one contract suite.
 
-* ``base``         -- the :class:`Transport` interface
-* ``config``       -- pydantic configs, a discriminated union on ``type`` (memory, hivemind, libp2p)
-* ``memory``       -- in-process network with fault hooks (latency, loss, duplication, partitions, churn)
-* ``faults``       -- composable wrappers injecting drop, delay, duplicate, tamper, replay, flood, forge
-* ``factory``      -- build a transport from its config (registry keyed by ``type``; backends imported lazily)
-* ``hivemind_dht`` -- hivemind DHT (the only module that imports hivemind)
-* ``libp2p_gossip`` -- py-libp2p GossipSub push + direct sync + peer exchange (with ``lp2p``, the only modules that
-  import libp2p)
-* ``lp2p``         -- the libp2p transport's parts: record store, edge validator, GossipSub, trio bridge, sync, peers
+* ``base``     -- the :class:`Transport` interface
+* ``config``   -- pydantic configs, a discriminated union on ``type`` (memory, hivemind, libp2p)
+* ``factory``  -- build a transport from its config (registry keyed by ``type``; backends imported lazily)
+* ``memory``   -- in-process network with fault hooks (latency, loss, duplication, partitions, churn)
+* ``hivemind`` -- the hivemind DHT transport (the only package that imports hivemind): transport, store guard,
+  event-loop plumbing
+* ``libp2p``   -- the py-libp2p transport (the only package that imports libp2p): GossipSub push, direct sync, peer
+  exchange, and its parts
+
+Layers, top to bottom: ``factory`` -> ``hivemind`` | ``libp2p`` | ``memory`` -> ``base`` | ``config``. The fault-
+injecting wrappers that tests and the simulator put around a transport live in ``sim.faults``.
 """
+
+from protocol.transport.base import RecordCheck, Transport
+from protocol.transport.config import TransportConfig
+from protocol.transport.factory import create_transport
+
+__all__ = ["RecordCheck", "Transport", "TransportConfig", "create_transport"]

@@ -1,7 +1,11 @@
-"""Experiments built on the simulator: their own metrics and reports, read from run directories.
+"""Experiments the simulator runs itself (``swarm-sim run`` with an experiment section), beside its plain runs.
 
-* ``mnpo`` -- B6: the MNPO population game (non-transitive oracle; win rate and duality gap per method) and the
-  per-method table of the real-node MNPO runs
-* ``sapo`` -- B4: SAPO's own-rollout, held-out and training-batch rewards, paired by seed against 8/0; ablations;
-  "aha" propagation
+* ``mnpo_game`` -- B6: the MNPO population game (non-transitive oracle; win rate and duality gap per method) and
+  the per-method table of the real-node MNPO runs
+
+The readers of the benchmarks' run directories (the B4 SAPO analysis) live in ``benchmarks.analysis``.
 """
+
+from sim.experiments.mnpo_game import run_game, run_mnpo_report
+
+__all__ = ["run_game", "run_mnpo_report"]

@@ -132,7 +132,7 @@ class NodeProc(ChildProc):
         self, args: list[str], log_path: Path, env: dict[str, str] | None = None, *, own_group: bool = False
     ) -> None:
         exe = shutil.which("swarm-node", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-        cmd = [exe, *args] if exe else [sys.executable, "-m", "node.cli.main", *args]
+        cmd = [exe, *args] if exe else [sys.executable, "-m", "node.cli.app", *args]
         super().__init__(cmd, log_path, env, own_group=own_group)
 
     def multiaddr(self, timeout: float = 120) -> str:

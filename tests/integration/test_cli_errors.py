@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def cli(tool: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     exe = shutil.which(tool, path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    module = {"swarm-node": "node.cli.main", "swarm-sim": "sim.cli"}[tool]
+    module = {"swarm-node": "node.cli.app", "swarm-sim": "sim.cli"}[tool]
     cmd = [exe, *args] if exe else [sys.executable, "-m", module, *args]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)

@@ -55,6 +55,6 @@ def test_doctor_checks_peers(tmp_path):
 
 def test_doctor_help_is_instant():
     res = subprocess.run(
-        [sys.executable, "-m", "node.cli.main", "doctor", "--help"], capture_output=True, text=True, cwd=REPO
+        [sys.executable, "-m", "node.cli.app", "doctor", "--help"], capture_output=True, text=True, cwd=REPO
     )
     assert res.returncode == 0 and "--peers" in res.stdout

@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.xdist_group("eval_cli_run")]
 
 def cli(*args: str) -> subprocess.CompletedProcess:
     exe = shutil.which("swarm-node", path=str(Path(sys.executable).parent))
-    cmd = [exe, *args] if exe else [sys.executable, "-m", "node.cli.main", *args]
+    cmd = [exe, *args] if exe else [sys.executable, "-m", "node.cli.app", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
 
 

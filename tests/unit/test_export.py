@@ -29,7 +29,7 @@ def base_path(tiny_cache: Path) -> Path:
 
 def _export(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "node.cli.main", "export", *args]
+    cmd = [sys.executable, "-m", "node.cli.app", "export", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
 
 

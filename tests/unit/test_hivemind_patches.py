@@ -28,8 +28,8 @@ def test_peer_ids_give_the_same_text_hashes_and_comparisons_as_hiveminds_own():
 def test_applying_it_twice_changes_nothing():
     from hivemind.p2p import PeerID
 
-    from protocol.transport.hivemind.transport import _lazy_peer_id_text
+    from protocol.transport.hivemind.loop import lazy_peer_id_text
 
     before = (PeerID.__init__, PeerID.__dict__["_b58_str"])
-    _lazy_peer_id_text()
+    lazy_peer_id_text()
     assert (PeerID.__init__, PeerID.__dict__["_b58_str"]) == before

@@ -194,7 +194,7 @@ def test_the_observer_process_side_never_imports_torch():
         f"""
         import sys
         sys.path.insert(0, {str(ROOT)!r})
-        import node.observer.watch, node.cli.main
+        import node.observer.watch, node.cli.app
         from tests.unit.test_observer import make_observer, record, group, ALICE, gold
         obs = make_observer()
         assert obs.feed(record(ALICE, [group(1, ["<answer>" + gold(1) + "</answer>"], 1.0)], 1)) is not None
@@ -212,7 +212,7 @@ def test_watch_on_a_busy_port_is_one_clear_error_line():
 
     from typer.testing import CliRunner
 
-    from node.cli.main import app
+    from node.cli.app import app
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

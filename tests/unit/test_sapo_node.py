@@ -89,3 +89,15 @@ def test_close_does_not_wait_for_a_task_that_ignores_its_cancellation(
         still_running, flushed = asyncio.run(run())
     assert still_running and flushed, "closed without waiting for the stuck task"
     assert ":stubborn did not stop within" in caplog.text, caplog.text
+
+
+def test_the_sybil_budget_settings_reach_the_nodes_sampler(tmp_path: Path) -> None:
+    from node.runtime import Node
+    from sim.scripted import build_scripted_parts
+
+    cfg = NodeConfig.model_validate({"sapo": {"newcomer_share": 0.5, "establish_steps": 7}})
+    parts = build_scripted_parts(cfg, lr=1.0, init_p=0.1, init_spread=0.0, max_p=0.9, answer_tokens=4)
+    node = Node(cfg, tmp_path, parts, live=False)
+    assert (node.sampler.newcomer_share, node.sampler.establish_steps) == (0.5, 7)
+    with pytest.raises(ValueError, match="newcomer_share"):
+        NodeConfig.model_validate({"sapo": {"newcomer_share": 1.5}})

@@ -41,32 +41,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import hashlib
 import logging
 import os
 import shutil
 import tempfile
-import threading
 import time
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Collection, Coroutine, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
-import base58
 import msgpack
 from hivemind.dht.node import DHTNode
-from hivemind.dht.routing import DHTID
-from hivemind.dht.validation import DHTRecord, RecordValidatorBase
+from hivemind.dht.validation import DHTRecord
 from hivemind.p2p import PeerID
-from hivemind.utils import get_dht_time
 from multiaddr import Multiaddr
 from multiaddr.protocols import P_P2P as P2P_CODE
 
-from protocol.codec import RecordDecodeError, RecordSignatureError, strict_unpackb
+from protocol.codec import RecordDecodeError, RecordSignatureError
 from protocol.errors import TransportError
 from protocol.layout import (
-    MAX_INDEX_ENTRY_BYTES,
     ShardParams,
     ShardReader,
     decode_index_entry,
@@ -76,20 +69,14 @@ from protocol.layout import (
     shard_key,
     shard_of,
 )
-from protocol.records import decode_record
 from protocol.transport.base import RecordCheck, Transport
 from protocol.transport.config import DHT_REPLICAS, HivemindTransportConfig, ProtocolConfig
-from protocol.types import Envelope
-from protocol.version import INCOMPATIBLE
+from protocol.transport.hivemind.guard import NO_SUBKEY, DHTRecordGuard, key_id
+from protocol.transport.hivemind.loop import LoopThread, T, port_of, write_daemon_key
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
 
-#: Records remembered as already validated by a node's guard (about 2 KB of memory per 64 entries).
-PASSED_CACHE_SIZE = 4096
-#: How hivemind serializes "no subkey" (a plain value).
-_NO_SUBKEY = msgpack.packb(None)
 #: Seconds p2pd gets to exit after SIGTERM on close before it is killed.
 P2PD_EXIT_TIMEOUT_S = 5.0
 #: An index entry listing one more digest expires this much later (hivemind keeps the later-expiring value).
@@ -102,275 +89,6 @@ MAX_KNOWN_PEERS = 16
 REJOIN_INTERVAL_S = 10.0
 
 
-def key_id(key: str) -> bytes:
-    """The DHT id of a key string, as hivemind derives it: SHA-1 of the MessagePack encoding of the string (20
-    bytes, big endian). SPEC.md 9 gives test vectors."""
-    data: bytes = DHTID.generate(source=key).to_bytes()
-    return data
-
-
-_key_id = key_id
-
-
-def _write_daemon_key(path: str) -> None:
-    """A fresh Ed25519 libp2p key for p2pd (protobuf ``PrivateKey{Type: Ed25519, Data: seed || public}``), the
-    kind p2pd makes for itself (``12D3KooW...`` peer ids); written by us so a restarted daemon can reuse it."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    key = Ed25519PrivateKey.generate()
-    raw = serialization.Encoding.Raw
-    seed = key.private_bytes(raw, serialization.PrivateFormat.Raw, serialization.NoEncryption())
-    public = key.public_key().public_bytes(raw, serialization.PublicFormat.Raw)
-    data = seed + public
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(bytes([0x08, 0x01, 0x12, len(data)]) + data)
-
-
-def _port_of(addresses: list[str]) -> int:
-    """The TCP port of the first ``/ip4/.../tcp/PORT/...`` address (0 when there is none)."""
-    for addr in addresses:
-        parts = addr.split("/")
-        if "tcp" in parts and parts.index("tcp") + 1 < len(parts) and parts[parts.index("tcp") + 1].isdigit():
-            return int(parts[parts.index("tcp") + 1])
-    return 0
-
-
-def _is_index_entry(value: bytes) -> bool:
-    """Whether a stored value is shaped like an index entry (its body has ``digests``) rather than a record."""
-    if len(value) > MAX_INDEX_ENTRY_BYTES:
-        return False
-    try:
-        outer = strict_unpackb(value, max_bytes=MAX_INDEX_ENTRY_BYTES)
-        body = strict_unpackb(outer["body"], max_bytes=MAX_INDEX_ENTRY_BYTES)
-        return isinstance(body, dict) and "digests" in body
-    except Exception:
-        return False
-
-
-class DHTRecordGuard(RecordValidatorBase):  # type: ignore[misc]  # hivemind ships no type information
-    """Store-time and fetch-time check of every DHT entry; refuses anything that is not ours, counted by reason.
-
-    Stateless by design (no replay or quota memory): hivemind validates the same entry on every store, every
-    lookup response and every cache refresh, so a stateful check would refuse honest repeats.
-    """
-
-    def __init__(
-        self,
-        swarm: str,
-        *,
-        max_bytes: int,
-        max_ttl_s: float,
-        validate: RecordCheck | None = None,
-        params: ShardParams | None = None,
-        clock_offset_s: float = 0.0,
-    ):
-        self.swarm = swarm
-        self.clock_offset_s = clock_offset_s
-        self.params = params or ShardParams()
-        self.max_bytes = max_bytes
-        self.max_ttl_s = max_ttl_s
-        self.hook = validate
-        self.rejections: Counter[str] = Counter()
-        self.accepted = 0
-        # hivemind re-validates one record on every store, lookup response and cache refresh: remember records
-        # that passed (by key and content hash) for a short while so each node verifies each record about once.
-        self._passed: OrderedDict[tuple[bytes, bytes, bytes], float] = OrderedDict()
-        self._pass_ttl_s = max(1.0, max_ttl_s / 8)
-        # Time spent validating, for the benchmark's codec share: wall seconds (which count the time this DHT thread
-        # waits for the GIL or a core while other threads run) and the thread's own CPU seconds.
-        self.seconds = 0.0
-        self.cpu_seconds = 0.0
-        self._lock = threading.Lock()
-
-    def validate(self, record: DHTRecord) -> bool:
-        start, cpu_start = time.perf_counter(), time.thread_time()
-        try:
-            reason = self.check(record)
-        except Exception:  # a validator must never raise into hivemind: a bug here would drop honest data silently
-            logger.exception("hivemind record guard failed on a record")
-            reason = "guard_error"
-        with self._lock:
-            self.seconds += time.perf_counter() - start
-            self.cpu_seconds += time.thread_time() - cpu_start
-            if reason is None:
-                self.accepted += 1
-            else:
-                self.rejections[reason] += 1
-        if reason is not None:
-            logger.debug("refused DHT entry (%s), %d bytes", reason, len(record.value))
-        return reason is None
-
-    def check(self, record: DHTRecord) -> str | None:
-        """The reason to refuse ``record``, or None to accept it."""
-        if record.expiration_time > get_dht_time() + self.clock_offset_s + self.max_ttl_s:
-            return "expiration_too_far"
-        if len(record.value) > self.max_bytes + 16:
-            return "oversize"
-        memo: tuple[bytes, bytes, bytes] = (record.key, record.subkey, hashlib.sha256(record.value).digest())
-        now = time.monotonic()
-        with self._lock:
-            passed_at = self._passed.get(memo)
-        if passed_at is not None and now - passed_at < self._pass_ttl_s:
-            return None
-        try:
-            data = msgpack.unpackb(record.value, raw=True, max_bin_len=self.max_bytes)
-        except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
-            return "malformed"
-        if not isinstance(data, bytes):
-            return "malformed"
-        if record.subkey != _NO_SUBKEY:
-            reason = self._check_shard_entry(record, data)
-        elif _is_index_entry(data):
-            reason = self._check_peer_entry(record, data)
-        else:
-            reason = self._check_record(record, data)
-        if reason is None:
-            with self._lock:
-                self._passed[memo] = now
-                self._passed.move_to_end(memo)
-                while len(self._passed) > PASSED_CACHE_SIZE:
-                    self._passed.popitem(last=False)
-        return reason
-
-    def _check_record(self, record: DHTRecord, data: bytes) -> str | None:
-        hook = self.hook
-        try:
-            # The hook (the receiver's RecordValidator) decodes and verifies once for the guard and the channel.
-            got = hook(data) if hook is not None else decode_record(data, self.max_bytes)
-        except (RecordDecodeError, RecordSignatureError) as e:
-            return e.reason
-        if not isinstance(got, Envelope):  # a reason, or a hook that broke its contract
-            return got if isinstance(got, str) else "invalid_record"
-        env = got
-        if env.swarm != self.swarm:
-            return "wrong_swarm"
-        if key_id(record_key(self.swarm, env.window, env.sender, record_digest_hex(data))) != record.key:
-            return "key_mismatch"
-        return None
-
-    def _entry(self, data: bytes) -> tuple[Any, str | None]:
-        try:
-            entry = decode_index_entry(data)
-        except (RecordDecodeError, RecordSignatureError) as e:
-            return None, e.reason if e.reason == INCOMPATIBLE else f"index_{e.reason}"
-        if entry.swarm != self.swarm:
-            return None, "wrong_swarm"
-        return entry, None
-
-    def _check_peer_entry(self, record: DHTRecord, data: bytes) -> str | None:
-        entry, reason = self._entry(data)
-        if reason is not None:
-            return reason
-        if key_id(peer_key(self.swarm, entry.window, entry.sender)) != record.key:
-            return "key_mismatch"
-        return None
-
-    def _check_shard_entry(self, record: DHTRecord, data: bytes) -> str | None:
-        try:
-            subkey = msgpack.unpackb(record.subkey, raw=False)
-        except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
-            return "malformed_index"
-        if not isinstance(subkey, str):
-            return "malformed_index"
-        entry, reason = self._entry(data)
-        if reason is not None:
-            return reason
-        if entry.sender != subkey:
-            return "key_mismatch"
-        p = self.params
-        ids = {
-            key_id(shard_key(self.swarm, entry.window, level, shard_of(entry.window, entry.sender, level, p.fanout)))
-            for level in range(p.levels)
-        }
-        return None if record.key in ids else "key_mismatch"
-
-
-class _QuietDaemonShutdown(logging.Filter):
-    """Drops p2pd's report that its control socket closed: a daemon that got the terminal's Ctrl-C says so at
-    ERROR level although nothing is wrong (the node is shutting down with it)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "use of closed network connection" not in record.getMessage()
-
-
-logging.getLogger("hivemind.p2p.p2p_daemon").addFilter(_QuietDaemonShutdown())
-
-
-@functools.lru_cache(maxsize=4096)
-def _base58(peer_id: bytes) -> str:
-    return base58.b58encode(peer_id).decode()
-
-
-def _lazy_peer_id_text() -> None:
-    """hivemind's ``PeerID`` base58-encodes its bytes when it is built (pure Python, ~9 us), and a DHT lookup builds
-    one for every peer named in every response, most of which are only ever hashed and compared as bytes: about
-    10% of a loaded peer's busy samples at 32 peers (B1, session 24). Encode on first use instead, cached by bytes.
-    Same values, same behaviour; ``tests/unit/test_hivemind_patches.py`` checks both."""
-    if isinstance(PeerID.__dict__.get("_b58_str"), functools.cached_property):
-        return
-
-    def __init__(self: PeerID, peer_id_bytes: bytes) -> None:
-        self._bytes = peer_id_bytes
-
-    text = functools.cached_property(lambda self: _base58(self._bytes))
-    text.__set_name__(PeerID, "_b58_str")
-    PeerID._b58_str = text
-    PeerID.__init__ = __init__
-
-
-_lazy_peer_id_text()
-
-
-class _LoopThread:
-    """A private asyncio loop in a daemon thread: hivemind's tasks live there, callers await through futures."""
-
-    def __init__(self, name: str):
-        self.loop = asyncio.new_event_loop()
-        self.loop.set_exception_handler(self._on_exception)
-        #: Set on close: hivemind's fire-and-forget tasks then fail on the dying daemon's sockets; not news.
-        self.closing = False
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
-        # Let cancelled tasks unwind before the loop closes.
-        pending = asyncio.all_tasks(self.loop)
-        for task in pending:
-            task.cancel()
-        if pending:
-            self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-        self.loop.close()
-
-    def _on_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        if self.closing:
-            logger.debug("hivemind task failed during shutdown: %s", context.get("exception") or context["message"])
-        else:
-            loop.default_exception_handler(context)
-
-    async def call(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
-        """Run ``coro`` on the private loop; raise ``TimeoutError`` (after cancelling it there) past ``timeout``."""
-
-        async def bounded() -> T:
-            return await asyncio.wait_for(coro, timeout)
-
-        fut = asyncio.run_coroutine_threadsafe(bounded(), self.loop)
-        try:
-            # The outer bound is a safety net in case the private loop itself is stuck.
-            return await asyncio.wait_for(asyncio.wrap_future(fut), timeout + 5.0)
-        except (TimeoutError, asyncio.CancelledError):
-            fut.cancel()
-            raise
-
-    def stop(self, join_timeout: float = 10.0) -> None:
-        if self.loop.is_running():
-            self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(join_timeout)
-
-
 class HivemindTransport(Transport):
     """Transport over a hivemind DHT node; build it with ``await HivemindTransport.create(cfg, swarm=...)``."""
 
@@ -379,7 +97,7 @@ class HivemindTransport(Transport):
         cfg: HivemindTransportConfig,
         protocol: ProtocolConfig,
         swarm: str,
-        runner: _LoopThread,
+        runner: LoopThread,
         node: DHTNode,
         guard: DHTRecordGuard | None,
         addresses: list[str],
@@ -440,9 +158,9 @@ class HivemindTransport(Transport):
                 params=ShardParams.from_config(protocol),
                 clock_offset_s=protocol.clock_offset_s,
             )
-        runner = _LoopThread(name=f"hivemind-dht-{swarm}")
+        runner = LoopThread(name=f"hivemind-dht-{swarm}")
         key_dir = tempfile.mkdtemp(prefix="rl-swarm-p2pd-")
-        _write_daemon_key(os.path.join(key_dir, "p2pd.key"))
+        write_daemon_key(os.path.join(key_dir, "p2pd.key"))
         kwargs: dict[str, Any] = dict(
             initial_peers=list(cfg.initial_peers) or None,
             host_maddrs=[f"/ip4/{cfg.host}/tcp/{cfg.port}"],
@@ -505,7 +223,7 @@ class HivemindTransport(Transport):
                 expirations.append(entry_exp)
         if self.guard is not None:
             # Refuse up front, with the reason, what every honest replica (our own node included) would refuse.
-            record = DHTRecord(key_id(keys[0]), _NO_SUBKEY, msgpack.packb(data, use_bin_type=True), expiration)
+            record = DHTRecord(key_id(keys[0]), NO_SUBKEY, msgpack.packb(data, use_bin_type=True), expiration)
             reason = self.guard.check(record)
             if reason is not None:
                 raise TransportError(f"hivemind transport refuses to publish this record ({reason})")
@@ -713,7 +431,7 @@ class HivemindTransport(Transport):
 
     async def _restart(self, code: int) -> None:
         old = self._node
-        port = self.cfg.port or _port_of(self._addresses)
+        port = self.cfg.port or port_of(self._addresses)
         peers = list(dict.fromkeys([*self.cfg.initial_peers, *self._known_peers.values()]))
         logger.warning(
             "hivemind's p2pd daemon exited (code %s); restarting the DHT on port %s with %d known peers",
