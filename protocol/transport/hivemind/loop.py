@@ -72,7 +72,7 @@ def lazy_peer_id_text() -> None:
     """hivemind's ``PeerID`` base58-encodes its bytes when it is built (pure Python, ~9 us), and a DHT lookup builds
     one for every peer named in every response, most of which are only ever hashed and compared as bytes: about
     10% of a loaded peer's busy samples at 32 peers (B1, session 24). Encode on first use instead, cached by bytes.
-    Same values, same behaviour; ``tests/unit/test_hivemind_patches.py`` checks both."""
+    Same values, same behaviour; ``tests/unit/protocol/test_hivemind_patches.py`` checks both."""
     if isinstance(PeerID.__dict__.get("_b58_str"), functools.cached_property):
         return
 

@@ -26,7 +26,7 @@ from protocol.schema import expect_float, expect_list, expect_map, expect_str
 from protocol.types import Completion, Group, RolloutBatch, TaskRef
 from protocol.version import PROTOCOL_VERSION
 
-SPEC = Path(__file__).resolve().parents[2] / "protocol" / "SPEC.md"
+SPEC = Path(__file__).resolve().parents[3] / "protocol" / "SPEC.md"
 ALICE = Identity.from_private_bytes(bytes(range(32)))
 
 

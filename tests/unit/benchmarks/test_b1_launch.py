@@ -9,7 +9,7 @@ import pytest
 
 from benchmarks.common import harness as b1_common
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 SCRIPT = textwrap.dedent(
     """

@@ -7,7 +7,7 @@ import pytest
 from protocol.errors import ConfigError
 from sim.config import SimConfig, load_sim_config, node_seed
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SIM_CONFIGS = sorted((ROOT / "configs" / "sim").glob("*.yaml"))
 
 

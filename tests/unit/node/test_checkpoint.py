@@ -18,7 +18,7 @@ from node.config import LearnerConfig
 from node.learn.checkpoint import load_latest, restore, save_checkpoint
 from node.learn.learner import Learner, TrainSample
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def tiny_model(seed: int = 0, tie: bool = True) -> Qwen2ForCausalLM:

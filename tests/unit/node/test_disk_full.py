@@ -15,7 +15,7 @@ import node.learn.checkpoint as ckpt_mod
 import node.telemetry.metrics as metrics_mod
 from node.learn.checkpoint import load_latest, save_checkpoint, save_or_report
 from node.telemetry.metrics import JsonlWriter, read_jsonl
-from tests.unit.test_checkpoint import batch, make_learner, params
+from tests.unit.node.test_checkpoint import batch, make_learner, params
 
 
 def _enospc(*_a, **_k):

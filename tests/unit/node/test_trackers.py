@@ -179,7 +179,7 @@ def test_tracker_packages_are_imported_only_when_selected(tmp_path: Path) -> Non
         f"open_metrics({str(tmp_path / 'metrics.jsonl')!r}, NodeConfig()).close()\n"
         "print(sorted(m for m in ('wandb', 'trackio', 'tensorboard') if m in sys.modules))\n"
     )
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True)
     assert out.stdout.strip() == "[]", out.stdout
 

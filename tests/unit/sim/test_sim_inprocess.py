@@ -171,7 +171,7 @@ def test_cli_scale_quick(tmp_path):
 
     from sim.cli import app
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     out = tmp_path / "out"
     res = CliRunner().invoke(
         app, ["run", str(root / "configs/sim/scale.yaml"), "--out", str(out), "--quick", "--set", "steps=2"]

@@ -12,7 +12,7 @@ from protocol.transport.config import MemoryTransportConfig
 from protocol.transport.memory import MemoryNetwork, MemoryTransport
 
 # tests/unit has no __init__.py, so plain `pytest` does not put the repository root on sys.path.
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from tests.contract.transport_contract import *  # noqa: F403
 from tests.contract.transport_contract import make_record, now_window, publish_listed
 

@@ -18,7 +18,7 @@ from node.rollout.april import AprilBuffer, PendingGroup, groups_in_flight, run_
 from node.rollout.engine import RolloutRequest, TransformersEngine, apply_top_p
 from node.rollout.planner import UniformPlanner
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

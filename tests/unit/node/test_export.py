@@ -19,7 +19,7 @@ from node.model import tiny
 from node.model.policy import load_policy
 from protocol.config import write_resolved
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ NOW_W = int(NOW // WS)
 ALICE = Identity.from_private_bytes(b"\x01" * 32)
 BOB = Identity.from_private_bytes(b"\x02" * 32)
 CHAIN = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 class Clock:
@@ -195,7 +195,7 @@ def test_the_observer_process_side_never_imports_torch():
         import sys
         sys.path.insert(0, {str(ROOT)!r})
         import node.observer.watch, node.cli.app
-        from tests.unit.test_observer import make_observer, record, group, ALICE, gold
+        from tests.unit.node.test_observer import make_observer, record, group, ALICE, gold
         obs = make_observer()
         assert obs.feed(record(ALICE, [group(1, ["<answer>" + gold(1) + "</answer>"], 1.0)], 1)) is not None
         assert obs.state()["peers"][0]["verified"] == 1.0

@@ -12,9 +12,9 @@ from protocol.identity import Identity
 from protocol.layout import encode_index_entry, peer_key, record_digest_hex, record_key, shard_hash, shard_key, shard_of
 from protocol.types import TaskRef
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
-from tests.unit.test_records import vector_record  # noqa: E402
+from tests.unit.protocol.test_records import vector_record  # noqa: E402
 
 SPEC = ROOT / "protocol" / "SPEC.md"
 ALICE = Identity.from_private_bytes(bytes(range(32)))

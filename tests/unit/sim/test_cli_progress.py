@@ -10,7 +10,7 @@ from pathlib import Path
 
 from sim.report.progress import StepProgress
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _run(*cmd: str, timeout: float = 120) -> subprocess.CompletedProcess:

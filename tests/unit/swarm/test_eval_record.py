@@ -8,7 +8,7 @@ from protocol.errors import DecodeError
 from protocol.identity import Identity
 from protocol.records import decode_record, encode_record
 from swarm.evals import EvalSummary, eval_from_wire, eval_to_wire
-from tests.unit.test_observer import NOW, NOW_W, make_observer
+from tests.unit.node.test_observer import NOW, NOW_W, make_observer
 
 LINE = {
     "step": 40,

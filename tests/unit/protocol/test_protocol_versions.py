@@ -19,7 +19,7 @@ from protocol.layout import (
 )
 from protocol.records import decode_record, sign_body
 from protocol.version import ENV_OVERRIDE, INCOMPATIBLE, PROTOCOL_VERSION, format_version
-from tests.unit.test_records import vector_record
+from tests.unit.protocol.test_records import vector_record
 
 ALICE = Identity.from_private_bytes(bytes(range(32)))
 WINDOW = 113_333_333
