@@ -15,9 +15,56 @@
 * ``lazy``       -- lazy re-exports for package faces whose modules import heavy libraries
 * ``transport``  -- the Transport interface and its implementations (memory; hivemind and libp2p, a folder each)
 
-Layers, top to bottom: ``channel`` -> ``transport`` -> ``validation`` -> ``layout`` -> ``records`` -> ``kinds`` ->
-``codec`` | ``schema`` -> ``identity`` | ``types`` | ``version`` | ``config`` | ``errors``.
+Layers, top to bottom (an import-linter contract): ``channel`` -> ``validation`` -> ``layout`` -> ``records`` ->
+``kinds`` -> ``schema`` -> ``codec`` -> ``identity`` | ``types`` | ``version`` | ``config`` | ``lazy`` -> ``errors``;
+``transport`` spans them (its interface and configs low, its backends high).
 
 Never imports torch, transformers or hivemind at import time (``protocol.transport.hivemind`` and
 ``protocol.transport.libp2p`` aside, which import their library).
 """
+
+from protocol.lazy import lazy_exports
+
+__all__ = [
+    "Channel",
+    "Completion",
+    "ConfigError",
+    "DecodeError",
+    "Envelope",
+    "Group",
+    "Identity",
+    "RecordValidator",
+    "RolloutBatch",
+    "SignatureError",
+    "SwarmError",
+    "TaskRef",
+    "TransportError",
+    "compatible",
+    "decode_record",
+    "encode_record",
+    "local_version",
+    "record_digest",
+]
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "Channel": "channel",
+        "ConfigError": "errors",
+        "DecodeError": "errors",
+        "SignatureError": "errors",
+        "SwarmError": "errors",
+        "TransportError": "errors",
+        "Identity": "identity",
+        "decode_record": "records",
+        "encode_record": "records",
+        "record_digest": "records",
+        "Completion": "types",
+        "Envelope": "types",
+        "Group": "types",
+        "RolloutBatch": "types",
+        "TaskRef": "types",
+        "RecordValidator": "validation",
+        "compatible": "version",
+        "local_version": "version",
+    },
+)
