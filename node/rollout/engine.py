@@ -29,7 +29,7 @@ object, so syncing weights is a no-op (the vLLM engine, ``node.rollout.engine_vl
 from __future__ import annotations
 
 import logging
-from abc import ABC, abstractmethod
+from abc import ABC
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -94,8 +94,8 @@ class RolloutEngine(ABC):
 
     policy_version: int = 0
     settings: GenerationSettings = GenerationSettings()
+    policy: Any  # ``encode(text) -> token ids`` and ``eos_token_ids``: the tokenizer both engines share
 
-    @abstractmethod
     def generate(
         self,
         prompts: list[str],
@@ -107,7 +107,15 @@ class RolloutEngine(ABC):
         top_p: float | None = None,
     ) -> list[list[GeneratedCompletion]]:
         """``n`` completions for each prompt (outer list in prompt order), sampled with the engine's settings; the
-        keyword overrides are for callers that decode differently (the held-out evaluator's greedy pass)."""
+        keyword overrides are for callers that decode differently (the held-out evaluator's greedy pass). Prompts
+        are tokenized here, so every engine sees the learner's exact tokens."""
+        max_new_tokens, temperature, top_p = self.settings.resolve(max_new_tokens, temperature, top_p)
+        if n < 1 or max_new_tokens < 1 or temperature < 0 or not 0 < top_p <= 1:
+            raise ValueError("need n >= 1, max_new_tokens >= 1, temperature >= 0 and 0 < top_p <= 1")
+        encoded = [self.policy.encode(p) for p in prompts]
+        return self._generate_by_requests(
+            encoded, n, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
+        )
 
     def generate_requests(
         self,
@@ -177,24 +185,6 @@ class TransformersEngine(RolloutEngine):
         self.batch_size = batch_size
         self.settings = settings or GenerationSettings()
         self.policy_version = 0
-
-    def generate(
-        self,
-        prompts: list[str],
-        n: int,
-        *,
-        seed: int | None = None,
-        max_new_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-    ) -> list[list[GeneratedCompletion]]:
-        max_new_tokens, temperature, top_p = self.settings.resolve(max_new_tokens, temperature, top_p)
-        if n < 1 or max_new_tokens < 1 or temperature < 0 or not 0 < top_p <= 1:
-            raise ValueError("need n >= 1, max_new_tokens >= 1, temperature >= 0 and 0 < top_p <= 1")
-        encoded = [self.policy.encode(p) for p in prompts]
-        return self._generate_by_requests(
-            encoded, n, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
-        )
 
     def generate_requests(
         self,

@@ -148,13 +148,6 @@ class _ChunkedEngine(RolloutEngine):
     @abstractmethod
     def _load(self, path: Path) -> None: ...
 
-    def generate(self, prompts, n, *, seed=None, max_new_tokens=None, temperature=None, top_p=None):
-        max_new_tokens, temperature, top_p = self.settings.resolve(max_new_tokens, temperature, top_p)
-        encoded = [self.policy.encode(p) for p in prompts]
-        return self._generate_by_requests(
-            encoded, n, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
-        )
-
     def generate_requests(
         self,
         requests: list[RolloutRequest],
