@@ -30,8 +30,17 @@ def resolve_config(
     host: str | None,
     port: int | None,
 ) -> NodeConfig:
-    """YAML + ``--set`` overrides + the network flags, validated; a bad value is one ConfigError line."""
+    """YAML + ``--set`` overrides + the network flags, validated; a bad value is one ConfigError line.
+
+    The memory transport is an in-process network with no address and no peers to dial: the network flags are then
+    ignored with one warning line (naming the flags) instead of failing on fields the memory config does not have."""
     sets = list(overrides)
+    flags = [f for f, v in (("--peers", peers), ("--host", host), ("--port", port)) if v]
+    if flags and load_config(NodeConfig, config_path, sets).transport.type == "memory":
+        logger.warning(
+            "%s ignored with --transport memory (an in-process network: no address, no peers)", ", ".join(flags)
+        )
+        return load_config(NodeConfig, config_path, sets)
     if peers:
         sets.append("transport.initial_peers=[" + ", ".join(f'"{p}"' for p in peers) + "]")
     if host is not None:
