@@ -306,7 +306,8 @@ async def open_channel(
     *,
     network: Any = None,
 ) -> Channel:
-    """Validator + transport (from its config) + channel, the one call a node makes to get on the network."""
+    """Validator + transport (from its config) + channel, the one call a node makes to get on the network; the
+    identity that signs the node's records is also its transport's libp2p key (a stable ``/p2p/`` id)."""
     from protocol.transport.factory import create_transport
 
     validator = RecordValidator.from_config(swarm_id, protocol_cfg)
@@ -317,5 +318,6 @@ async def open_channel(
         validate=validator.verdict,
         protocol=protocol_cfg,
         network=network,
+        identity=identity,
     )
     return await Channel.create(identity, transport, validator)

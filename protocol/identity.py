@@ -80,6 +80,13 @@ class Identity:
         """The 32 raw public-key bytes (what records carry)."""
         return self._public
 
+    def private_bytes(self) -> bytes:
+        """The 32-byte raw private key (RFC 8032 seed): what the node's libp2p key is built from
+        (``protocol.transport.netkey``); it never leaves the node."""
+        return self._key.private_bytes(
+            serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+        )
+
     def sign(self, data: bytes) -> bytes:
         """Ed25519 signature (64 bytes) of ``data``."""
         return self._key.sign(bytes(data))

@@ -1,11 +1,12 @@
 """A test peer process over the real hivemind transport: ``python -m tests.integration.hivemind_peer ...``.
 
-Honest role: starts a :class:`~protocol.channel.Channel` over :class:`HivemindTransport`, prints
-``ADDR <multiaddr>`` on stdout (others bootstrap from it), publishes ``--records`` rollout records of about
-``--record-kb`` KB, polls, and appends one JSON line per record received from another peer to ``--out``
-(``{"type": "record", "sender", "seq", "window", "size"}``). Every poll it rewrites ``--out.metrics.json`` with
-the channel's metrics (rejections by reason) and the transport's DHT-level rejections. It runs until SIGTERM
-or ``--duration`` seconds.
+Honest role: starts a :class:`~protocol.channel.Channel` over :class:`HivemindTransport` (built by the factory with
+the peer's identity as its libp2p key, as ``swarm-node join`` does), prints ``ADDR <multiaddr> <peer id>`` on stdout
+(others bootstrap from it), publishes ``--records`` rollout records of about ``--record-kb`` KB whose completions
+start with ``--tag``, polls, and appends one JSON line per record received from another peer to ``--out``
+(``{"type": "record", "sender", "seq", "window", "size", "head"}``, ``head`` the start of its first completion).
+Every poll it rewrites ``--out.metrics.json`` with the channel's metrics (rejections by reason) and the
+transport's DHT-level rejections. It runs until SIGTERM or ``--duration`` seconds.
 
 Hostile role (``--hostile``): a node whose own DHT does not validate; it writes tampered, replayed,
 oversized, malformed, wrong-swarm and misfiled entries straight into the DHT (``store_raw``), bypassing the
@@ -37,14 +38,15 @@ from protocol.identity import Identity
 from protocol.layout import IndexWriter, encode_index_entry, peer_key, record_digest_hex, shard_key, shard_of
 from protocol.records import encode_record, sign_body, window_of
 from protocol.transport.config import HivemindTransportConfig, ProtocolConfig
+from protocol.transport.factory import create_transport
 from protocol.transport.hivemind.transport import HivemindTransport, record_key
 from protocol.types import Completion, Group, RolloutBatch, TaskRef
 from protocol.validation import RecordValidator
 
 
-def make_batch(record_kb: float, step: int) -> RolloutBatch:
+def make_batch(record_kb: float, step: int, tag: str = "") -> RolloutBatch:
     chars = max(8, int(record_kb * 1024 / 8) - 40)
-    comps = tuple(Completion(text=f"{step}:{i} " + "x" * chars, n_tokens=chars // 4) for i in range(8))
+    comps = tuple(Completion(text=f"{tag}{step}:{i} " + "x" * chars, n_tokens=chars // 4) for i in range(8))
     return RolloutBatch("builtin:tiny", step, "tok", (Group(TaskRef("chain_sum", seed=step), comps),))
 
 
@@ -53,6 +55,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--swarm", default="it")
     ap.add_argument("--bootstrap", action="append", default=[])
     ap.add_argument("--key", type=Path, help="identity key file (kept across restarts of one peer)")
+    ap.add_argument("--port", type=int, default=0, help="TCP port to listen on (0: any free port)")
+    ap.add_argument("--tag", default="", help="honest role: the start of every completion this peer publishes")
     ap.add_argument("--records", type=int, default=2)
     ap.add_argument("--record-kb", type=float, default=4.0)
     ap.add_argument("--publish-interval", type=float, default=0.5)
@@ -75,8 +79,12 @@ async def honest(a: argparse.Namespace, stop: asyncio.Event) -> None:
     pc = _protocol(a)
     identity = Identity.load_or_create(a.key) if a.key else Identity.generate()
     validator = RecordValidator.from_config(a.swarm, pc)
-    cfg = HivemindTransportConfig(initial_peers=a.bootstrap, client_mode=a.client_mode, request_timeout_s=5)
-    transport = await HivemindTransport.create(cfg, swarm=a.swarm, validate=validator.verdict, protocol=pc)
+    cfg = HivemindTransportConfig(
+        initial_peers=a.bootstrap, client_mode=a.client_mode, request_timeout_s=5, port=a.port
+    )
+    transport = await create_transport(
+        cfg, swarm=a.swarm, peer_id=identity.peer_id, validate=validator.verdict, protocol=pc, identity=identity
+    )
     channel = await Channel.create(identity, transport, validator, fetch_past_windows=2, timeout_s=20)
     print("ADDR", transport.addresses()[0], identity.peer_id, flush=True)
     out = a.out.open("a")
@@ -86,11 +94,13 @@ async def honest(a: argparse.Namespace, stop: asyncio.Event) -> None:
     try:
         while not stop.is_set() and time.monotonic() < end:
             if published < a.records and time.monotonic() >= next_pub:
-                await channel.publish("rollouts", make_batch(a.record_kb, published))
+                await channel.publish("rollouts", make_batch(a.record_kb, published, a.tag))
                 published += 1
                 next_pub = time.monotonic() + a.publish_interval
             for env in await channel.poll():
+                head = env.payload.groups[0].completions[0].text[:32] if isinstance(env.payload, RolloutBatch) else ""
                 line = {"type": "record", "sender": env.sender, "seq": env.seq, "window": env.window, "size": env.size}
+                line["head"] = head
                 out.write(json.dumps(line) + "\n")
                 out.flush()
             metrics = {"me": identity.peer_id, "published": published, "channel": channel.metrics()}

@@ -6,12 +6,15 @@ Processes are tracked by pid and ended by pid (terminate, then kill), their p2pd
 from __future__ import annotations
 
 import json
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from protocol.identity import Identity
+from protocol.transport.netkey import NetworkKey
 from tests.integration.procs import HivemindPeerProc
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -140,3 +143,33 @@ def test_hostile_peer_is_refused_and_counted(start_peer):
         assert refused.get(reason, 0) > 0, (reason, refused)
     assert refused.get("index_malformed", 0) > 0 and refused.get("index_bad_signature", 0) > 0, refused
     assert replays >= 1
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.timeout(300)
+def test_a_restarted_bootstrap_peer_keeps_its_multiaddr_and_its_peers_reach_it_again(start_peer, tmp_path):
+    """SPEC 1: the identity key is p2pd's key, so a bootstrap node restarted with its key file and port has the same
+    multiaddr, and a peer that only knows the old address (its ``--bootstrap``) gets the restarted node's records."""
+    key, port = str(tmp_path / "boot.key"), str(free_port())
+    win = ["--window-seconds", "60"]
+    a = start_peer("a1", "--key", key, "--port", port, "--records", "1", *win)
+    addr = a.addr
+    assert addr == f"/ip4/127.0.0.1/tcp/{port}/p2p/{NetworkKey.of(Identity.load(key)).peer_id}"
+    b = start_peer("b", "--bootstrap", addr, "--records", "1", *win)
+    wait_until(lambda: bool(seen_from(b, a.peer_id)), 60, "b to see the bootstrap peer's first record")
+    a.stop()
+    assert not any(r["head"].startswith("restarted") for r in b.records())
+    a2 = start_peer("a2", "--key", key, "--port", port, "--tag", "restarted", "--records", "3", *win)
+    assert a2.addr == addr and a2.peer_id == a.peer_id
+    # b dials the address it was given again once its routing table is empty (every 10 s): only a node that still
+    # answers to that /p2p/ id can take the call.
+    wait_until(
+        lambda: any(r["sender"] == a.peer_id and r["head"].startswith("restarted") for r in b.records()),
+        120,
+        "b to receive a record the restarted bootstrap peer published",
+    )

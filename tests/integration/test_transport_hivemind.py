@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import stat
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -12,7 +14,9 @@ from protocol.errors import TransportError
 from protocol.identity import Identity
 from protocol.layout import IndexWriter, record_digest_hex, shard_key
 from protocol.transport.config import HivemindTransportConfig, ProtocolConfig
+from protocol.transport.factory import create_transport
 from protocol.transport.hivemind.transport import HivemindTransport, record_key
+from protocol.transport.netkey import NetworkKey
 from protocol.validation import RecordValidator
 from tests.contract.transport_contract import *  # noqa: F403
 from tests.contract.transport_contract import (
@@ -206,3 +210,31 @@ async def test_a_lookup_asks_about_lookup_beam_nodes_not_the_whole_swarm(make_tr
     assert len(store) == 1 and store[0] <= 8, store  # the beam, plus requests hivemind's 4 workers had sent
     assert len(get) == 1 and get[0] <= 8, get
     assert len(got.get((w, 0, 0), [])) == len(nodes)  # every sender's entry: the replicas it visited hold them all
+
+
+async def test_the_factory_makes_the_identity_p2pd_key_in_a_private_0600_file_and_removes_it():
+    """SPEC 1: ``create_transport(identity=...)`` runs p2pd with the identity's key: its address names the identity's
+    libp2p id, the key file p2pd reads is 0600 in a 0700 directory, holds that key, and is gone after close."""
+    ident = Identity.generate()
+    validator = RecordValidator.from_config(SWARM, PROTOCOL)
+    cfg = HivemindTransportConfig(request_timeout_s=5)
+    before = _p2pd_children()
+    t = await create_transport(
+        cfg, swarm=SWARM, peer_id=ident.peer_id, validate=validator.verdict, protocol=PROTOCOL, identity=ident
+    )
+    try:
+        assert all(a.endswith(f"/p2p/{NetworkKey.of(ident).peer_id}") for a in t.addresses())
+        (daemon,) = _p2pd_children() - before
+        (key_arg,) = [a for a in psutil.Process(daemon).cmdline() if a.startswith("-id=")]
+        key_file = Path(key_arg.removeprefix("-id="))
+        assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+        assert stat.S_IMODE(key_file.parent.stat().st_mode) == 0o700
+        assert key_file.read_bytes() == NetworkKey.of(ident).private_protobuf()
+    finally:
+        await t.close()
+    assert not key_file.exists() and not key_file.parent.exists()
+    other = await create_transport(cfg, swarm=SWARM, peer_id="x", protocol=PROTOCOL)  # no identity: a fresh key
+    try:
+        assert not any(NetworkKey.of(ident).peer_id in a for a in other.addresses())
+    finally:
+        await other.close()

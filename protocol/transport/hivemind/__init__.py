@@ -2,7 +2,7 @@
 
 * ``transport`` -- :class:`HivemindTransport`: publish, poll the followed senders and shards, restart a dead p2pd
 * ``guard``     -- :class:`DHTRecordGuard`: what an honest DHT node agrees to store and accepts from a peer; key ids
-* ``loop``      -- the private event loop in a daemon thread, the p2pd key, two fixes to hivemind's p2p layer
+* ``loop``      -- the private event loop in a daemon thread, two fixes to hivemind's p2p layer
 
 Layers, top to bottom: ``transport`` -> ``guard`` | ``loop``. This package is the only one that imports hivemind
 (it cannot share a process with libp2p); build it through ``protocol.transport.factory``.

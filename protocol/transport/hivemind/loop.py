@@ -1,8 +1,7 @@
-"""Plumbing under the hivemind transport: the private event loop, the p2pd key, and two fixes to hivemind's p2p layer.
+"""Plumbing under the hivemind transport: the private event loop and two fixes to hivemind's p2p layer.
 
 * :class:`LoopThread` -- a private asyncio loop in a daemon thread where hivemind's tasks live; callers await
   through futures with a timeout;
-* :func:`write_daemon_key` -- the Ed25519 libp2p key p2pd runs with, written by us so a restarted daemon reuses it;
 * :func:`lazy_peer_id_text` -- hivemind's ``PeerID`` base58-encodes on first use instead of on construction;
 * a log filter for p2pd's harmless report of a closed control socket at shutdown.
 
@@ -14,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -25,22 +23,6 @@ from hivemind.p2p import PeerID
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-def write_daemon_key(path: str) -> None:
-    """A fresh Ed25519 libp2p key for p2pd (protobuf ``PrivateKey{Type: Ed25519, Data: seed || public}``), the
-    kind p2pd makes for itself (``12D3KooW...`` peer ids); written by us so a restarted daemon can reuse it."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    key = Ed25519PrivateKey.generate()
-    raw = serialization.Encoding.Raw
-    seed = key.private_bytes(raw, serialization.PrivateFormat.Raw, serialization.NoEncryption())
-    public = key.public_key().public_bytes(raw, serialization.PublicFormat.Raw)
-    data = seed + public
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(bytes([0x08, 0x01, 0x12, len(data)]) + data)
 
 
 def port_of(addresses: list[str]) -> int:

@@ -27,6 +27,11 @@ child process). That sidesteps hivemind's ``DHT`` process wrapper, whose pipe br
 (hivemind PR #660), and it keeps peer bytes out of that wrapper's pickled pipe. Callers' coroutines never run
 hivemind code on their own loop; every call into the DHT has a timeout.
 
+The daemon's libp2p key is the node's identity key (``protocol.transport.netkey``), written to a 0600 file in a
+private temporary directory at start and removed at close, so a node restarted with the same ``identity.key`` has the
+same ``/p2p/`` id (and, when ``port`` is set, the same multiaddr) and its DHT id, derived from the same public key,
+is the same too. A transport built without a key makes a fresh one (a new peer id at every start).
+
 If the daemon dies under a running node (killed, out of memory, crashed: any exit but the clean exit 0 that
 SIGINT/SIGTERM give it when the node is being stopped too), the next call restarts the DHT node on the same port
 with the same libp2p key and DHT id, bootstrapping from the configured peers and the peers it was last connected
@@ -52,6 +57,7 @@ from typing import Any
 
 import msgpack
 from hivemind.dht.node import DHTNode
+from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord
 from hivemind.p2p import PeerID
 from multiaddr import Multiaddr
@@ -72,7 +78,8 @@ from protocol.layout import (
 from protocol.transport.base import RecordCheck, Transport
 from protocol.transport.config import DHT_REPLICAS, HivemindTransportConfig, ProtocolConfig
 from protocol.transport.hivemind.guard import NO_SUBKEY, DHTRecordGuard, key_id
-from protocol.transport.hivemind.loop import LoopThread, T, port_of, write_daemon_key
+from protocol.transport.hivemind.loop import LoopThread, T, port_of
+from protocol.transport.netkey import NetworkKey
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +94,8 @@ RESTART_BACKOFF_S = (2.0, 60.0)
 MAX_KNOWN_PEERS = 16
 #: Seconds between attempts to rejoin the swarm while this node's routing table is empty.
 REJOIN_INTERVAL_S = 10.0
+#: Domain of the DHT id derived from the node's public key (``DHTID.generate`` hashes it with SHA-1).
+DHT_ID_DOMAIN = b"rl-swarm/dht-id/v1\x00"
 
 
 class HivemindTransport(Transport):
@@ -140,8 +149,12 @@ class HivemindTransport(Transport):
         swarm: str,
         validate: RecordCheck | None = None,
         protocol: ProtocolConfig | None = None,
+        key: NetworkKey | None = None,
     ) -> HivemindTransport:
         """Start a DHT node (and its p2pd), bootstrapping from ``cfg.initial_peers`` or starting a new swarm.
+
+        ``key`` is p2pd's libp2p key (the node's identity, :meth:`NetworkKey.of`): the same key gives the same
+        ``/p2p/`` id and DHT id at every start; None makes a fresh one.
 
         ``validate`` is the store-time hook (e.g. ``RecordValidator.verdict``); it must be stateless, since
         hivemind validates the same entry many times. ``protocol`` gives the window length and record size cap
@@ -159,18 +172,21 @@ class HivemindTransport(Transport):
                 clock_offset_s=protocol.clock_offset_s,
             )
         runner = LoopThread(name=f"hivemind-dht-{swarm}")
-        key_dir = tempfile.mkdtemp(prefix="rl-swarm-p2pd-")
-        write_daemon_key(os.path.join(key_dir, "p2pd.key"))
+        key = key if key is not None else NetworkKey.generate()
+        key_dir = tempfile.mkdtemp(prefix="rl-swarm-p2pd-")  # mode 0700: only this user can reach the key file
+        key.write_p2pd_key(os.path.join(key_dir, "p2pd.key"))
         kwargs: dict[str, Any] = dict(
             initial_peers=list(cfg.initial_peers) or None,
             host_maddrs=[f"/ip4/{cfg.host}/tcp/{cfg.port}"],
             client_mode=cfg.client_mode,
             record_validator=guard,
             wait_timeout=cfg.request_timeout_s,
-            # A fresh key per transport (never one shared by DHTs in one process), kept in a private file so that a
-            # restarted daemon comes back with the same peer id; no identity check: the key was made just now.
+            # The node's own key (never hivemind's default, shared by all DHTs in one process), in a private file
+            # that a restarted daemon reads again. No "identity taken" probe: it starts a second daemon at every
+            # start, and a key file is one node's (two processes sharing one would collide on records as well).
             identity_path=os.path.join(key_dir, "p2pd.key"),
             check_if_identity_free=False,
+            node_id=DHTID.generate(source=DHT_ID_DOMAIN + key.public),
             num_replicas=DHT_REPLICAS,
         )
         if cfg.announce_maddrs:
