@@ -16,6 +16,7 @@ import importlib.util
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -184,6 +185,39 @@ def test_a_peer_that_announces_records_and_never_serves_them_is_asked_a_bounded_
         assert set(results[p]["senders"]) == senders, f"{p.out.name}: honest records missing"
         stats = results[p]["stats"]
         assert stats.get("announce_forwarder_held_off", 0) >= 1 and stats.get("fetched_large", 0) >= 1, stats
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.timeout(240)
+def test_a_restarted_bootstrap_peer_keeps_its_multiaddr_and_its_peers_reach_it_again(tmp_path):
+    """SPEC 1: the identity key is the libp2p host key, so a bootstrap peer restarted with its key file and port has
+    the same multiaddr, and a peer that only knows the old address gets a record the restarted peer publishes."""
+    key, port = str(tmp_path / "boot.key"), str(_free_port())
+    peers: list[_Peer] = []
+    try:
+        a = _Peer(tmp_path, "a1", "--key", key, "--port", port, "--records", "1", "--duration", "120")
+        peers.append(a)
+        addr = a.address()
+        assert addr.startswith(f"/ip4/127.0.0.1/tcp/{port}/p2p/12D3KooW")
+        b_args = ["--bootstrap", addr, "--records", "1", "--expect", "1", "--expect-tag", "restarted"]
+        b = _Peer(tmp_path, "b", *b_args, "--exit-when-done", "--linger", "1", "--duration", "150")
+        peers.append(b)
+        b.address()  # b is up, so it connected to a (a peer none of whose initial peers answers does not start)
+        a.stop()
+        a2_args = ["--key", key, "--port", port, "--tag", "restarted", "--records", "3", "--every", "2"]
+        a2 = _Peer(tmp_path, "a2", *a2_args, "--duration", "120")
+        peers.append(a2)
+        assert a2.address() == addr and a2.sender() == a.sender()
+        got = b.result(timeout=170)
+    finally:
+        for p in peers:
+            p.stop()
+    assert a.sender() in got["senders"] and "restarted" in got["tags"], got
 
 
 def _b1_libp2p(tmp_path: Path, *args: str, timeout: float) -> tuple[str, dict[str, list[str]], dict[str, list[str]]]:

@@ -743,3 +743,38 @@ def test_sync_server_tells_a_bad_request_from_a_broken_stream(request_bytes, wri
     server = SyncServer(RecordStore(4, 64), counters, timeout=5, on_peers=lambda ad: [])
     trio.run(server.handle, stream)
     assert dict(counters.drops) == {reason: 1}
+
+
+def test_py_libp2p_derives_the_spec_peer_id_from_the_identity_seed():
+    """SPEC 1: the host key built from an identity's seed is that identity's key pair, and py-libp2p's own peer id
+    of it is the one SPEC gives for the example key (what ``NetworkKey.peer_id`` computes)."""
+    from libp2p.crypto.ed25519 import create_new_key_pair
+    from libp2p.peer.id import ID
+
+    from protocol.transport.netkey import NetworkKey
+
+    alice = Identity.from_private_bytes(bytes(range(32)))
+    kp = create_new_key_pair(NetworkKey.of(alice).seed)
+    assert kp.public_key.to_bytes() == alice.public_bytes
+    assert ID.from_pubkey(kp.public_key).to_base58() == "12D3KooWA4Xop1JaT3MHxwYMkCepYsv4iPVopMXwCz5iHYdBfeSB"
+    for ident in (Identity.generate(), Identity.generate()):
+        kp = create_new_key_pair(NetworkKey.of(ident).seed)
+        assert ID.from_pubkey(kp.public_key).to_base58() == NetworkKey.of(ident).peer_id
+
+
+async def test_the_factory_gives_the_host_the_identity_key_and_a_fresh_key_without_one():
+    from protocol.transport.factory import create_transport
+    from protocol.transport.netkey import NetworkKey
+
+    ident = Identity.generate()
+    cfg = Libp2pTransportConfig(request_timeout_s=5)
+    t = await create_transport(cfg, swarm=SWARM, peer_id=ident.peer_id, protocol=PROTOCOL, identity=ident)
+    try:
+        assert t.addresses() and all(a.endswith(f"/p2p/{NetworkKey.of(ident).peer_id}") for a in t.addresses())
+    finally:
+        await t.close()
+    other = await create_transport(cfg, swarm=SWARM, peer_id="x", protocol=PROTOCOL)
+    try:
+        assert not any(NetworkKey.of(ident).peer_id in a for a in other.addresses())
+    finally:
+        await other.close()

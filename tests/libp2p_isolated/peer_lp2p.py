@@ -3,6 +3,9 @@
 (announces records at a high rate and never serves them: its sync server holds every ``get`` until the requester
 gives up, and counts them).
 
+Its host key is its identity (``--key`` keeps it in a file across restarts; with ``--port`` the multiaddr stays the
+same too); ``--tag`` starts the text of every record it publishes, and the summary lists the tags received.
+
 Prints ``listening on <multiaddr>`` once up, runs for ``--duration`` seconds (or until it has records from
 ``--expect`` distinct senders, when ``--exit-when-done``), then writes a JSON summary to ``--out``: our sender
 id, the senders of every valid record received, the transport's stats, and the peers seen.
@@ -25,6 +28,7 @@ from protocol.identity import Identity
 from protocol.records import encode_record, window_of
 from protocol.transport.config import Libp2pTransportConfig, ProtocolConfig
 from protocol.transport.libp2p.transport import TAG_ANNOUNCE, TAG_RECORD, Libp2pTransport
+from protocol.transport.netkey import NetworkKey
 from protocol.types import Completion, Group, RolloutBatch, TaskRef
 from protocol.validation import RecordValidator
 
@@ -109,7 +113,7 @@ def announcement() -> bytes:
 
 
 async def run(a: argparse.Namespace) -> dict:
-    ident = Identity.generate()
+    ident = Identity.load_or_create(a.key) if a.key else Identity.generate()
     if a.staller:
         become_a_staller()
     validator = RecordValidator.from_config(SWARM, PROTOCOL)
@@ -119,14 +123,21 @@ async def run(a: argparse.Namespace) -> dict:
         sync_interval_s=a.sync_interval,
         inline_max_bytes=a.inline_max,
         expiration_windows=8,
+        port=a.port,
     )
     transport = await Libp2pTransport.create(
-        cfg, swarm=SWARM, validate=validator.verdict, protocol=PROTOCOL, validate_own=not (a.hostile or a.staller)
+        cfg,
+        swarm=SWARM,
+        validate=validator.verdict,
+        protocol=PROTOCOL,
+        validate_own=not (a.hostile or a.staller),
+        key=NetworkKey.of(ident),
     )
     for addr in transport.addresses():
         print(f"listening on {addr}", flush=True)
     print(f"sender {ident.peer_id}", flush=True)
     senders: set[str] = set()
+    tags: set[str] = set()
     peers_seen: set[str] = set()
     handled: set[bytes] = set()
     end = time.monotonic() + a.duration
@@ -153,7 +164,7 @@ async def run(a: argparse.Namespace) -> dict:
         while time.monotonic() < end:
             if not (a.hostile or a.staller) and published < a.records and time.monotonic() >= next_publish:
                 next_publish = time.monotonic() + a.every
-                data = record(ident, f"{ident.peer_id} #{published}" + "p" * a.size, published)
+                data = record(ident, f"{a.tag}|{ident.peer_id} #{published}" + "p" * a.size, published)
                 await transport.publish(data, window=window_of(time.time(), 15), sender=ident.peer_id)
                 published += 1
             w = window_of(time.time(), 15)
@@ -163,8 +174,11 @@ async def run(a: argparse.Namespace) -> dict:
                     env = validator.check(data)
                     if env is not None:
                         senders.add(env.sender)
+                        if isinstance(env.payload, RolloutBatch) and "|" in env.payload.groups[0].completions[0].text:
+                            tags.add(env.payload.groups[0].completions[0].text.split("|", 1)[0])
             peers_seen.update(await transport.peers())
-            if a.exit_when_done and len(senders) >= a.expect and published >= a.records:
+            done = len(senders) >= a.expect and published >= a.records and (not a.expect_tag or a.expect_tag in tags)
+            if a.exit_when_done and done:
                 done_at = done_at if done_at is not None else time.monotonic()
                 if time.monotonic() - done_at >= a.linger:
                     break
@@ -172,6 +186,7 @@ async def run(a: argparse.Namespace) -> dict:
         return {
             "sender": ident.peer_id,
             "senders": sorted(senders),
+            "tags": sorted(tags),
             "stats": transport.stats(),
             "peers": sorted(peers_seen),
             "published": published,
@@ -185,6 +200,10 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--bootstrap", action="append", default=[])
+    ap.add_argument("--key", type=Path, help="identity key file (kept across restarts; created if missing)")
+    ap.add_argument("--port", type=int, default=0, help="TCP port (0: any free port)")
+    ap.add_argument("--tag", default="", help="the start of the text of every record this peer publishes")
+    ap.add_argument("--expect-tag", default="", help="with --exit-when-done: also wait for a record with this tag")
     ap.add_argument("--hostile", action="store_true")
     ap.add_argument("--also-valid", action="store_true", help="hostile: end with one valid record")
     ap.add_argument("--staller", action="store_true", help="announce a record every --every s, never serve one")

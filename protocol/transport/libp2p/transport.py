@@ -25,6 +25,10 @@ and our own publishes are rate limited below it; the 32-message subscription buf
 the validator stores them (the subscription is still drained at once); frames over 1 MiB are avoided by
 announce-then-fetch. Every drop is counted by reason (:meth:`Libp2pTransport.stats`).
 
+The host key is the node's identity key (``protocol.transport.netkey``): the same ``identity.key`` gives the same
+``/p2p/`` id at every start, so peers holding a bootstrap node's address reach it again after it restarts (a node
+alone dials its initial peers again). A transport built without a key makes a fresh one.
+
 py-libp2p is trio-based: the host runs on a private thread (:mod:`protocol.transport.libp2p.bridge`). Received
 records live in a bounded in-memory store by window, forgotten ``expiration_windows`` windows later, so
 ``fetch_recent`` is a local read.
@@ -64,6 +68,7 @@ from protocol.transport.libp2p.peers import AdError, PeerAd, PeerTable, make_ad,
 from protocol.transport.libp2p.stalls import ForwarderBackoff
 from protocol.transport.libp2p.store import Counters, RecordStore, digest_of
 from protocol.transport.libp2p.sync import MAX_GET, MAX_HAVE, MAX_PX, MAX_WINDOWS, SYNC_PROTOCOL, SyncClient, SyncServer
+from protocol.transport.netkey import NetworkKey
 from protocol.version import INCOMPATIBLE, compatible, local_version, report_incompatible
 
 logger = logging.getLogger(__name__)
@@ -114,6 +119,7 @@ class Libp2pTransport(Transport):
         *,
         validate_own: bool = True,
         clock: Callable[[], float] = time.time,
+        key: NetworkKey | None = None,
     ) -> None:
         self.cfg = cfg
         self.protocol = protocol
@@ -137,6 +143,7 @@ class Libp2pTransport(Transport):
         self._closed = False
         self._ready: concurrent.futures.Future[list[str]] = concurrent.futures.Future()
         self._host: Any = None
+        self._key = key if key is not None else NetworkKey.generate()
         self._key_pair: Any = None
         self._pubsub: Any = None
         self._sync: SyncClient | None = None
@@ -163,14 +170,17 @@ class Libp2pTransport(Transport):
         validate: RecordCheck | None = None,
         protocol: ProtocolConfig | None = None,
         validate_own: bool = True,
+        key: NetworkKey | None = None,
     ) -> Libp2pTransport:
         """Start a libp2p host, join the swarm's topic and connect to ``cfg.initial_peers`` (if any).
 
         ``validate`` is the stateless edge check (``RecordValidator.verdict``). ``validate_own=False`` lets
-        this node publish messages its own validator would refuse (fault injection in tests only).
+        this node publish messages its own validator would refuse (fault injection in tests only). ``key`` is
+        the host key (the node's identity, :meth:`NetworkKey.of`): the same key gives the same ``/p2p/`` id at
+        every start; None makes a fresh one.
         """
         protocol = protocol if protocol is not None else ProtocolConfig()
-        self = cls(cfg, protocol, swarm, validate, validate_own=validate_own)
+        self = cls(cfg, protocol, swarm, validate, validate_own=validate_own, key=key)
         self._bridge.start(self._t_main, self._on_thread_exit)
         try:
             self._addresses = await asyncio.wait_for(asyncio.wrap_future(self._ready), cfg.startup_timeout_s + 5.0)
@@ -291,7 +301,7 @@ class Libp2pTransport(Transport):
     async def _t_main(self) -> None:
         cfg = self.cfg
         listen = [multiaddr.Multiaddr(f"/ip4/{cfg.host}/tcp/{cfg.port}")]
-        self._key_pair = create_new_key_pair()
+        self._key_pair = create_new_key_pair(self._key.seed)
         host = new_host(key_pair=self._key_pair, listen_addrs=listen)
         pubsub, router = build_pubsub(host, cfg, self._counters.drop)
         self._host, self._pubsub = host, pubsub
