@@ -20,6 +20,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import base58
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -29,18 +30,6 @@ from protocol.identity import PUBLIC_KEY_LEN, Identity
 KEY_TYPE_ED25519 = 1
 #: The multihash code of the identity "hash" (the bytes themselves), used for keys of at most 42 bytes.
 IDENTITY_MULTIHASH = 0x00
-_B58_ALPHABET = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
-
-
-def base58btc(data: bytes) -> str:
-    """Bitcoin-alphabet base58 of ``data`` (leading zero bytes become leading ``1``s), as libp2p writes peer ids."""
-    n = int.from_bytes(data, "big")
-    out = []
-    while n:
-        n, r = divmod(n, 58)
-        out.append(_B58_ALPHABET[r])
-    zeros = len(data) - len(data.lstrip(b"\0"))
-    return "1" * zeros + "".join(reversed(out))
 
 
 def _protobuf_key(data: bytes) -> bytes:
@@ -92,7 +81,7 @@ class NetworkKey:
     @property
     def peer_id(self) -> str:
         """The libp2p peer id in base58btc (``12D3KooW...``), the ``/p2p/`` part of this node's multiaddrs."""
-        return base58btc(self.peer_id_bytes)
+        return str(base58.b58encode(self.peer_id_bytes).decode())
 
     def write_p2pd_key(self, path: str | Path) -> Path:
         """Write p2pd's key file (:meth:`private_protobuf`), created with mode 0600; refuses to overwrite a file."""

@@ -9,7 +9,7 @@ import pytest
 from hivemind.proto import crypto_pb2
 
 from protocol.identity import Identity, peer_id_from_public
-from protocol.transport.netkey import NetworkKey, base58btc
+from protocol.transport.netkey import NetworkKey
 
 ROOT = Path(__file__).resolve().parents[3]
 ALICE = Identity.from_private_bytes(bytes(range(32)))
@@ -61,11 +61,6 @@ def test_without_an_identity_every_key_is_new():
     a, b = NetworkKey.generate(), NetworkKey.generate()
     assert a.peer_id != b.peer_id and a.peer_id.startswith("12D3KooW")
     assert Identity.from_private_bytes(a.seed).public_bytes == a.public
-
-
-@pytest.mark.parametrize("data", [b"", b"\0", b"\0\0\x01", bytes(range(40)), b"\xff" * 38])
-def test_base58btc_matches_the_reference_encoder(data):
-    assert base58btc(data) == base58.b58encode(data).decode()
 
 
 def test_the_spec_states_the_libp2p_id_of_its_example_key():
