@@ -49,7 +49,10 @@ ANSWER_INSTRUCTION = "Give the final answer as <answer>...</answer>."
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
 #: The prompt of tokenizers without a chat template (the built-in model's format).
 PLAIN_TEMPLATE = "{question}\n" + ANSWER_INSTRUCTION + "\n"
-_ANSWER_RE = re.compile(re.escape(ANSWER_OPEN) + r"(.*?)" + re.escape(ANSWER_CLOSE), re.DOTALL)
+#: An ``<answer>`` with no other ``<answer>`` before its first ``</answer>`` (SPEC 13: the last opening tag wins).
+_ANSWER_RE = re.compile(
+    re.escape(ANSWER_OPEN) + r"((?:(?!" + re.escape(ANSWER_OPEN) + r").)*?)" + re.escape(ANSWER_CLOSE), re.DOTALL
+)
 
 #: The SAPO paper's nine reasoning-gym families (arXiv 2509.08721) plus the default ``chain_sum``.
 SAPO_FAMILIES = (
@@ -90,8 +93,10 @@ def format_answer(answer: str) -> str:
 
 
 def extract_answer(text: str) -> str | None:
-    """The stripped text inside the last ``<answer>...</answer>`` of ``text``, or ``None`` when there is none
-    (an unclosed tag -- a truncated completion -- counts as no answer)."""
+    """The stripped text between the last ``<answer>`` that a ``</answer>`` follows and the first ``</answer>``
+    after it (SPEC 13), or ``None`` when there is no such pair (an unclosed tag -- a truncated completion --
+    counts as no answer). A nested opening tag restarts the answer: ``<answer>dar<answer>ro</answer>`` is
+    ``ro``."""
     matches = _ANSWER_RE.findall(text)
     return matches[-1].strip() if matches else None
 

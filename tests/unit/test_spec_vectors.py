@@ -82,6 +82,25 @@ def test_every_vector_is_checked():
     assert set(spec_vectors()) == set(derived())
 
 
+def spec_json_vectors(tag: str) -> list[dict]:
+    """The JSON lines of the SPEC.md block after ``<!-- tag -->``."""
+    import json
+
+    m = re.search(r"<!-- " + re.escape(tag) + r" -->\s*```\s*(.+?)```", SPEC.read_text(), re.S)
+    assert m, f"SPEC.md lost its {tag}"
+    return [json.loads(line) for line in m.group(1).strip().splitlines()]
+
+
+def test_answer_vectors():
+    """SPEC.md 13: the answer a client extracts from each completion, nested and unclosed tags included."""
+    from node.tasks import extract_answer
+
+    vectors = spec_json_vectors("answer-vectors")
+    assert any(v["completion"] == "<answer>dar<answer>ro</answer>" for v in vectors)
+    for v in vectors:
+        assert extract_answer(v["completion"]) == v["answer"], v
+
+
 if __name__ == "__main__":
     for k, v in derived().items():
         for i in range(0, len(v), 96):
