@@ -126,9 +126,9 @@ class TaskConfig(StrictModel):
         return data
 
     heldout_fraction: float = Field(default=0.1, gt=0, lt=1)
-    """Share of every family's question space reserved for held-out evaluation (by a hash of the question text,
-    ``node.tasks.is_heldout_question``): never drawn for training, refused in peers' groups. Peers that train on
-    each other's groups should agree on it."""
+    """Share of every family's problem space reserved for held-out evaluation (by a hash of the canonical problem
+    or the question text, ``node.tasks.is_heldout_question``): never drawn for training, refused in peers' groups.
+    Peers that train on each other's groups should agree on it."""
 
 
 class RolloutConfig(StrictModel):

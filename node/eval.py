@@ -1,7 +1,7 @@
 """Held-out evaluation: how well the policy answers questions no node trains on.
 
 The items are drawn once from the held-out split of the node's task families (``node.tasks``: a hash of the
-question text reserves ``tasks.heldout_fraction`` of every family's question space; training never draws
+canonical problem reserves ``tasks.heldout_fraction`` of every family's problem space; training never draws
 these items and peers' groups on them are refused), so a gain here is a gain on unseen questions, not
 memorization. Per family the evaluation reports:
 

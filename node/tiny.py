@@ -49,7 +49,7 @@ logger = logging.getLogger(__name__)
 
 BUILTIN_NAME = "builtin:tiny"
 #: Bump when the build code changes in a way the recipe fields do not capture.
-BUILD_CODE_VERSION = 3
+BUILD_CODE_VERSION = 4
 EOS_TOKEN, PAD_TOKEN = "<|endoftext|>", "<|pad|>"
 _RECIPE_FILE = "rl_swarm_recipe.json"
 
