@@ -69,8 +69,9 @@ def report(results: list[dict], steps: int) -> str:
         "",
         f"Machine: {machine_info()}.",
         "",
-        "Held-out accuracy = mean reward over k samples per item at the training temperature, on questions of the "
-        "held-out split (never drawn for training), mean over families; greedy = one greedy completion per item. "
+        "Held-out accuracy = exact-match rate over k samples per item at the training temperature, on questions of "
+        "the held-out split (never drawn for training), mean over families; greedy = one greedy completion per item "
+        "(exact). "
         "Before = the run's initial model (`swarm-node eval --initial`), after = its final checkpoint.",
         "",
         "| seed | held-out before | after | gain | greedy before | greedy after | train wall (s) |",
