@@ -3,7 +3,7 @@
 For each seed, the real CLI: ``swarm-node join --transport memory --run-dir D --max-steps N --set seed=S`` on the
 default config, then ``swarm-node eval --run-dir D --json`` (the final checkpoint) and ``swarm-node eval
 --run-dir D --initial --json`` (the initial model), both on the run's held-out split: questions the node never
-trained on (a hash of the question text reserves them; training draws and peers' groups on them are refused).
+trained on (a hash of the canonical problem reserves them; training draws and peers' groups on them are refused).
 Prints a Markdown table (per seed and per family, mean ± std over seeds) and writes
 ``benchmarks/results/b7_generalization.md`` with the machine and the date.
 
@@ -69,8 +69,9 @@ def report(results: list[dict], steps: int) -> str:
         "",
         f"Machine: {machine_info()}.",
         "",
-        "Held-out accuracy = mean reward over k samples per item at the training temperature, on questions of the "
-        "held-out split (never drawn for training), mean over families; greedy = one greedy completion per item. "
+        "Held-out accuracy = exact-match rate over k samples per item at the training temperature, on questions of "
+        "the held-out split (never drawn for training), mean over families; greedy = one greedy completion per item "
+        "(exact). "
         "Before = the run's initial model (`swarm-node eval --initial`), after = its final checkpoint.",
         "",
         "| seed | held-out before | after | gain | greedy before | greedy after | train wall (s) |",

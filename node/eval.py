@@ -1,19 +1,32 @@
 """Held-out evaluation: how well the policy answers questions no node trains on.
 
 The items are drawn once from the held-out split of the node's task families (``node.tasks``: a hash of the
-question text reserves ``tasks.heldout_fraction`` of every family's question space; training never draws
+canonical problem reserves ``tasks.heldout_fraction`` of every family's problem space; training never draws
 these items and peers' groups on them are refused), so a gain here is a gain on unseen questions, not
-memorization. Per family the evaluation reports:
+memorization. Per family the evaluation reports, from ``eval.samples`` completions per item at the training
+temperature and one greedy completion:
 
-* ``accuracy``: the mean reward of ``eval.samples`` completions per item at the training temperature (what
-  the policy does when it samples, as it does in training);
-* ``greedy_accuracy``: the reward of one greedy completion per item (the policy's single best guess);
+* ``accuracy``: exact-match accuracy of the sampled completions -- the extracted answer equals the gold answer
+  (``node.tasks.extract_answer``; a family without a single gold answer counts a verifier score of 1.0). This is
+  the headline: partial credit cannot inflate it;
+* ``reward``: the mean reasoning-gym score (partial credit, what training optimises) of the same completions;
+* ``majority_baseline``: the accuracy of always giving the most common gold answer of the held-out items, and
+  ``own_majority_baseline``: that of always giving the model's own most common sampled answer. An accuracy at or
+  below the majority baseline says the policy may be answering one constant, not solving;
+* ``top_answer``/``top_answer_share``: the single most common sampled answer and its share of all samples;
+* ``pass_at_1``, ``pass_at_8``: the unbiased pass@k estimator ``1 - C(n-c, k) / C(n, k)`` over the n samples of
+  each item with c exact (Chen et al., *Evaluating Large Language Models Trained on Code*, arXiv 2107.03374),
+  averaged over items; ``None`` when n < k. pass@1 equals ``accuracy``; pass@8 says whether the right answer is
+  still among the policy's guesses (sharpening without new skill lowers it);
+* ``greedy_accuracy`` (exact) and ``greedy_reward`` (partial credit) of one greedy completion per item (the policy's
+  single best guess);
 * ``format_rate``: the share of sampled completions that state an answer in the ``<answer>`` format at all;
 * ``mean_length``: mean sampled completion length in tokens;
 * ``n``: the number of items.
 
-Headline ``accuracy`` (and ``greedy_accuracy``) are the unweighted means over families. Sampling is seeded by
-``eval.seed``, so the same weights give the same numbers.
+Headline ``accuracy``, ``reward``, ``pass_at_1``, ``pass_at_8`` and ``greedy_accuracy`` are unweighted means over
+families; ``at_or_below_baseline`` lists the families whose accuracy does not beat their majority baseline.
+Sampling is seeded by ``eval.seed``, so the same weights give the same numbers.
 
 :class:`Evaluator` knows nothing about the swarm, the learner or checkpoints: it takes a policy, an engine and a
 task source. :func:`evaluate_run` (``swarm-node eval``) adds a run directory's config and checkpoints.
@@ -25,6 +38,7 @@ import json
 import logging
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,24 +53,110 @@ logger = logging.getLogger(__name__)
 EVAL_FILE = "eval.jsonl"
 
 
+#: The k of the reported pass@k besides pass@1 (needs ``eval.samples >= PASS_K``).
+PASS_K = 8
+
+
 @dataclass
 class FamilyResult:
-    """Evaluation numbers of one family."""
+    """Evaluation numbers of one family (see the module docstring)."""
 
     accuracy: float
     greedy_accuracy: float | None
     format_rate: float
     mean_length: float
     n: int
+    reward: float = 0.0
+    greedy_reward: float | None = None
+    majority_baseline: float | None = None
+    own_majority_baseline: float | None = None
+    top_answer: str | None = None
+    top_answer_share: float = 0.0
+    pass_at_1: float = 0.0
+    pass_at_8: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "accuracy": self.accuracy,
+            "reward": self.reward,
+            "majority_baseline": self.majority_baseline,
+            "own_majority_baseline": self.own_majority_baseline,
+            "top_answer": self.top_answer,
+            "top_answer_share": self.top_answer_share,
+            "pass_at_1": self.pass_at_1,
+            "pass_at_8": self.pass_at_8,
             "greedy_accuracy": self.greedy_accuracy,
+            "greedy_reward": self.greedy_reward,
             "format_rate": self.format_rate,
             "mean_length": self.mean_length,
             "n": self.n,
         }
+
+
+def pass_at_k(n: int, c: int, k: int) -> float | None:
+    """The unbiased pass@k estimate ``1 - C(n-c, k) / C(n, k)`` of one item with ``c`` of ``n`` samples right;
+    ``None`` when ``n < k`` (not estimable)."""
+    if n < k or n <= 0:
+        return None
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def is_exact(item: TaskItem, answer: str | None, score: float) -> bool:
+    """Whether an extracted ``answer`` is exactly right: equal to the gold answer (both stripped); for an item
+    without a single gold answer (``propositional_logic``), a verifier score of 1.0."""
+    if answer is None:
+        return False
+    if item.answer is None:
+        return score >= 1.0
+    return answer == item.answer.strip()
+
+
+def score_family(
+    tasks: TaskSource,
+    items: list[TaskItem],
+    sampled: list[list[str]],
+    greedy: list[str] | None,
+    lengths: list[int] | None = None,
+) -> FamilyResult:
+    """The numbers of one family from raw completion texts: ``sampled[i]`` are item ``i``'s sampled completions,
+    ``greedy[i]`` its greedy one (``None``: not decoded), ``lengths`` the sampled completions' token counts."""
+    answers = [[extract_answer(t) for t in texts] for texts in sampled]
+    rewards = [[tasks.score(it, t) for t in texts] for it, texts in zip(items, sampled, strict=True)]
+    exact = [
+        [is_exact(it, a, r) for a, r in zip(ans, rew, strict=True)]
+        for it, ans, rew in zip(items, answers, rewards, strict=True)
+    ]
+    flat_answers = [a for ans in answers for a in ans]
+    counts = Counter(a for a in flat_answers if a is not None)
+    top = counts.most_common(1)[0] if counts else None
+    golds = Counter(it.answer.strip() for it in items if it.answer is not None)
+    majority = golds.most_common(1)[0][1] / len(items) if golds else None
+    own_majority = None if top is None else _mean([float(is_exact(it, top[0], 0.0)) for it in items])
+    per_item_k = [pass_at_k(len(e), sum(e), PASS_K) for e in exact]
+    greedy_acc = greedy_rew = None
+    if greedy is not None:
+        g_rewards = [tasks.score(it, t) for it, t in zip(items, greedy, strict=True)]
+        greedy_rew = _mean(g_rewards)
+        greedy_acc = _mean(
+            [float(is_exact(it, extract_answer(t), r)) for it, t, r in zip(items, greedy, g_rewards, strict=True)]
+        )
+    return FamilyResult(
+        accuracy=_mean([float(x) for e in exact for x in e]),
+        reward=_mean([r for rew in rewards for r in rew]),
+        majority_baseline=majority,
+        own_majority_baseline=own_majority,
+        top_answer=None if top is None else top[0],
+        top_answer_share=0.0 if top is None else top[1] / max(1, len(flat_answers)),
+        pass_at_1=_mean([_mean([float(x) for x in e]) for e in exact]),
+        pass_at_8=None if any(p is None for p in per_item_k) else _mean([p for p in per_item_k if p is not None]),
+        greedy_accuracy=greedy_acc,
+        greedy_reward=greedy_rew,
+        format_rate=_mean([float(a is not None) for a in flat_answers]),
+        mean_length=_mean([float(x) for x in lengths or []]),
+        n=len(items),
+    )
 
 
 class Evaluator:
@@ -104,29 +204,69 @@ class Evaluator:
                 top_p=self.top_p,
                 seed=self.cfg.seed + offset,
             )
-            rewards = [self.tasks.score(it, c.text) for it, comps in zip(items, sampled, strict=True) for c in comps]
-            texts = [c.text for comps in sampled for c in comps]
             greedy = None
             if self.cfg.greedy:
                 best = self.engine.generate(prompts, 1, max_new_tokens=self.max_new_tokens, temperature=0.0)
-                greedy = _mean([self.tasks.score(it, comps[0].text) for it, comps in zip(items, best, strict=True)])
-            families[fam] = FamilyResult(
-                accuracy=_mean(rewards),
-                greedy_accuracy=greedy,
-                format_rate=_mean([float(extract_answer(t) is not None) for t in texts]),
-                mean_length=_mean([float(len(c.token_ids)) for comps in sampled for c in comps]),
-                n=len(items),
+                greedy = [comps[0].text for comps in best]
+            families[fam] = score_family(
+                self.tasks,
+                items,
+                [[c.text for c in comps] for comps in sampled],
+                greedy,
+                [len(c.token_ids) for comps in sampled for c in comps],
             )
-        greedy_vals = [f.greedy_accuracy for f in families.values() if f.greedy_accuracy is not None]
-        return {
-            "step": step,
-            "accuracy": _mean([f.accuracy for f in families.values()]),
-            "greedy_accuracy": _mean(greedy_vals) if greedy_vals else None,
-            "families": {fam: f.to_dict() for fam, f in families.items()},
-            "samples": self.cfg.samples,
-            "eval_s": round(time.perf_counter() - t0, 3),
-            "time": time.time(),
-        }
+        return summarize(families, step=step, samples=self.cfg.samples, eval_s=time.perf_counter() - t0)
+
+
+def summarize(families: dict[str, FamilyResult], *, step: int, samples: int, eval_s: float) -> dict[str, Any]:
+    """One evaluation's summary (an ``eval.jsonl`` line): unweighted means over families and the families."""
+    values = list(families.values())
+    greedy_vals = [f.greedy_accuracy for f in values if f.greedy_accuracy is not None]
+    pass_k = [f.pass_at_8 for f in values]
+    return {
+        "step": step,
+        "accuracy": _mean([f.accuracy for f in values]),
+        "reward": _mean([f.reward for f in values]),
+        "pass_at_1": _mean([f.pass_at_1 for f in values]),
+        "pass_at_8": None if not values or any(p is None for p in pass_k) else _mean([p or 0.0 for p in pass_k]),
+        "greedy_accuracy": _mean(greedy_vals) if greedy_vals else None,
+        "at_or_below_baseline": [fam for fam, f in families.items() if at_or_below_baseline(f)],
+        "families": {fam: f.to_dict() for fam, f in families.items()},
+        "samples": samples,
+        "eval_s": round(eval_s, 3),
+        "time": time.time(),
+    }
+
+
+def at_or_below_baseline(family: FamilyResult | dict[str, Any]) -> bool:
+    """Whether a family's exact accuracy does not beat its majority baseline (always answering the most common
+    gold answer would do as well)."""
+    f = family.to_dict() if isinstance(family, FamilyResult) else family
+    baseline = f.get("majority_baseline")
+    return baseline is not None and float(f["accuracy"]) <= float(baseline)
+
+
+def summary_line(result: dict[str, Any]) -> str:
+    """The logged headline of one evaluation: exact accuracy, partial-credit reward, pass@k, greedy, and every
+    family at or below its majority baseline."""
+
+    def num(value: Any) -> str:
+        return "n/a" if value is None else f"{float(value):.3f}"
+
+    fams = result.get("families") or {}
+    line = (
+        f"held-out exact accuracy {num(result.get('accuracy'))} (reward {num(result.get('reward'))}, "
+        f"pass@8 {num(result.get('pass_at_8'))}, greedy {num(result.get('greedy_accuracy'))}) over {len(fams)} "
+        f"families in {float(result.get('eval_s', 0.0)):.1f}s"
+    )
+    low = [
+        f"{name} {num(f.get('accuracy'))} <= {num(f.get('majority_baseline'))}"
+        for name, f in fams.items()
+        if isinstance(f, dict) and "accuracy" in f and at_or_below_baseline(f)
+    ]
+    if low:
+        line += "; at or below the majority baseline: " + ", ".join(low)
+    return line
 
 
 def _mean(values: list[float]) -> float:
@@ -158,11 +298,32 @@ def read_results(run_dir: Path) -> list[dict[str, Any]]:
     return out
 
 
+def eval_table(result: dict[str, Any]) -> str:
+    """``swarm-node eval``'s table: the headline line, then one row per family (exact accuracy first)."""
+
+    def num(value: Any) -> str:
+        return "    -" if value is None else f"{float(value):.3f}"
+
+    rows = [
+        summary_line(result).replace("held-out", f"step {result['step']}: held-out", 1),
+        "family                      n  accuracy  reward  majority  own-maj  top-share  pass@8  greedy  format",
+    ]
+    for fam, r in result["families"].items():
+        rows.append(
+            f"{fam:24s} {r['n']:4d}     {num(r.get('accuracy'))}   {num(r.get('reward'))}     "
+            f"{num(r.get('majority_baseline'))}    {num(r.get('own_majority_baseline'))}      "
+            f"{num(r.get('top_answer_share'))}   {num(r.get('pass_at_8'))}   {num(r.get('greedy_accuracy'))}   "
+            f"{num(r.get('format_rate'))}"
+        )
+    return "\n".join(rows)
+
+
 def headline(result: dict[str, Any]) -> dict[str, float]:
-    """The numbers a metrics line carries from an evaluation."""
+    """The numbers a metrics line carries from an evaluation (``heldout_accuracy`` is exact-match)."""
     out = {"heldout_accuracy": float(result["accuracy"])}
-    if result.get("greedy_accuracy") is not None:
-        out["heldout_greedy_accuracy"] = float(result["greedy_accuracy"])
+    for key in ("greedy_accuracy", "reward", "pass_at_8"):
+        if result.get(key) is not None:
+            out[f"heldout_{key}"] = float(result[key])
     return out
 
 

@@ -347,7 +347,7 @@ class Node:
     def evaluate(self, step: int) -> dict[str, Any]:
         """Evaluate the current policy on the held-out split (``node.eval``) and append it to ``eval.jsonl``; when
         ``step`` is the step being finished, its metrics line carries the headline numbers. Blocking."""
-        from node.eval import Evaluator, append_result, headline
+        from node.eval import Evaluator, append_result, headline, summary_line
 
         if self._evaluator is None:
             from node.tasks import TaskSource
@@ -361,14 +361,7 @@ class Node:
             self._pending_heldout = headline(result)
         self._eval_outbox = result
         self.last_eval_step = step
-        logger.info(
-            "step %d: held-out accuracy %.3f (greedy %s) over %d families in %.1fs",
-            step,
-            result["accuracy"],
-            "n/a" if result["greedy_accuracy"] is None else f"{result['greedy_accuracy']:.3f}",
-            len(result["families"]),
-            result["eval_s"],
-        )
+        logger.info("step %d: %s", step, summary_line(result))
         return result
 
     async def publish_eval(self) -> None:

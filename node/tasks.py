@@ -11,11 +11,13 @@ text between the last ``<answer>`` and ``</answer>`` of a completion. The verifi
 ``score_answer`` (partial credit included), clamped to [0, 1]; ``propositional_logic`` has no single gold answer
 and is scored against its premises by reasoning-gym.
 
-**Held-out split.** A fixed share (``tasks.heldout_fraction``) of every family's *question space* is reserved for
-evaluation: an item is held out when a hash of its family and question text falls below that share
-(:func:`is_heldout_question`). Training draws (:meth:`TaskSource.sample`) skip held-out items, peers' groups on
-held-out items are refused (:meth:`TaskSource.materialize_for_training`), and evaluation draws only held-out
-items (:meth:`TaskSource.heldout_refs`), so the two are disjoint on question text whatever the seeds or indices.
+**Held-out split.** A fixed share (``tasks.heldout_fraction``) of every family's *problem space* is reserved for
+evaluation: an item is held out when a hash of its family and canonical problem falls below that share
+(:func:`is_heldout_question`; ``node.canonical``: sums, products and arithmetic up to bracketing and
+commutativity, word tasks by their word(s), other families by question text). Training draws
+(:meth:`TaskSource.sample`) skip held-out items, peers' groups on held-out items are refused
+(:meth:`TaskSource.materialize_for_training`), and evaluation draws only held-out items
+(:meth:`TaskSource.heldout_refs`), so the two are disjoint on canonical problems whatever the seeds or indices.
 
 Knows nothing about models, tokenizers or prompts' chat formatting (see ``node.model.policy``), nor about who sent a
 ref: :meth:`TaskSource.materialize` only accepts the families and configs this node itself trains on, which
@@ -36,6 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from node.canonical import canonical_problem
 from node.config import TaskConfig
 from protocol.errors import SwarmError
 from protocol.types import Scalar, TaskRef
@@ -49,7 +52,10 @@ ANSWER_INSTRUCTION = "Give the final answer as <answer>...</answer>."
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
 #: The prompt of tokenizers without a chat template (the built-in model's format).
 PLAIN_TEMPLATE = "{question}\n" + ANSWER_INSTRUCTION + "\n"
-_ANSWER_RE = re.compile(re.escape(ANSWER_OPEN) + r"(.*?)" + re.escape(ANSWER_CLOSE), re.DOTALL)
+#: An ``<answer>`` with no other ``<answer>`` before its first ``</answer>`` (SPEC 13: the last opening tag wins).
+_ANSWER_RE = re.compile(
+    re.escape(ANSWER_OPEN) + r"((?:(?!" + re.escape(ANSWER_OPEN) + r").)*?)" + re.escape(ANSWER_CLOSE), re.DOTALL
+)
 
 #: The SAPO paper's nine reasoning-gym families (arXiv 2509.08721) plus the default ``chain_sum``.
 SAPO_FAMILIES = (
@@ -90,17 +96,26 @@ def format_answer(answer: str) -> str:
 
 
 def extract_answer(text: str) -> str | None:
-    """The stripped text inside the last ``<answer>...</answer>`` of ``text``, or ``None`` when there is none
-    (an unclosed tag -- a truncated completion -- counts as no answer)."""
+    """The stripped text between the last ``<answer>`` that a ``</answer>`` follows and the first ``</answer>``
+    after it (SPEC 13), or ``None`` when there is no such pair (an unclosed tag -- a truncated completion --
+    counts as no answer). A nested opening tag restarts the answer: ``<answer>dar<answer>ro</answer>`` is
+    ``ro``."""
     matches = _ANSWER_RE.findall(text)
     return matches[-1].strip() if matches else None
 
 
+def heldout_key(family: str, question: str) -> str:
+    """What the held-out split hashes for ``question``: its canonical problem (``node.canonical``: a re-bracketed or
+    reordered question gives the same key) where its family has one, else the question text."""
+    canonical = canonical_problem(family, question)
+    return question if canonical is None else canonical
+
+
 def is_heldout_question(family: str, question: str, fraction: float) -> bool:
-    """Whether ``question`` of ``family`` lies in the held-out share ``fraction`` of the question space: the first
-    8 bytes of SHA-256 over ``family``, a NUL byte and the UTF-8 question, read as a big-endian integer, are
-    below ``fraction * 2**64``. Depends on the text alone, so every peer draws the same line."""
-    digest = hashlib.sha256(family.encode() + b"\0" + question.encode()).digest()
+    """Whether ``question`` of ``family`` lies in the held-out share ``fraction`` of the problem space: the first
+    8 bytes of SHA-256 over ``family``, a NUL byte and the UTF-8 :func:`heldout_key`, read as a big-endian
+    integer, are below ``fraction * 2**64``. Depends on the text alone, so every peer draws the same line."""
+    digest = hashlib.sha256(family.encode() + b"\0" + heldout_key(family, question).encode()).digest()
     return int.from_bytes(digest[:8], "big") < fraction * 2**64
 
 
@@ -192,8 +207,9 @@ class TaskSource:
         return item
 
     def heldout_refs(self, n: int, seed: int) -> dict[str, list[TaskRef]]:
-        """Up to ``n`` held-out refs per family with distinct questions, scanning indices ``0, 1, ...`` of task
-        seed ``seed`` (deterministic). A family whose question space is small may yield fewer."""
+        """Up to ``n`` held-out refs per family with distinct problems (:func:`heldout_key`), scanning indices
+        ``0, 1, ...`` of task seed ``seed`` (deterministic). A family whose problem space is small may yield
+        fewer."""
         out: dict[str, list[TaskRef]] = {}
         budget = max(1000, int(20 * n / max(self.cfg.heldout_fraction, 1e-6)))
         for name, config in self._families:
@@ -203,9 +219,10 @@ class TaskSource:
             for index in range(min(budget, size)):
                 ref = TaskRef(family=name, config=dict(config), seed=seed, index=index)
                 item = self._generate(ref)
-                if item.question in seen or not self.is_heldout(item):
+                key = heldout_key(name, item.question)
+                if key in seen or not self.is_heldout(item):
                     continue
-                seen.add(item.question)
+                seen.add(key)
                 refs.append(ref)
                 if len(refs) >= n:
                     break

@@ -131,13 +131,9 @@ def eval_(
     if as_json:
         typer.echo(json.dumps(result, sort_keys=True))
         return
-    typer.echo(f"held-out accuracy at step {result['step']}: {result['accuracy']:.3f}")
-    typer.echo("family                      n  accuracy  greedy  format  length")
-    for fam, r in result["families"].items():
-        greedy = "   -  " if r["greedy_accuracy"] is None else f"{r['greedy_accuracy']:.3f} "
-        typer.echo(
-            f"{fam:24s} {r['n']:4d}    {r['accuracy']:.3f}   {greedy} {r['format_rate']:.3f}  {r['mean_length']:6.1f}"
-        )
+    from node.eval import eval_table
+
+    typer.echo(eval_table(result))
 
 
 @app.command()

@@ -49,7 +49,7 @@ logger = logging.getLogger(__name__)
 
 BUILTIN_NAME = "builtin:tiny"
 #: Bump when the build code changes in a way the recipe fields do not capture.
-BUILD_CODE_VERSION = 2
+BUILD_CODE_VERSION = 4
 EOS_TOKEN, PAD_TOKEN = "<|endoftext|>", "<|pad|>"
 _RECIPE_FILE = "rl_swarm_recipe.json"
 
@@ -252,15 +252,19 @@ def build_model(recipe: TinyRecipe, tok: Any) -> Any:
 
 def sft_examples(recipe: TinyRecipe, n: int, correct_fraction: float, salt: int) -> list[tuple[str, str]]:
     """``n`` deterministic (prompt, completion) pairs; each target is the gold answer with probability
-    ``correct_fraction``, else the gold answer of another item (drawn from the same batch of items)."""
+    ``correct_fraction``, else the gold answer of another item of the same family (drawn from the same batch of
+    items), so a distractor is a plausible answer to that kind of question, never another family's answer."""
     rng = random.Random(recipe.seed * 1_000_003 + salt)
     src = TaskSource(TaskConfig(families=list(recipe.sft_families), seed=recipe.sft_task_seed, pool_size=10**9))
     items = [src.materialize(ref) for ref in src.sample(rng, n)]
     answers = [it.answer if it.answer is not None else str(it.metadata.get("example_answer", "")) for it in items]
+    by_family: dict[str, list[str]] = {}
+    for item, answer in zip(items, answers, strict=True):
+        by_family.setdefault(item.ref.family, []).append(answer)
     pairs = []
     for item, answer in zip(items, answers, strict=True):
         if rng.random() >= correct_fraction:
-            answer = rng.choice(answers)
+            answer = rng.choice(by_family[item.ref.family])
         pairs.append((_format_prompt(item.question), format_answer(answer)))
     return pairs
 

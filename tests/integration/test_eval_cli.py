@@ -15,7 +15,7 @@ from node.telemetry.metrics import read_jsonl
 
 SMALL_EVAL = [
     "--set", "eval.items_per_family=4",
-    "--set", "eval.samples=2",
+    "--set", "eval.samples=8",
     "--set", "eval.every_steps=2",
     "--set", "rollout.prompts_per_step=4",
     "--set", "rollout.group_size=4",
@@ -67,6 +67,13 @@ def test_eval_json_is_repeatable_and_matches_the_run(run_dir: Path) -> None:
     assert ra["accuracy"] == pytest.approx(sum(f["accuracy"] for f in ra["families"].values()) / len(ra["families"]))
     for key in ("step", "accuracy", "families"):
         assert ra[key] == rb[key]
+    top = {"step", "accuracy", "reward", "pass_at_1", "pass_at_8", "greedy_accuracy", "families"}
+    fam_keys = {"accuracy", "reward", "majority_baseline", "top_answer_share", "pass_at_1", "pass_at_8"}
+    fam_keys |= {"greedy_accuracy", "format_rate", "n"}
+    assert top <= set(ra) and all(fam_keys <= set(f) for f in ra["families"].values())
+    for f in ra["families"].values():  # exact accuracy is pass@1; 8 samples give a pass@8 at least as high
+        assert f["pass_at_1"] == pytest.approx(f["accuracy"]) and f["pass_at_8"] >= f["accuracy"] - 1e-12
+        assert 0.0 <= f["majority_baseline"] <= 1.0 and 0.0 <= f["top_answer_share"] <= 1.0
     in_run = read_results(run_dir)[-1]  # the node's own evaluation of the same weights
     assert in_run["accuracy"] == ra["accuracy"]
 

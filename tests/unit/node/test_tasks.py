@@ -106,6 +106,7 @@ def test_extract_answer_takes_the_last_closed_tag() -> None:
     assert extract_answer("<answer>1</answer> no, <answer> 2 </answer>") == "2"
     assert extract_answer("<answer>a\nb</answer>") == "a\nb"
     assert extract_answer("<answer>1</answer><answer>2") == "1"
+    assert extract_answer("<answer>dar<answer>ro</answer>") == "ro"
     assert extract_answer("") is None
 
 

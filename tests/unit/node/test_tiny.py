@@ -138,6 +138,26 @@ def test_sft_examples_mix_gold_and_distractors() -> None:
     assert len({c for _, c in pairs}) > 5
 
 
+def test_distractors_come_from_the_same_family() -> None:
+    """Every noisy target is an answer of the question's own family: no number answers a spelling question and
+    no word answers a sum (with ``correct_fraction=0`` each target is a distractor, most of them not gold)."""
+    pairs = tiny.sft_examples(tiny.DEFAULT_RECIPE, 600, 0.0, salt=2)
+    spell, other, spell_not_gold = 0, 0, 0
+    for prompt, completion in pairs:
+        answer = completion.removeprefix("<answer>").removesuffix("</answer>")
+        numeric = answer.lstrip("-").isdigit()
+        if "Spell this word backward" in prompt:
+            spell += 1
+            assert not numeric, (prompt, completion)
+            word = prompt.splitlines()[0].rsplit(" ", 1)[-1]
+            spell_not_gold += answer != word[::-1]
+        else:
+            other += 1
+            assert numeric, (prompt, completion)
+    assert spell > 50 and other > 50
+    assert spell_not_gold > spell / 2  # the distractors are really drawn, not the gold answer
+
+
 @pytest.mark.slow
 def test_default_build_starts_between_zero_and_one(tmp_path: Path) -> None:
     """The real default model: built within minutes, starts clearly between 0 and 1 on the default task."""

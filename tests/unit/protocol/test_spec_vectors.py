@@ -82,6 +82,39 @@ def test_every_vector_is_checked():
     assert set(spec_vectors()) == set(derived())
 
 
+def spec_json_vectors(tag: str) -> list[dict]:
+    """The JSON lines of the SPEC.md block after ``<!-- tag -->``."""
+    import json
+
+    m = re.search(r"<!-- " + re.escape(tag) + r" -->\s*```\s*(.+?)```", SPEC.read_text(), re.S)
+    assert m, f"SPEC.md lost its {tag}"
+    return [json.loads(line) for line in m.group(1).strip().splitlines()]
+
+
+def test_answer_vectors():
+    """SPEC.md 13: the answer a client extracts from each completion, nested and unclosed tags included."""
+    from node.tasks import extract_answer
+
+    vectors = spec_json_vectors("answer-vectors")
+    assert any(v["completion"] == "<answer>dar<answer>ro</answer>" for v in vectors)
+    for v in vectors:
+        assert extract_answer(v["completion"]) == v["answer"], v
+
+
+def test_split_vectors():
+    """SPEC.md 13: each question's split key, its 64-bit hash (recomputed here) and its side at fraction 0.1."""
+    from node.tasks import heldout_key, is_heldout_question
+
+    vectors = spec_json_vectors("split-vectors")
+    assert {v["heldout"] for v in vectors} == {True, False}
+    for v in vectors:
+        assert heldout_key(v["family"], v["question"]) == v["key"], v
+        digest = hashlib.sha256(v["family"].encode() + b"\0" + v["key"].encode()).digest()
+        assert digest[:8].hex() == v["hash64"], v
+        assert (int(v["hash64"], 16) < 0.1 * 2**64) == v["heldout"], v
+        assert is_heldout_question(v["family"], v["question"], 0.1) == v["heldout"], v
+
+
 if __name__ == "__main__":
     for k, v in derived().items():
         for i in range(0, len(v), 96):
