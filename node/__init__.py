@@ -4,6 +4,7 @@
 * ``seams``     -- typed seams (Protocols) for policy, engine, tasks, learner and a side phase; ``GenerationSettings``,
   ``TrainSample``
 * ``tasks``     -- reasoning-gym task sources addressed by TaskRef; answer extraction and scoring; the held-out split
+* ``canonical`` -- the canonical problem form the held-out split hashes (reordered or re-bracketed sums fall together)
 * ``runtime``   -- the node loop (generate, publish, SAPO mix, learn, checkpoint)
 * ``eval``      -- held-out evaluation on questions no node trains on
 * ``model/``    -- the policy: load a causal LM (built-in tiny, packaged SmolLM2, local dir, hub), build, cache
@@ -15,7 +16,7 @@
 * ``cli/``      -- ``swarm-node`` and what it shares with ``swarm-sim`` (preflight, logs)
 
 Layers, top to bottom (an import-linter contract): ``cli`` -> ``observer`` -> ``runtime`` -> ``eval`` | ``mnpo`` ->
-``learn`` | ``rollout`` -> ``model`` | ``telemetry`` -> ``seams`` -> ``tasks`` -> ``config``.
+``learn`` | ``rollout`` -> ``model`` | ``telemetry`` -> ``seams`` -> ``tasks`` -> ``canonical`` | ``config``.
 
 Components, as ``file [config section] <- called by -> calls``:
 

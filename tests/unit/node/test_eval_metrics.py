@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from node import tiny
 from node.config import EvalConfig, ModelConfig, RolloutConfig, TaskConfig
-from node.engine import GeneratedCompletion
 from node.eval import Evaluator, at_or_below_baseline, headline, pass_at_k, summary_line
+from node.model import tiny
+from node.rollout.engine import GeneratedCompletion
 from node.tasks import PLAIN_TEMPLATE, TaskSource
 
 
@@ -220,8 +220,8 @@ def test_baseline_flag_reads_old_and_new_lines() -> None:
 
 def test_metrics_match_an_independent_scorer_on_a_real_checkpoint(tiny_cache: Path) -> None:
     """The same check on the reduced built-in model's own completions (sampled and greedy)."""
-    from node.engine import TransformersEngine
-    from node.policy import load_policy
+    from node.model.policy import load_policy
+    from node.rollout.engine import TransformersEngine
 
     path = tiny.ensure_built(tiny_cache, tiny.SMALL_RECIPE)
     policy = load_policy(ModelConfig(name=str(path), device="cpu"))

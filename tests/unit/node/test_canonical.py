@@ -9,9 +9,9 @@ import re
 from hypothesis import given
 from hypothesis import strategies as st
 
-from node import tiny
 from node.canonical import canonical_expression, canonical_problem
 from node.config import EvalConfig, TaskConfig, TaskFamily
+from node.model import tiny
 from node.tasks import PLAIN_TEMPLATE, TaskSource, heldout_key, is_heldout_question
 from protocol.types import TaskRef
 
