@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from node.config import EvalConfig, RolloutConfig
-from node.tasks import TaskItem, TaskSource, extract_answer
+from node.tasks import TaskItem, TaskSource, extract_answer, is_exact
 from protocol.errors import SwarmError
 from protocol.types import TaskRef
 
@@ -101,16 +101,6 @@ def pass_at_k(n: int, c: int, k: int) -> float | None:
     if n - c < k:
         return 1.0
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
-
-def is_exact(item: TaskItem, answer: str | None, score: float) -> bool:
-    """Whether an extracted ``answer`` is exactly right: equal to the gold answer (both stripped); for an item
-    without a single gold answer (``propositional_logic``), a verifier score of 1.0."""
-    if answer is None:
-        return False
-    if item.answer is None:
-        return score >= 1.0
-    return answer == item.answer.strip()
 
 
 def score_family(

@@ -34,6 +34,7 @@ from node.learn.batch import SampleBuilder, TrainBatch
 from node.rollout.groups import OwnRollouts, own_rollouts
 from node.rollout.planner import Planner, RolloutPlanner, UniformPlanner, planner_enabled
 from node.seams import EngineLike, GenerationSettings, LearnerLike, NoPhase, PolicyLike, StepPhase, TasksLike
+from node.tasks import extract_answer, is_exact
 from node.telemetry.metrics import JsonlWriter, LiveView, truncate_after_step
 from node.telemetry.trackers import open_metrics
 from protocol.channel import Channel
@@ -318,6 +319,7 @@ class Node:
             step=self.step,
             policy_version=self.learner.policy_version,
             tokenizer_id=self.policy.tokenizer_id,
+            exact=lambda i, text, reward: is_exact(items[i], extract_answer(text), reward),
         )
         self.planner.observe(own.groups, self.step)  # VADE/DART posteriors learn from the rewards
         return own
@@ -529,6 +531,8 @@ class Node:
             "time": time.time(),
             "reward_mean": math.fsum(rewards) / len(rewards) if rewards else 0.0,
             "solve_rate": sum(1 for g in own.groups if max(g.rewards) > 0.5) / len(own.groups) if own.groups else 0.0,
+            # the exact twin of reward_mean: the share of own completions whose answer is exactly right
+            "exact_mean": sum(own.exact) / len(own.exact) if own.exact else 0.0,
             **rollout_stats(own.groups),
             **batch.sapo.metrics(),
             "peers": self.recent_peers(),

@@ -141,6 +141,16 @@ class _LRU(OrderedDict):
         return value
 
 
+def is_exact(item: TaskItem, answer: str | None, score: float) -> bool:
+    """Whether an extracted ``answer`` is exactly right: equal to the gold answer (both stripped); for an item
+    without a single gold answer (``propositional_logic``), a verifier score of 1.0."""
+    if answer is None:
+        return False
+    if item.answer is None:
+        return score >= 1.0
+    return answer == item.answer.strip()
+
+
 class TaskSource:
     """Draws task refs from the configured families, materializes refs (own or peers') and scores completions.
 

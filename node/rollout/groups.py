@@ -46,6 +46,9 @@ class OwnRollouts:
 
     groups: list[PooledGroup] = field(default_factory=list)
     generations: dict[str, Sequence[Generation]] = field(default_factory=dict)
+    exact: list[bool] = field(default_factory=list)
+    """Per completion (groups in order): whether its answer is exactly right -- the twin of the partial-credit
+    rewards, which rise with half-right strings (empty when no exact check was given)."""
 
     def informative(self) -> list[Group]:
         """The groups worth publishing: peers drop zero-advantage groups anyway."""
@@ -60,11 +63,15 @@ def own_rollouts(
     step: int,
     policy_version: int,
     tokenizer_id: str,
+    exact: Callable[[int, str, float], bool] | None = None,
 ) -> OwnRollouts:
-    """Score each completion with ``score(prompt_index, text)`` and wrap the groups for the pool and the learner."""
+    """Score each completion with ``score(prompt_index, text)`` and wrap the groups for the pool and the learner;
+    with ``exact(prompt_index, text, reward)``, also record whether each answer is exactly right."""
     out = OwnRollouts()
     for i, (ref, comps) in enumerate(zip(refs, gens, strict=True)):
         rewards = tuple(float(score(i, c.text)) for c in comps)
+        if exact is not None:
+            out.exact.extend(exact(i, c.text, r) for c, r in zip(comps, rewards, strict=True))
         key = f"{SELF}:{step}:{i}"
         out.groups.append(
             PooledGroup(
