@@ -537,6 +537,8 @@ class Node:
             **batch.sapo.metrics(),
             "peers": self.recent_peers(),
             "connections": len(self._peers),
+            # the record peer ids (SPEC 1) this node follows at its next poll (SPEC 7.4, 11), most wanted first
+            "following": self.channel.following() if self.channel is not None else [],
             "transport_restarts": int((chan.get("transport") or {}).get("restarts", 0)),
             "published": chan.get("published", 0),
             "received": chan.get("received", 0),

@@ -228,6 +228,11 @@ class Channel:
             return list(self._follow)
         return list(reversed(self._recent_senders))
 
+    def following(self) -> list[str]:
+        """The senders a sharded transport reads directly at the next poll: the first ``follow_senders`` of
+        :meth:`preferred` (SPEC 7.4, 11)."""
+        return self.preferred()[: self.follow_senders]
+
     def follow(self, senders: list[str] | None) -> None:
         """Name the senders to follow, most wanted first (e.g. peers whose groups proved useful); None restores
         the default (most recently accepted senders)."""

@@ -61,10 +61,14 @@ class EncodeError(SwarmError):
 
 
 def _canon(obj: Any, depth: int = 0) -> Any:
-    """Normalise to the canonical data model; raise ValueError/TypeError on anything outside it."""
-    if depth > MAX_DEPTH:
-        raise ValueError(f"nesting deeper than {MAX_DEPTH}")
+    """Normalise to the canonical data model; raise ValueError/TypeError on anything outside it.
+
+    ``depth`` is the value's nesting depth (the top level is 0); only maps and arrays are held to
+    :data:`MAX_DEPTH`, as :func:`_check_decoded` does, so a scalar inside a depth-16 container encodes and decodes.
+    """
     t = type(obj)
+    if depth > MAX_DEPTH and t in (dict, list, tuple):
+        raise ValueError(f"nesting deeper than {MAX_DEPTH}")
     if obj is None or t is bool or t is str or t is bytes:
         return obj
     if t is int:

@@ -37,7 +37,7 @@ from typing import Any
 
 from protocol.codec import RecordDecodeError, RecordSignatureError, canonical_packb, require_canonical, strict_unpackb
 from protocol.identity import PEER_ID_LEN, PUBLIC_KEY_LEN, Identity, peer_id_from_public, verify
-from protocol.records import check_version, expect_keys, record_digest, split_signed
+from protocol.records import PEER_ID_RE, check_version, expect_keys, record_digest, split_signed
 from protocol.schema import expect_bytes, expect_int, expect_str
 from protocol.version import INCOMPATIBLE, format_version, local_version, parse_version
 
@@ -143,7 +143,11 @@ def decode_index_entry(data: bytes, *, verify_signature: bool = True) -> IndexEn
         require_canonical(body, body_bytes, "index body")
     if type(body) is not dict:
         raise RecordDecodeError("schema", "index: expected map")
-    version = body.get("version", "1.x")  # 1.x entries had no version key
+    # 1.x entries had no version key; a body with neither key is no index entry of any version (e.g. a record put
+    # under a shard key), a schema error rather than a claim to speak 1.x.
+    if "version" not in body and "digests" not in body:
+        raise RecordDecodeError("schema", "index: neither 'version' nor 'digests'")
+    version = body.get("version", "1.x")
     major: int | None
     minor: int | None
     try:
@@ -160,6 +164,8 @@ def decode_index_entry(data: bytes, *, verify_signature: bool = True) -> IndexEn
         raise RecordDecodeError("schema", "index.digests: repeated digest")
     public_key = expect_bytes(body["public_key"], "index.public_key", length=PUBLIC_KEY_LEN)
     sender = expect_str(body["sender"], "index.sender", min_len=PEER_ID_LEN, max_len=PEER_ID_LEN)
+    if not PEER_ID_RE.fullmatch(sender):  # the record header's rule (SPEC 3), so both refuse a bad id as "schema"
+        raise RecordDecodeError("schema", "index.sender: expected 32 lowercase hex characters")
     swarm = expect_str(body["swarm"], "index.swarm", min_len=1, max_len=64)
     window = expect_int(body["window"], "index.window", lo=0)
     if verify_signature:

@@ -47,7 +47,8 @@ MAX_VERSION_PART = 9999
 SIGNING_DOMAIN = b"rl-swarm/record/v1\x00"
 
 MAX_SWARM_LEN = 64
-_PEER_ID_RE = re.compile(rf"^[0-9a-f]{{{PEER_ID_LEN}}}$")
+#: A peer id as it appears in a signed body (a record's or an index entry's ``sender``): 32 lowercase hex characters.
+PEER_ID_RE = re.compile(rf"[0-9a-f]{{{PEER_ID_LEN}}}")
 HEADER_KEYS = frozenset(
     {"schema_version", "minor", "kind", "swarm", "sender", "public_key", "seq", "window", "created", "payload"}
 )
@@ -151,7 +152,7 @@ def _check_header(body: Any) -> dict[str, Any]:
     expect_str(body["kind"], "kind", min_len=1, max_len=MAX_KIND_LEN)
     expect_str(body["swarm"], "swarm", min_len=1, max_len=MAX_SWARM_LEN)
     sender = expect_str(body["sender"], "sender", min_len=PEER_ID_LEN, max_len=PEER_ID_LEN)
-    if not _PEER_ID_RE.match(sender):
+    if not PEER_ID_RE.fullmatch(sender):
         raise schema_error("sender", "expected 32 lowercase hex characters")
     expect_bytes(body["public_key"], "public_key", length=PUBLIC_KEY_LEN)
     expect_int(body["seq"], "seq", lo=0)

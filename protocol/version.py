@@ -37,15 +37,17 @@ INCOMPATIBLE = "incompatible_version"
 #: Distinct remote versions reported at most (a hostile peer could otherwise claim a new one per message).
 MAX_REPORTED = 16
 
-_VERSION_RE = re.compile(r"^(\d{1,4})\.(\d{1,4})$")
+#: 1 to 4 ASCII digits each (``\d`` would also take other scripts' digits), nothing around them.
+_VERSION_RE = re.compile(r"([0-9]{1,4})\.([0-9]{1,4})")
 _reported: set[tuple[int, int]] = set()
 _reported_lock = threading.Lock()
 
 
 @functools.lru_cache(maxsize=64)  # every index entry a reader decodes names one of a few versions
 def parse_version(text: str) -> tuple[int, int]:
-    """``"1.2"`` -> ``(1, 2)``; ``ValueError`` for anything else."""
-    m = _VERSION_RE.match(text.strip())
+    """``"1.2"`` -> ``(1, 2)``; ``ValueError`` for anything else (SPEC 15: 1-4 ASCII digits, a dot, 1-4 ASCII digits,
+    leading zeros allowed, no spaces)."""
+    m = _VERSION_RE.fullmatch(text)
     if m is None:
         raise ValueError(f"protocol version {text!r} is not MAJOR.MINOR (e.g. 1.1)")
     return int(m.group(1)), int(m.group(2))
@@ -57,7 +59,7 @@ def local_version() -> tuple[int, int]:
     global _local
     if _local is None:
         override = os.environ.get(ENV_OVERRIDE)
-        _local = parse_version(override) if override else PROTOCOL_VERSION
+        _local = parse_version(override.strip()) if override else PROTOCOL_VERSION
     return _local
 
 

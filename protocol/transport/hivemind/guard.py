@@ -45,6 +45,9 @@ logger = logging.getLogger(__name__)
 PASSED_CACHE_SIZE = 4096
 
 
+#: Most bytes msgpack's bin header adds to a value (bin32: 1 tag byte + 4 length bytes).
+BIN_HEADER_MAX = 5
+
 #: How hivemind serializes "no subkey" (a plain value).
 NO_SUBKEY = msgpack.packb(None)
 
@@ -125,7 +128,8 @@ class DHTRecordGuard(RecordValidatorBase):  # type: ignore[misc]  # hivemind shi
         """The reason to refuse ``record``, or None to accept it."""
         if record.expiration_time > get_dht_time() + self.clock_offset_s + self.max_ttl_s:
             return "expiration_too_far"
-        if len(record.value) > self.max_bytes + 16:
+        # hivemind stores a value as a msgpack bin: at most 5 header bytes over the value itself.
+        if len(record.value) > self.max_bytes + BIN_HEADER_MAX:
             return "oversize"
         memo: tuple[bytes, bytes, bytes] = (record.key, record.subkey, hashlib.sha256(record.value).digest())
         now = time.monotonic()
@@ -134,11 +138,13 @@ class DHTRecordGuard(RecordValidatorBase):  # type: ignore[misc]  # hivemind shi
         if passed_at is not None and now - passed_at < self._pass_ttl_s:
             return None
         try:
-            data = msgpack.unpackb(record.value, raw=True, max_bin_len=self.max_bytes)
+            data = msgpack.unpackb(record.value, raw=True, max_bin_len=self.max_bytes + BIN_HEADER_MAX)
         except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
             return "malformed"
         if not isinstance(data, bytes):
             return "malformed"
+        if len(data) > self.max_bytes:  # SPEC 6 check 1, whatever the key: every value over the cap is "oversize"
+            return "oversize"
         if record.subkey != NO_SUBKEY:
             reason = self._check_shard_entry(record, data)
         elif _is_index_entry(data):

@@ -188,3 +188,19 @@ async def test_records_of_a_previous_run_of_the_same_identity_are_not_delivered(
     await old.close()
     new = await Channel.create(ident, MemoryTransport(net, "new"), validator(clock))
     assert await new.poll() == [] and new.metrics()["own"] == 1
+
+
+async def test_following_is_the_recent_senders_until_the_node_names_its_own():
+    """SPEC 11 and 16: ``following`` (metrics.jsonl) is what the next poll reads directly."""
+    clock = Clock()
+    (a, b, c), _ = await make_channels(3, clock)
+    assert c.following() == []
+    await a.publish("rollouts", batch(1))
+    await c.poll()
+    await b.publish("rollouts", batch(2))
+    await c.poll()
+    assert c.following() == [b.peer_id, a.peer_id]  # most recently accepted first
+    c.follow([a.peer_id] + [f"{i:032x}" for i in range(10)])
+    assert c.following() == ([a.peer_id] + [f"{i:032x}" for i in range(10)])[: c.follow_senders]
+    c.follow(None)
+    assert c.following() == [b.peer_id, a.peer_id]

@@ -69,7 +69,8 @@ def test_a_record_of_another_major_is_refused_and_reported_once(caplog, monkeypa
     lines = version_lines(caplog)
     assert len(lines) == 1, lines
     assert f"speaks {PROTOCOL_VERSION[0] + 1}.3, this node speaks {OURS}" in lines[0]
-    assert ALICE.peer_id[:16] in lines[0]
+    # SPEC 15: the claimed sender's first 16 characters, not the whole peer id
+    assert f"peer {ALICE.peer_id[:16]} speaks" in lines[0] and ALICE.peer_id not in lines[0]
 
 
 def test_a_1x_record_without_a_minor_is_named_1x(caplog):

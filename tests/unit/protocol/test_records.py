@@ -441,3 +441,27 @@ def test_completion_fast_path_refuses_what_the_checked_path_refuses(field, value
     with pytest.raises(RecordDecodeError) as e:
         completion_from_wire(wire)
     assert e.value.reason == "schema" and field in str(e.value)
+
+
+def test_depth_limit_holds_maps_and_arrays_only_and_encoder_and_decoder_agree():
+    """SPEC 2 rule 6: a map or array may sit at depth 16 (the top level is 0); a scalar inside it (depth 17) is
+    fine; a map or array at depth 17 is not. The encoder refuses exactly what the decoder refuses."""
+    from protocol.codec import require_canonical
+
+    def nested(n: int, inner: object) -> object:
+        for _ in range(n):
+            inner = [inner]
+        return inner
+
+    for inner in (0, "s", None, 1.5):
+        ok = nested(17, inner)  # arrays at depths 0..16, the scalar at 17
+        data = canonical_packb(ok)
+        require_canonical(strict_unpackb(data), data, "value")
+    for inner in ([], {}):
+        too_deep = nested(17, inner)  # the innermost container at depth 17
+        with pytest.raises(ValueError):
+            canonical_packb(too_deep)
+        raw = msgpack.packb(too_deep)
+        with pytest.raises(RecordDecodeError) as e:
+            require_canonical(strict_unpackb(raw), raw, "value")
+        assert e.value.reason == "malformed"

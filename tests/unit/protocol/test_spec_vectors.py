@@ -8,8 +8,20 @@ from pathlib import Path
 import msgpack
 import pytest
 
+from protocol.codec import RecordDecodeError, RecordSignatureError, canonical_packb, strict_unpackb
 from protocol.identity import Identity
-from protocol.layout import encode_index_entry, peer_key, record_digest_hex, record_key, shard_hash, shard_key, shard_of
+from protocol.layout import (
+    INDEX_DOMAIN,
+    decode_index_entry,
+    encode_index_entry,
+    peer_key,
+    record_digest_hex,
+    record_key,
+    shard_hash,
+    shard_key,
+    shard_of,
+)
+from protocol.records import decode_record, sign_body, signing_input, wrap_record
 from protocol.types import TaskRef
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -24,6 +36,97 @@ WINDOW = 113_333_333
 def dht_id(key: str) -> str:
     """SPEC.md 9: SHA-1 of the MessagePack str encoding of the key."""
     return hashlib.sha1(msgpack.packb(key, use_bin_type=True)).hexdigest()
+
+
+def _reason(decode, data: bytes) -> str:
+    """What a decoder makes of ``data``: ``accepted`` or the rejection reason (SPEC 6)."""
+    try:
+        decode(data)
+    except (RecordDecodeError, RecordSignatureError) as e:
+        return e.reason
+    return "accepted"
+
+
+def _nested(n: int) -> object:
+    """``n`` arrays nested in each other around the int 0."""
+    value: object = 0
+    for _ in range(n):
+        value = [value]
+    return value
+
+
+def _sign_unchecked(body_map: dict) -> bytes:
+    """A record of ``body_map`` packed with sorted keys but without the encoder's data-model checks (which refuse
+    what receivers refuse)."""
+    body = msgpack.packb(dict(sorted(body_map.items())), use_bin_type=True)
+    return wrap_record(body, ALICE.sign(signing_input(body)))
+
+
+def record_reasons() -> dict[str, str]:
+    """SPEC 2, 3, 6: the reasons for the vector record's body changed as each vector's name says, re-signed."""
+    outer = strict_unpackb(vector_record())
+    body = strict_unpackb(outer["body"])
+    not_a_map = canonical_packb([1])
+    return {
+        # "x" sits at depth 1 of the body, so 16 nested arrays reach depth 16 (allowed: the unknown key is "schema")
+        "reason_depth_16_array": _reason(decode_record, sign_body(ALICE, {**body, "x": _nested(16)})),
+        "reason_depth_17_array": _reason(decode_record, _sign_unchecked({**body, "x": _nested(17)})),
+        "reason_body_without_schema_version": _reason(
+            decode_record, sign_body(ALICE, {k: v for k, v in body.items() if k != "schema_version"})
+        ),
+        "reason_body_not_a_map": _reason(decode_record, wrap_record(not_a_map, ALICE.sign(signing_input(not_a_map)))),
+    }
+
+
+def _entry(**changes: object) -> bytes:
+    """The vector index entry with body keys changed (None removes one), re-signed."""
+    digest = record_digest_hex(vector_record())
+    body = strict_unpackb(strict_unpackb(encode_index_entry(ALICE, "spec", WINDOW, [digest]))["body"])
+    for k, v in changes.items():
+        if v is None:
+            body.pop(k, None)
+        else:
+            body[k] = v
+    data = canonical_packb(body)
+    return canonical_packb({"body": data, "sig": ALICE.sign(INDEX_DOMAIN + data)})
+
+
+def index_reasons() -> dict[str, str]:
+    """SPEC 7.4, 15: index entry sender and version rules."""
+    versions = ["2.0", "02.00", "2.9999", "2.1", "2.10000", "2", "2.0.0", "\u0662.\u0660", "3.0", "1.x", "1.1"]
+    return {
+        "index_sender_uppercase": _reason(decode_index_entry, _entry(sender=ALICE.peer_id.upper())),
+        "index_versions": ",".join(f"{v}:{_reason(decode_index_entry, _entry(version=v))}" for v in versions),
+        "index_without_version": _reason(decode_index_entry, _entry(version=None)),
+    }
+
+
+def store_reasons() -> dict[str, str]:
+    """SPEC 9: what the hivemind store-time guard makes of values under keys (no clock hook: windows unchecked)."""
+    from hivemind.dht.validation import DHTRecord
+    from hivemind.utils import get_dht_time
+
+    from protocol.transport.hivemind.guard import NO_SUBKEY, DHTRecordGuard, key_id
+
+    data = vector_record()
+    rkey = key_id(record_key("spec", WINDOW, ALICE.peer_id, record_digest_hex(data)))
+    skey = key_id(shard_key("spec", WINDOW, 3, shard_of(WINDOW, ALICE.peer_id, 3, 4)))
+    subkey = msgpack.packb(ALICE.peer_id, use_bin_type=True)
+    soon, far = get_dht_time() + 60, get_dht_time() + 3600
+    value = msgpack.packb(data, use_bin_type=True)
+
+    def verdict(key: bytes, sub: bytes, expiration: float, max_bytes: int) -> str:
+        guard = DHTRecordGuard("spec", max_bytes=max_bytes, max_ttl_s=600)
+        return guard.check(DHTRecord(key, sub, value, expiration)) or "accepted"
+
+    n = len(data)
+    return {
+        "store_record_max_bytes": verdict(rkey, NO_SUBKEY, soon, n),
+        "store_record_max_plus_1": verdict(rkey, NO_SUBKEY, soon, n - 1),
+        "store_record_max_plus_1_expiring_too_far": verdict(rkey, NO_SUBKEY, far, n - 1),
+        "store_record_under_peer_key": verdict(key_id(peer_key("spec", WINDOW, ALICE.peer_id)), NO_SUBKEY, soon, n),
+        "store_record_under_shard_key": verdict(skey, subkey, soon, n),
+    }
 
 
 def derived() -> dict[str, str]:
@@ -52,6 +155,12 @@ def derived() -> dict[str, str]:
             seed=7,
             index=0,
         ).key(),
+        "taskref_key_edges": TaskRef(
+            "chain_sum", {"del": "\x7f", "zero": 0.0, "negzero": -0.0, "edge": 1e-4, "under": 9e-05}, seed=0, index=0
+        ).key(),
+        **record_reasons(),
+        **index_reasons(),
+        **store_reasons(),
     }
     return out
 

@@ -164,3 +164,41 @@ def test_batch_metrics_separate_own_skill_from_training_batch_reward():
     assert m["batch_reward_mean"] == pytest.approx((2 * 0.25 + 2 * 0.75) / 4)
     assert m["external_reward_mean"] == pytest.approx(0.75)
     assert m["external_age_mean"] == pytest.approx(3.0)
+
+
+def _flooded_pool(honest_peers: int, sybils: int = 64) -> RolloutPool:
+    """``honest_peers`` established sources (informative groups at 3 distinct steps, more than any batch takes) and
+    ``sybils`` fresh identities with one informative group each, all fresh at step 2."""
+    pool = RolloutPool(10_000, 50)
+    for h in range(honest_peers):
+        for step in range(3):
+            for i in range(8):
+                pool.add(_pooled(f"h{h}:{step}:{i}", f"honest{h}", (1.0, 0.0), step=step))
+    for s in range(sybils):
+        pool.add(_pooled(f"s{s}", f"sybil{s}", (1.0, 0.0), step=2))
+    return pool
+
+
+@pytest.mark.parametrize("j", range(1, 17))
+def test_spec_11_per_step_bound_with_default_settings(j):
+    """SPEC 11: s = max(1, floor(J/4)) newcomer slots; one established honest peer gets min(ceil(J/2), J - s)
+    groups a step (its share h / (h + s)), two or more get J - s; the flood gets exactly s."""
+    s = max(1, j // 4)
+    m = max(1, -(-j // 2))
+    one = SapoSampler(0, j, seed=j).sample(_flooded_pool(1), step=2, own=[])
+    by = Counter("honest" if g.source.startswith("honest") else "sybil" for g in one.external)
+    assert by["sybil"] == s and by["honest"] == min(m, j - s)
+    many = SapoSampler(0, j, seed=j).sample(_flooded_pool(4), step=2, own=[])
+    by = Counter("honest" if g.source.startswith("honest") else "sybil" for g in many.external)
+    assert by["sybil"] == s and by["honest"] == j - s
+
+
+def test_spec_11_worked_numbers():
+    """The shares SPEC 11 quotes for one honest established peer against a flood: h / (h + s)."""
+
+    def share(j: int) -> float:
+        s, m = max(1, j // 4), max(1, -(-j // 2))
+        h = min(m, j - s)
+        return h / (h + s)
+
+    assert (share(2), share(4), share(8), share(16)) == (1 / 2, 2 / 3, 2 / 3, 2 / 3)
