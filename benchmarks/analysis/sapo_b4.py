@@ -5,8 +5,10 @@ Configuration names follow ``<population>-<budget>-<I>-<J>[-<ablation>]`` (e.g. 
 budget, seed by seed (the same seed gives both the same initial models and task draws). Three metrics:
 
 * **own-rollout reward** (primary): ``reward_mean`` of the node's own generated completions, summed over nodes
-  and steps -- what the node itself can do on its training distribution as it learns;
-* **held-out accuracy**: per family, on questions no node ever trains on (``node.eval``), at the start and end;
+  and steps -- what the node itself can do on its training distribution as it learns; beside it its exact twin,
+  ``exact_mean`` (own completions whose answer is exactly right), since partial credit rises with half-right strings;
+* **held-out accuracy**: exact match, per family, on problems no node ever trains on (``node.eval``), at the start
+  and end;
 * **training-batch reward**: the mean reward of the groups the learner trained on (own groups kept plus peers'
   groups, re-scored locally), summed likewise -- probably what the SAPO paper plots; it rises with sharing even
   when the node's own skill does not, because receivers pick peers' informative groups.
@@ -74,6 +76,14 @@ class NodeRun:
         """Own-rollout reward summed over the node's steps (the first ``steps`` of them, if given)."""
         return math.fsum(float(r.get("reward_mean", 0.0)) for r in self.metrics[:steps])
 
+    def own_exact_cumulative(self, steps: int | None = None) -> float:
+        """The exact twin of :meth:`own_cumulative`: own completions exactly right, summed over steps (runs from
+        before the ``exact_mean`` field give NaN, not a number that looks like zero skill)."""
+        rows = self.metrics[:steps]
+        if rows and "exact_mean" not in rows[0]:
+            return math.nan
+        return math.fsum(float(r.get("exact_mean", 0.0)) for r in rows)
+
     def batch_cumulative(self) -> float:
         return math.fsum(float(r.get("batch_reward_mean", 0.0)) for r in self.metrics)
 
@@ -92,6 +102,9 @@ class SeedResult:
 
     def own(self, steps: int | None = None) -> float:
         return math.fsum(n.own_cumulative(steps) for n in self.nodes.values())
+
+    def own_exact(self, steps: int | None = None) -> float:
+        return math.fsum(n.own_exact_cumulative(steps) for n in self.nodes.values())
 
     def batch(self) -> float:
         return math.fsum(n.batch_cumulative() for n in self.nodes.values())
@@ -225,6 +238,7 @@ def family_ceiling(
 
 
 def _ms(values: list[float], digits: int) -> str:
+    values = [v for v in values if not math.isnan(v)]  # a metric a run did not record (e.g. exact_mean before it)
     if not values:
         return "n/a"
     if len(values) == 1:
@@ -252,6 +266,8 @@ def summary_rows(results: dict[str, list[SeedResult]], order: list[str]) -> list
                 "steps": max(len(n.metrics) for r in runs for n in r.nodes.values()),
                 "own": [r.own() for r in runs],
                 "own_ratio": _paired_ratios(runs, base, "own") if base else [1.0] * len(runs),
+                "own_exact": [r.own_exact() for r in runs],
+                "own_exact_ratio": _paired_ratios(runs, base, "own_exact") if base else [1.0] * len(runs),
                 "batch": [r.batch() for r in runs],
                 "batch_ratio": (_paired_ratios(runs, base, "batch") if base else [1.0] * len(runs)),
                 "heldout_start": start,
@@ -275,6 +291,8 @@ def markdown_summary(rows: list[dict[str, Any]]) -> str:
         "steps",
         "own-rollout reward (cum.)",
         "ratio vs 8-0",
+        "own exact (cum.)",
+        "exact ratio vs 8-0",
         "held-out start -> end",
         "held-out gain",
         "batch reward (cum.)",
@@ -288,6 +306,8 @@ def markdown_summary(rows: list[dict[str, Any]]) -> str:
             r["steps"],
             _ms(r["own"], 1),
             _ms(r["own_ratio"], 3),
+            _ms(r["own_exact"], 1),
+            _ms(r["own_exact_ratio"], 3),
             f"{_ms(r['heldout_start'], 3)} -> {_ms(r['heldout_end'], 3)}",
             _ms(r["heldout_gain"], 3),
             _ms(r["batch"], 1),

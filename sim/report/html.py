@@ -135,9 +135,10 @@ def write_html_report(out: str | Path, results: Sequence[Any], rows: Sequence[di
         f"<title>{escape(title)}</title><style>{CSS}</style></head><body>",
         f"<h1>{escape(title)}</h1>",
         f"<p class='muted'>Simulator report written {_dt.datetime.now(_dt.UTC):%Y-%m-%d %H:%M UTC} from the per-node "
-        "metrics in this directory. Cumulative reward = reward_mean summed over nodes and steps (the SAPO paper's "
-        "total reward), mean ± std over seeds. Held-out accuracy = accuracy on questions no node trains on, first "
-        "and last evaluation, mean over nodes; its gain is the learning measure.</p>",
+        "metrics in this directory. Cumulative reward = reward_mean (partial credit) summed over nodes and steps (the "
+        "SAPO paper's total reward), mean ± std over seeds; cumulative exact = its exact twin. Held-out exact = "
+        "exact-match accuracy on problems no node trains on, first and last evaluation, mean over nodes; its gain "
+        "is the learning measure, read against the majority baseline and pass@8.</p>",
         "<section><h2>Results</h2>",
         _table(
             [
@@ -145,14 +146,18 @@ def write_html_report(out: str | Path, results: Sequence[Any], rows: Sequence[di
                 "seeds",
                 "nodes",
                 "steps",
-                "cumulative reward",
+                "cumulative reward (partial credit)",
                 "± std",
                 "ratio",
+                "cumulative exact",
                 "final reward",
-                "held-out start",
-                "held-out end",
+                "held-out exact start",
+                "held-out exact end",
                 "held-out gain",
                 "± std",
+                "majority baseline",
+                "pass@8 start",
+                "pass@8 end",
                 "external",
                 "rejected",
             ],
@@ -165,11 +170,15 @@ def write_html_report(out: str | Path, results: Sequence[Any], rows: Sequence[di
                     r["cumulative_reward"],
                     r["cumulative_reward_std"],
                     r["ratio_vs_baseline"],
+                    r["cumulative_exact"],
                     r["final_reward"],
                     r["heldout_start"],
                     r["heldout_end"],
                     r["heldout_gain"],
                     r["heldout_gain_std"],
+                    r["heldout_majority"],
+                    r["heldout_pass8_start"],
+                    r["heldout_pass8_end"],
                     r["external_groups"],
                     r["rejected"],
                 ]
@@ -192,10 +201,10 @@ def write_html_report(out: str | Path, results: Sequence[Any], rows: Sequence[di
     held_curves = [c for c in held_curves if c[1]]  # configurations whose nodes evaluated
     if held_curves:
         parts += [
-            "<section><h2>Held-out accuracy</h2><p class='muted'>accuracy on questions no node trains on, mean "
-            "over nodes and seeds, at each evaluation: the learning measure (training reward can be "
-            "memorization)</p>",
-            svg_lines(held_curves, ylabel="held-out accuracy"),
+            "<section><h2>Held-out exact accuracy</h2><p class='muted'>exact-match accuracy on problems no node "
+            "trains on, mean over nodes and seeds, at each evaluation: the learning measure (training reward can be "
+            "memorization or partial credit)</p>",
+            svg_lines(held_curves, ylabel="held-out exact accuracy"),
             "</section>",
         ]
     for res in results:

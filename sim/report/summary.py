@@ -3,9 +3,11 @@
 Layout read: ``OUT/<configuration>/seed<k>/node<i>/metrics.jsonl`` (one JSON object per learner step, written
 by :class:`node.runtime.Node`) and ``eval.jsonl`` beside it (held-out evaluations, ``node.eval``). Cumulative
 reward is ``reward_mean`` summed over nodes and steps (the SAPO paper's "total reward": training reward on the
-node's own rollouts), per seed, then averaged over seeds with its standard deviation. Held-out accuracy is the
-mean over nodes of each node's first and last evaluation on questions no node trained on; its gain is the
-learning measure (training reward alone can be memorization). Knows nothing about how the nodes were run.
+node's own rollouts, partial credit included), per seed, then averaged over seeds with its standard deviation;
+cumulative exact is its exact twin (``exact_mean``). Held-out accuracy is exact match, the mean over nodes of each
+node's first and last evaluation on problems no node trained on, shown beside the majority-answer baseline and
+pass@8; its gain is the learning measure (training reward alone can be memorization or partial credit). Knows
+nothing about how the nodes were run.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ CSV_FIELDS = (
     "steps",
     "cumulative_reward",
     "cumulative_reward_std",
+    "cumulative_exact",
     "final_reward",
     "external_groups",
     "rejected",
@@ -42,6 +45,9 @@ CSV_FIELDS = (
     "heldout_end",
     "heldout_gain",
     "heldout_gain_std",
+    "heldout_majority",
+    "heldout_pass8_start",
+    "heldout_pass8_end",
 )
 
 
@@ -54,15 +60,33 @@ class SeedRun:
     evals: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     """Per node: its held-out evaluations in order (empty when it did not evaluate)."""
 
-    def heldout(self) -> tuple[float, float] | None:
-        """Mean over evaluated nodes of (first, last) held-out accuracy, or None when no node has two evals."""
-        pairs = [(float(e[0]["accuracy"]), float(e[-1]["accuracy"])) for e in self.evals.values() if len(e) >= 2]
+    def heldout(self, key: str = "accuracy") -> tuple[float, float] | None:
+        """Mean over evaluated nodes of (first, last) held-out ``key`` (exact accuracy; ``pass_at_8``...), or None
+        when no node has two evaluations that carry it."""
+        pairs = [
+            (float(e[0][key]), float(e[-1][key]))
+            for e in self.evals.values()
+            if len(e) >= 2 and e[0].get(key) is not None and e[-1].get(key) is not None
+        ]
         if not pairs:
             return None
         return statistics.fmean(p[0] for p in pairs), statistics.fmean(p[1] for p in pairs)
 
-    def cumulative_reward(self) -> float:
-        return math.fsum(float(r.get("reward_mean", 0.0)) for rows in self.nodes.values() for r in rows)
+    def majority_baseline(self) -> float | None:
+        """Mean over nodes and families of the majority-answer baseline at the last evaluation (None before the
+        evaluator reported it)."""
+        vals = [
+            float(f["majority_baseline"])
+            for e in self.evals.values()
+            if e
+            for f in e[-1].get("families", {}).values()
+            if f.get("majority_baseline") is not None
+        ]
+        return statistics.fmean(vals) if vals else None
+
+    def cumulative_reward(self, key: str = "reward_mean") -> float:
+        """``key`` (partial-credit ``reward_mean``, or its exact twin ``exact_mean``) summed over nodes and steps."""
+        return math.fsum(float(r.get(key, 0.0)) for rows in self.nodes.values() for r in rows)
 
     def external_groups(self) -> int:
         return int(sum(int(r.get("external_groups", 0)) for rows in self.nodes.values() for r in rows))
@@ -98,6 +122,8 @@ class ConfigResult:
         mean = statistics.fmean(cums) if cums else 0.0
         held = [h for h in (r.heldout() for r in self.runs) if h is not None]
         gains = [end - start for start, end in held]
+        pass8 = [h for h in (r.heldout("pass_at_8") for r in self.runs) if h is not None]
+        majority = [m for m in (r.majority_baseline() for r in self.runs) if m is not None]
         nan = float("nan")
         return {
             "config": self.name,
@@ -106,6 +132,9 @@ class ConfigResult:
             "steps": steps,
             "cumulative_reward": mean,
             "cumulative_reward_std": statistics.stdev(cums) if len(cums) > 1 else 0.0,
+            "cumulative_exact": statistics.fmean(r.cumulative_reward("exact_mean") for r in self.runs)
+            if self.runs
+            else 0.0,
             "final_reward": statistics.fmean(r.final_reward(tail) for r in self.runs) if self.runs else 0.0,
             "external_groups": statistics.fmean(r.external_groups() for r in self.runs) if self.runs else 0.0,
             "rejected": statistics.fmean(r.rejected() for r in self.runs) if self.runs else 0.0,
@@ -114,6 +143,9 @@ class ConfigResult:
             "heldout_end": statistics.fmean(h[1] for h in held) if held else nan,
             "heldout_gain": statistics.fmean(gains) if gains else nan,
             "heldout_gain_std": statistics.stdev(gains) if len(gains) > 1 else nan,
+            "heldout_pass8_start": statistics.fmean(h[0] for h in pass8) if pass8 else nan,
+            "heldout_pass8_end": statistics.fmean(h[1] for h in pass8) if pass8 else nan,
+            "heldout_majority": statistics.fmean(majority) if majority else nan,
         }
 
     def heldout_curve(self) -> tuple[list[int], list[float]]:
@@ -201,17 +233,25 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
         "seeds",
         "nodes",
         "steps",
-        "cumulative reward",
+        "cumulative reward (partial credit)",
         f"ratio vs {rows[0]['config'] if rows else 'baseline'}",
+        "cumulative exact",
         "final reward",
-        "held-out acc. start -> end",
+        "held-out exact start -> end",
         "held-out gain",
+        "majority baseline",
+        "held-out pass@8 start -> end",
         "external groups",
         "rejected",
     )
     body = []
     for r in rows:
         held = "-" if math.isnan(r["heldout_start"]) else f"{r['heldout_start']:.3f} -> {r['heldout_end']:.3f}"
+        p8 = (
+            "-"
+            if math.isnan(r["heldout_pass8_start"])
+            else f"{r['heldout_pass8_start']:.3f} -> {r['heldout_pass8_end']:.3f}"
+        )
         body.append(
             (
                 r["config"],
@@ -220,9 +260,12 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
                 r["steps"],
                 _spread(r["cumulative_reward"], r["cumulative_reward_std"], r["seeds"], 2),
                 _fmt(r["ratio_vs_baseline"]),
+                f"{r['cumulative_exact']:.2f}",
                 f"{r['final_reward']:.3f}",
                 held,
                 _spread(r["heldout_gain"], r["heldout_gain_std"], r["seeds"], 3),
+                _fmt(r["heldout_majority"]),
+                p8,
                 _fmt(r["external_groups"]),
                 _fmt(r["rejected"]),
             )
@@ -284,10 +327,13 @@ def write_report(out: str | Path, *, title: str = "experiment", order: list[str]
         for r in rows:
             w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
     md = (
-        f"# {title}\n\nCumulative reward = training reward of each node's own rollouts (reward_mean) summed over "
-        "nodes and steps, mean ± std over seeds. Held-out accuracy = mean over nodes of the accuracy on questions "
-        "of the held-out split, which no node trains on, at the first and the last evaluation; its gain is the "
-        "learning measure (mean ± std over seeds).\n\n"
+        f"# {title}\n\nCumulative reward = training reward of each node's own rollouts (reward_mean, reasoning-gym's "
+        "partial credit) summed over nodes and steps, mean ± std over seeds; cumulative exact = the same for "
+        "completions whose answer is exactly right (exact_mean). Held-out exact = mean over nodes of exact-match "
+        "accuracy on problems of the held-out split, which no node trains on, at the first and the last "
+        "evaluation; its gain is the learning measure (mean ± std over seeds), to be read against the majority "
+        "baseline (always giving the most common gold answer of the held-out items) and pass@8 (a fall is "
+        "sharpening, not new skill).\n\n"
     )
     (out / "results.md").write_text(md + markdown_table(rows))
     write_html_report(out, results, rows, title)

@@ -31,7 +31,7 @@ def test_heldout_columns_and_plot(tmp_path: Path) -> None:
     assert abs(alone["heldout_gain"] - 0.15) < 1e-12
     assert abs(swarm["heldout_gain"] - 0.25) < 1e-12 and swarm["heldout_gain_std"] > 0
     md = (tmp_path / "results.md").read_text()
-    assert "held-out acc. start -> end" in md
+    assert "held-out exact start -> end" in md and "majority baseline" in md
     alone_line = next(line for line in md.splitlines() if line.startswith("| alone |"))
     swarm_line = next(line for line in md.splitlines() if line.startswith("| swarm |"))
     assert "0.100 -> 0.250" in alone_line and "±" not in alone_line  # one seed: no spread
@@ -45,4 +45,4 @@ def test_report_without_evaluations_says_so(tmp_path: Path) -> None:
     [row] = write_report(tmp_path, title="t")
     md = (tmp_path / "results.md").read_text()
     assert row["heldout_gain"] != row["heldout_gain"]  # NaN: nothing to report
-    assert "| only | 1 | 1 | 1 | 0.50 | 1 | 0.500 | - | - |" in md
+    assert "| only | 1 | 1 | 1 | 0.50 | 1 | 0.00 | 0.500 | - | - | - | - |" in md

@@ -33,6 +33,6 @@ def test_report_html_is_self_contained_and_escapes_names(tmp_path):
     assert not re.search(r"\b(src|href)=", html)
     assert set(re.findall(r"https?://[^\s\"']+", html)) <= {"http://www.w3.org/2000/svg"}
     # the curves of all configurations, held-out accuracy (only "base" evaluated), then one per configuration
-    assert html.count("<svg") == 4 and "Held-out accuracy</h2>" in html
+    assert html.count("<svg") == 4 and "Held-out exact accuracy</h2>" in html
     assert "seed0/node1" in html and "0.625" in html  # per-node rows with the held-out accuracy from eval.jsonl
     assert html.count("<polyline") == 2 + 1 + 3  # two configurations' curves, one held-out curve, three nodes
