@@ -134,8 +134,11 @@ class BoundedTasks:
             self._sources.popitem(last=False)
         return source
 
-    def score(self, ref: TaskRef, texts: list[str]) -> list[float] | None:
-        """Verified rewards of ``texts`` for ``ref`` (as a node scores them), or None (counted) if refused."""
+    def score(self, ref: TaskRef, texts: list[str]) -> tuple[list[float], list[bool]] | None:
+        """Verified rewards of ``texts`` for ``ref`` (as a node scores them: partial credit) and whether each answer
+        is exactly right, or None (counted) if refused."""
+        from node.tasks import extract_answer, is_exact
+
         source = self._source(ref)
         if source is None:
             return None
@@ -145,7 +148,8 @@ class BoundedTasks:
             logger.debug("materialize %s failed: %r", ref.key()[:80], e)
             self._refuse("bad_task_index")
             return None
-        return [float(source.score(item, t)) for t in texts]
+        rewards = [float(source.score(item, t)) for t in texts]
+        return rewards, [is_exact(item, extract_answer(t), r) for t, r in zip(texts, rewards, strict=True)]
 
 
 @dataclass
@@ -176,7 +180,7 @@ class _Peer:
     bytes: int = 0
     groups: int = 0
     verified: _Stat = field(default_factory=_Stat)
-    solved: int = 0
+    solved: int = 0  # completions whose answer is exactly right
     hint: _Stat = field(default_factory=_Stat)
     hinted_verified: _Stat = field(default_factory=_Stat)  # verified rewards of completions that carry a hint
     series: deque = field(default_factory=deque)  # (t, verified_mean, hint_mean|None, n) per record
@@ -276,19 +280,20 @@ class SwarmObserver:
                 self._seen.popitem(last=False)
         return self.validator.check(data)
 
-    def _score(self, batch: RolloutBatch) -> list[tuple[Group, list[float]]]:
-        """Each group's verified rewards (groups beyond the cap and refused refs are counted and left out)."""
+    def _score(self, batch: RolloutBatch) -> list[tuple[Group, list[float], list[bool]]]:
+        """Each group's verified rewards and exact flags (groups beyond the cap and refused refs are counted and left
+        out)."""
         out = []
         for gi, group in enumerate(batch.groups):
             if gi >= self.limits.max_groups_per_record:
                 self.groups_unscored += len(batch.groups) - gi
                 break
-            rewards = self.tasks.score(group.task, [c.text for c in group.completions])
-            if rewards is not None:
-                out.append((group, rewards))
+            verdict = self.tasks.score(group.task, [c.text for c in group.completions])
+            if verdict is not None:
+                out.append((group, *verdict))
         return out
 
-    def _account(self, env: Envelope, scored: list[tuple[Group, list[float]]], now: float) -> None:
+    def _account(self, env: Envelope, scored: list[tuple[Group, list[float], list[bool]]], now: float) -> None:
         peer = self._peer(env.sender, now)
         peer.records += 1
         peer.bytes += env.size
@@ -311,16 +316,18 @@ class SwarmObserver:
         peer.last_seen = now
         return peer
 
-    def _rollouts(self, peer: _Peer, batch: RolloutBatch, scored: list[tuple[Group, list[float]]], now: float) -> None:
+    def _rollouts(
+        self, peer: _Peer, batch: RolloutBatch, scored: list[tuple[Group, list[float], list[bool]]], now: float
+    ) -> None:
         peer.model, peer.tokenizer, peer.policy_version = batch.model, batch.tokenizer, batch.policy_version
         rec_verified, rec_hint = _Stat(), _Stat()
-        for group, rewards in scored:
+        for group, rewards, exact in scored:
             ref = group.task
             peer.groups += 1
             peer.families[ref.family] = peer.families.get(ref.family, 0) + 1
             rec_verified.add(rewards)
             peer.verified.add(rewards)
-            peer.solved += sum(1 for r in rewards if r >= 1.0)
+            peer.solved += sum(exact)  # exactly right (partial credit does not count)
             fam = self._families.setdefault(ref.family, _Stat())
             fam.add(rewards)
             series = self._family_series.setdefault(

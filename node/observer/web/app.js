@@ -157,7 +157,7 @@ function render(st) {
     const verified = el("td", fmt(p.verified), "num verified");
     verified.dataset.completions = p.completions;
     tr.append(idCell, el("td", p.model), el("td", fams), el("td", p.records, "num"), el("td", p.completions, "num"),
-      verified, el("td", fmt(p.solve_rate), "num"), el("td", fmt(p.hint), "num hint"), gap, el("td", ev, "num"),
+      el("td", fmt(p.solve_rate), "num exact"), verified, el("td", fmt(p.hint), "num hint"), gap, el("td", ev, "num"),
       el("td", ago(now, p.last_seen)));
     return tr;
   });

@@ -221,3 +221,16 @@ def test_watch_on_a_busy_port_is_one_clear_error_line():
         res = CliRunner().invoke(app, ["watch", "--port", str(port)])
     assert res.exit_code == 1
     assert res.output.strip().startswith("error: cannot serve the page on 127.0.0.1:") and "Traceback" not in res.output
+
+
+def test_partial_credit_counts_in_the_verified_reward_but_not_as_exact():
+    """A chain_sum answer of the right digits with the wrong sign earns reasoning-gym partial credit; the page's
+    exact column (solve_rate) counts only answers equal to the gold answer."""
+    obs = make_observer()
+    index = next(i for i in range(50) if gold(i).lstrip("-") not in ("", "0") and not gold(i).startswith("-"))
+    near = f"<answer>-{gold(index)}</answer>"  # the right digits, the wrong sign
+    right = f"<answer>{gold(index)}</answer>"
+    assert obs.feed(record(ALICE, [group(index, [near, near, near, right], None)], 1)) is not None
+    [alice] = obs.state()["peers"]
+    assert alice["solve_rate"] == 0.25
+    assert alice["verified"] > 0.25  # the near misses earned partial credit
