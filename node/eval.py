@@ -314,6 +314,10 @@ def headline(result: dict[str, Any]) -> dict[str, float]:
     for key in ("greedy_accuracy", "reward", "pass_at_8"):
         if result.get(key) is not None:
             out[f"heldout_{key}"] = float(result[key])
+    fams = result.get("families", {}).values()
+    base = [f["majority_baseline"] for f in fams if f.get("majority_baseline") is not None]
+    if base:  # the accuracy of always giving each family's most common gold answer, mean over families
+        out["heldout_majority_baseline"] = math.fsum(base) / len(base)
     return out
 
 

@@ -190,6 +190,8 @@ def test_metrics_match_an_independent_scorer_on_scripted_completions() -> None:
     assert "at or below the majority baseline" in line and "letter_counting" in line
     assert headline(result)["heldout_accuracy"] == result["accuracy"]
     assert headline(result)["heldout_reward"] == result["reward"]
+    bases = [f["majority_baseline"] for f in result["families"].values()]
+    assert headline(result)["heldout_majority_baseline"] == pytest.approx(sum(bases) / len(bases))
 
 
 def test_pass_at_8_is_null_below_8_samples() -> None:
