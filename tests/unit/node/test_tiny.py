@@ -160,13 +160,12 @@ def test_distractors_come_from_the_same_family() -> None:
 
 @pytest.mark.slow
 def test_default_build_starts_between_zero_and_one(tmp_path: Path) -> None:
-    """The real default model: built within minutes, starts clearly between 0 and 1 on the default task."""
+    """The real default model: builds, and starts clearly between 0 and 1 on the default task (its build time is a
+    benchmark figure, not an assertion)."""
     from node.model.policy import load_policy
     from node.rollout.engine import TransformersEngine
 
-    t0 = time.perf_counter()
     path = tiny.ensure_built(tmp_path)
-    build_s = time.perf_counter() - t0
     policy = load_policy(ModelConfig(cache_dir=tmp_path))
     assert policy.model.config.hidden_size == tiny.DEFAULT_RECIPE.hidden_size and path.exists()
     src = TaskSource(TaskConfig())
@@ -176,7 +175,6 @@ def test_default_build_starts_between_zero_and_one(tmp_path: Path) -> None:
     )
     rewards = [src.score(i, c.text) for i, o in zip(items, outs, strict=True) for c in o]
     success = sum(r == 1.0 for r in rewards) / len(rewards)
-    # The recipe is tuned for RL headroom (held-out accuracy starts near 0.13 and 150 RL steps reach ~0.32, see
-    # benchmarks/results/b7_generalization.md): clearly above 0 on 512 samples, far below 1.
+    # The recipe starts the model between 0 and 1 so RL has signal from the first step (exact success on training
+    # items ~0.14; benchmarks/results/b7_generalization.md has what RL then does): clearly above 0, far below 1.
     assert 0.05 <= success <= 0.6, success
-    assert build_s < 600
