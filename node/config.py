@@ -125,6 +125,12 @@ class TaskConfig(StrictModel):
             data = {**data, "preset": None, "families": TASK_PRESETS[name]}
         return data
 
+    reward: Literal["partial", "exact"] = "partial"
+    """The training reward of a completion (own and peers' groups alike): ``partial`` is reasoning-gym's own score,
+    with partial credit for half-right answers (a reversed word's first letters, a sum's digits with the wrong
+    sign); ``exact`` is 1 when the extracted answer equals the gold answer, else 0. Held-out evaluation reports
+    both either way."""
+
     heldout_fraction: float = Field(default=0.1, gt=0, lt=1)
     """Share of every family's problem space reserved for held-out evaluation (by a hash of the canonical problem
     or the question text, ``node.tasks.is_heldout_question``): never drawn for training, refused in peers' groups.

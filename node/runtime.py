@@ -34,7 +34,7 @@ from node.learn.batch import SampleBuilder, TrainBatch
 from node.rollout.groups import OwnRollouts, own_rollouts
 from node.rollout.planner import Planner, RolloutPlanner, UniformPlanner, planner_enabled
 from node.seams import EngineLike, GenerationSettings, LearnerLike, NoPhase, PolicyLike, StepPhase, TasksLike
-from node.tasks import extract_answer, is_exact
+from node.tasks import TaskItem, extract_answer, is_exact
 from node.telemetry.metrics import JsonlWriter, LiveView, truncate_after_step
 from node.telemetry.trackers import open_metrics
 from protocol.channel import Channel
@@ -306,6 +306,13 @@ class Node:
         # Derived from (seed, node, step) alone, so a resumed node redraws exactly what it would have drawn.
         return random.Random(f"{self.cfg.seed}:{self.name}:{purpose}:{self.step}")
 
+    def reward(self, item: TaskItem, text: str) -> float:
+        """The training reward of one completion: the verifier's score, or exact match (``tasks.reward``)."""
+        score = float(self.tasks.score(item, text))
+        if self.cfg.tasks.reward == "partial":
+            return score
+        return float(is_exact(item, extract_answer(text), score))
+
     def generate(self) -> OwnRollouts:
         """Draw prompts, generate G completions each, score them locally. Blocking (run off the loop)."""
         self.phase.generate(self.step)
@@ -315,7 +322,7 @@ class Node:
         own = own_rollouts(
             [it.ref for it in items],
             gens,
-            lambda i, text: self.tasks.score(items[i], text),
+            lambda i, text: self.reward(items[i], text),
             step=self.step,
             policy_version=self.learner.policy_version,
             tokenizer_id=self.policy.tokenizer_id,
@@ -327,7 +334,7 @@ class Node:
     def score_external(self, ref: TaskRef, texts: Sequence[str]) -> list[float]:
         """The receiver's verifier for peers' groups: regenerate the task from its ref, score every text."""
         item = self.tasks.materialize_for_training(ref)  # TaskError: not our family, or a held-out question
-        return [float(self.tasks.score(item, t)) for t in texts]
+        return [self.reward(item, t) for t in texts]
 
     # ------------------------------------------------------------------ held-out evaluation
 

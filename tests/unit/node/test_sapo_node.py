@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,28 @@ def test_the_sybil_budget_settings_reach_the_nodes_sampler(tmp_path: Path) -> No
     assert (node.sampler.newcomer_share, node.sampler.establish_steps) == (0.5, 7)
     with pytest.raises(ValueError, match="newcomer_share"):
         NodeConfig.model_validate({"sapo": {"newcomer_share": 1.5}})
+
+
+@pytest.mark.parametrize("kind", ["partial", "exact"])
+def test_the_training_reward_is_partial_credit_or_exact_match(tmp_path: Path, kind: str) -> None:
+    """``tasks.reward: exact`` gives a near miss 0 (reasoning-gym gives it partial credit) and the right answer 1."""
+    from dataclasses import replace
+
+    from node.runtime import Node
+    from node.tasks import TaskSource
+    from sim.scripted import build_scripted_parts
+
+    chain = {"name": "chain_sum", "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}}
+    cfg = NodeConfig.model_validate({"tasks": {"families": [chain], "reward": kind}})
+    parts = build_scripted_parts(cfg, lr=1.0, init_p=0.1, init_spread=0.0, max_p=0.9, answer_tokens=4)
+    tasks = TaskSource(cfg.tasks)
+    node = Node(cfg, tmp_path, replace(parts, tasks=tasks), live=False)
+    item = next(
+        it
+        for it in (tasks.materialize(r) for r in tasks.sample(__import__("random").Random(0), 50))
+        if int(it.answer) > 0
+    )
+    near, right = f"<answer>-{item.answer}</answer>", f"<answer>{item.answer}</answer>"
+    assert tasks.score(item, near) > 0  # reasoning-gym's partial credit for the right digits with the wrong sign
+    assert node.reward(item, right) == 1.0
+    assert node.reward(item, near) == (0.0 if kind == "exact" else tasks.score(item, near))
