@@ -10,6 +10,8 @@
 * ``b7_generalization`` -- B7: held-out accuracy of a node alone, before and after
 * ``real_model`` -- B8: SmolLM2-135M offline
 * ``soak``, ``sybil``, ``vade`` -- B9 soak; the sybil budget; VADE/DART prompt selection
+* ``compare_runs`` -- two run trees line by line, timings aside (a refactor's behaviour check, with
+  ``configs/sim/equivalence.yaml``)
 * ``analysis/`` -- readers of the run directories; ``common/`` -- the machine line and B1's harness and summary
 
 Layers, top to bottom: drivers -> ``analysis`` | ``common``; benchmarks import ``sim``, ``node``, ``swarm`` and

@@ -1,0 +1,66 @@
+"""Compare two simulator run trees line by line, timings aside: is a refactor's behaviour unchanged?
+
+Every ``*.jsonl`` file under ``BEFORE`` (``metrics.jsonl``, ``rollouts.jsonl``, ``eval.jsonl`` of every node) is
+compared with the same path under ``AFTER``, one JSON object per line, after dropping the keys that are wall-clock
+measurements (names ending in ``_s``, ``per_s``, ``time`` or ``seconds``). Prints each differing line's keys and a
+summary; exits 1 when anything differs. ``configs/sim/equivalence.yaml`` is the run to compare.
+
+    python benchmarks/compare_runs.py runs/before/equiv runs/after/equiv
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+TIMING_SUFFIXES = ("_s", "per_s", "time", "seconds")
+
+
+def without_timings(value: Any) -> Any:
+    """``value`` with every timing key removed, recursively."""
+    if isinstance(value, dict):
+        return {k: without_timings(v) for k, v in value.items() if not k.endswith(TIMING_SUFFIXES)}
+    if isinstance(value, list):
+        return [without_timings(v) for v in value]
+    return value
+
+
+def compare(before: Path, after: Path) -> tuple[int, list[str]]:
+    """(lines compared, one message per difference: a missing file, a length, or a line's differing keys)."""
+    diffs: list[str] = []
+    total = 0
+    for fb in sorted(before.rglob("*.jsonl")):
+        rel = fb.relative_to(before)
+        fa = after / rel
+        if not fa.exists():
+            diffs.append(f"{rel}: missing after")
+            continue
+        lb, la = fb.read_text().splitlines(), fa.read_text().splitlines()
+        if len(lb) != len(la):
+            diffs.append(f"{rel}: {len(lb)} lines before, {len(la)} after")
+        for i, (x, y) in enumerate(zip(lb, la, strict=False)):
+            total += 1
+            dx, dy = without_timings(json.loads(x)), without_timings(json.loads(y))
+            if dx != dy:
+                keys = sorted(k for k in set(dx) | set(dy) if dx.get(k) != dy.get(k)) if isinstance(dx, dict) else []
+                diffs.append(f"{rel}:{i + 1}: {', '.join(keys[:10]) or 'differs'}")
+    return total, diffs
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("before", type=Path)
+    ap.add_argument("after", type=Path)
+    args = ap.parse_args(argv)
+    total, diffs = compare(args.before, args.after)
+    for d in diffs:
+        print(d)
+    print(f"{total} lines compared, {len(diffs)} differ")
+    return 1 if diffs else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
