@@ -5,7 +5,7 @@ compared with the same path under ``AFTER``, one JSON object per line, after dro
 measurements (names ending in ``_s``, ``per_s``, ``time`` or ``seconds``). Prints each differing line's keys and a
 summary; exits 1 when anything differs. ``configs/sim/equivalence.yaml`` is the run to compare.
 
-    python benchmarks/compare_runs.py runs/before/equiv runs/after/equiv
+    python benchmarks/compare_runs.py runs/before runs/after
 """
 
 from __future__ import annotations
