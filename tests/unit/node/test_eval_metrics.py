@@ -163,9 +163,9 @@ class _PlainPolicy:
         return PLAIN_TEMPLATE.format(question=question)
 
 
-def test_metrics_match_an_independent_scorer_on_scripted_completions() -> None:
+def _scripted_evaluator(cfg: EvalConfig) -> tuple[TaskSource, Evaluator, RecordingEngine]:
+    """An evaluator over the default tasks whose engine answers from a scripted mix (gold answers by prompt)."""
     tasks = TaskSource(TaskConfig())
-    cfg = EvalConfig(items_per_family=16, samples=8)
     policy = _PlainPolicy()
     refs = tasks.heldout_refs(cfg.items_per_family, cfg.seed)
     gold = {
@@ -175,6 +175,11 @@ def test_metrics_match_an_independent_scorer_on_scripted_completions() -> None:
     }
     engine = RecordingEngine(gold=gold)
     evaluator = Evaluator(tasks, policy, engine, cfg, RolloutConfig())
+    return tasks, evaluator, engine
+
+
+def test_metrics_match_an_independent_scorer_on_scripted_completions() -> None:
+    tasks, evaluator, engine = _scripted_evaluator(EvalConfig(items_per_family=16, samples=8))
     result = evaluator.evaluate(3)
     check_against_independent(tasks, evaluator, engine, result)
 
@@ -195,17 +200,7 @@ def test_metrics_match_an_independent_scorer_on_scripted_completions() -> None:
 
 
 def test_pass_at_8_is_null_below_8_samples() -> None:
-    tasks = TaskSource(TaskConfig())
-    cfg = EvalConfig(items_per_family=4, samples=4, greedy=False)
-    policy = _PlainPolicy()
-    refs = tasks.heldout_refs(cfg.items_per_family, cfg.seed)
-    gold = {
-        policy.format_prompt(tasks.materialize(r).question): tasks.materialize(r).answer or ""
-        for rs in refs.values()
-        for r in rs
-    }
-    engine = RecordingEngine(gold=gold)
-    evaluator = Evaluator(tasks, policy, engine, cfg, RolloutConfig())
+    _, evaluator, _ = _scripted_evaluator(EvalConfig(items_per_family=4, samples=4, greedy=False))
     result = evaluator.evaluate(0)
     assert result["pass_at_8"] is None and result["greedy_accuracy"] is None
     assert all(f["pass_at_8"] is None and f["pass_at_1"] == f["accuracy"] for f in result["families"].values())
