@@ -248,10 +248,11 @@ def main() -> int:
         f"(steps and seeds per row in the table), policy {cfg.policy}, torch threads {cfg.torch_threads}"
         + (f"; wall time of this invocation {wall / 60:.1f} min." if wall is not None else "."),
         "",
-        "Own-rollout reward: the reward of the node's own completions, summed over nodes and steps (primary). "
-        "Held-out: accuracy on questions no node trains on. Batch reward: the reward of what the learner trained on "
-        "(own plus selected peers' groups); it is not the node's skill. Ratios are paired by seed with the row's "
-        "8-0; ± is the standard deviation over seeds.",
+        "Own-rollout reward: the reward of the node's own completions (reasoning-gym's score, partial credit "
+        "included), summed over nodes and steps (primary); own exact: the same count of completions whose answer is "
+        "exactly right. Held-out: exact-match accuracy on problems no node trains on. Batch reward: the reward of "
+        "what the learner trained on (own plus selected peers' groups); it is not the node's skill. Ratios are "
+        "paired by seed with the row's 8-0; ± is the standard deviation over seeds.",
         "",
         sa.markdown_summary(rows),
         "",
