@@ -51,9 +51,23 @@ def test_alternate_schedule_and_td_history_without_a_network(tmp_path):
 
 
 def test_side_by_side_runs_both_updates(tmp_path):
-    rows = asyncio.run(_steps(node_cfg(schedule="side_by_side", opponents="none", loss="dpo"), tmp_path, 2))
+    """Both updates need signal: groups with mixed rewards (GRPO) and responses the oracle can rank (MNPO). A family
+    the model answers right about two times in three, with 4 x 4 completions a step, gives both on any build (the
+    default mix on 2 x 2 completions gave the rebuilt model no informative group in two steps)."""
+    from sim.config import deep_merge
+
+    letters = {"name": "letter_counting", "config": {"min_words": 1, "max_words": 3}}
+    cfg = node_cfg(schedule="side_by_side", opponents="none", loss="dpo", responses_per_prompt=4)
+    cfg = validate_config(
+        type(cfg),
+        deep_merge(
+            cfg.model_dump(), {"rollout": {"prompts_per_step": 4, "group_size": 4}, "tasks": {"families": [letters]}}
+        ),
+    )
+    rows = asyncio.run(_steps(cfg, tmp_path, 2))
     for r in rows:
         assert "mnpo_pairs" in r and "mnpo_counts" in r
+    assert any(r["local_groups"] > 0 for r in rows) and any(r["mnpo_pairs"] > 0 for r in rows)
     assert rows[-1]["policy_version"] >= 2
 
 
