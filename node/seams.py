@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from protocol.types import Envelope, Group, TaskRef
@@ -53,13 +53,14 @@ class GenerationSettings:
         return cls(max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature, top_p=rollout.top_p)
 
     def resolve(
-        self, max_new_tokens: int | None, temperature: float | None, top_p: float | None
-    ) -> tuple[int, float, float]:
-        """These settings with a call's overrides applied: ``(max_new_tokens, temperature, top_p)``."""
-        return (
-            self.max_new_tokens if max_new_tokens is None else max_new_tokens,
-            self.temperature if temperature is None else temperature,
-            self.top_p if top_p is None else top_p,
+        self, max_new_tokens: int | None = None, temperature: float | None = None, top_p: float | None = None
+    ) -> GenerationSettings:
+        """These settings with a call's overrides applied, checked as the settings themselves are."""
+        return replace(
+            self,
+            max_new_tokens=self.max_new_tokens if max_new_tokens is None else max_new_tokens,
+            temperature=self.temperature if temperature is None else temperature,
+            top_p=self.top_p if top_p is None else top_p,
         )
 
 

@@ -188,7 +188,7 @@ class ScriptedEngine:
         temperature: float | None = None,
         top_p: float | None = None,
     ) -> list[list[ScriptedGeneration]]:
-        max_new_tokens = self.settings.max_new_tokens if max_new_tokens is None else max_new_tokens
+        max_new_tokens = self.settings.resolve(max_new_tokens).max_new_tokens
         rng = random.Random(seed)
         out = []
         for prompt in prompts:

@@ -109,12 +109,12 @@ class RolloutEngine(ABC):
         """``n`` completions for each prompt (outer list in prompt order), sampled with the engine's settings; the
         keyword overrides are for callers that decode differently (the held-out evaluator's greedy pass). Prompts
         are tokenized here, so every engine sees the learner's exact tokens."""
-        max_new_tokens, temperature, top_p = self.settings.resolve(max_new_tokens, temperature, top_p)
-        if n < 1 or max_new_tokens < 1 or temperature < 0 or not 0 < top_p <= 1:
-            raise ValueError("need n >= 1, max_new_tokens >= 1, temperature >= 0 and 0 < top_p <= 1")
+        s = self.settings.resolve(max_new_tokens, temperature, top_p)  # ValueError for a bad override
+        if n < 1:
+            raise ValueError("need n >= 1 completions per prompt")
         encoded = [self.policy.encode(p) for p in prompts]
         return self._generate_by_requests(
-            encoded, n, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
+            encoded, n, max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, seed=seed
         )
 
     def generate_requests(
