@@ -240,7 +240,7 @@ class Node:
         self.totals.update(ckpt.extra.get("totals", {}))
         if ckpt.extra.get("rollout_plan"):  # APRIL buffer, VADE posteriors
             self.planner.load_state_dict(ckpt.extra["rollout_plan"])
-        self.engine.set_policy_version(self.learner.policy_version)
+        self.engine.sync_weights(self.learner.policy_version)  # restored weights: an engine's copy is stale
         dropped = truncate_after_step(self.metrics_path, self.step)
         logger.info("resumed from step %d (policy version %d)", self.step, self.learner.policy_version)
         if dropped:
@@ -364,6 +364,8 @@ class Node:
             if not isinstance(self.tasks, TaskSource):
                 raise TypeError(f"held-out evaluation needs a real task source, not {type(self.tasks).__name__}")
             self._evaluator = Evaluator(self.tasks, self.policy, self.engine, self.cfg.eval, self.cfg.rollout)
+        if self.engine.policy_version != self.learner.policy_version:  # vllm.sync_every > 1: measure the learner
+            self.engine.sync_weights(self.learner.policy_version)
         result = self._evaluator.evaluate(step)
         append_result(self.run_dir, result)
         if step == self.step + 1:  # the step being finished: its metrics line carries the numbers
@@ -559,6 +561,7 @@ class Node:
             "step_s": round(times.step_s, 4),
             "gen_tokens": gen_tokens,
             "gen_tokens_per_s": gen_tokens / times.gen_s if times.gen_s > 0 else 0.0,
+            **self.engine.stats(),
             **self.pool.stats(self.step),
             **self.phase.metrics(),
             **self.planner.metrics(),

@@ -127,7 +127,11 @@ class EngineLike(Protocol):
         temperature: float | None = None,
         top_p: float | None = None,
     ) -> Sequence[Sequence[Generation]]: ...
-    def set_policy_version(self, version: int) -> None: ...
+    @property
+    def policy_version(self) -> int: ...  # the version of the weights it samples with
+    def set_policy_version(self, version: int) -> None: ...  # the learner stepped (an engine with a copy may sync)
+    def sync_weights(self, version: int) -> None: ...  # the learner's weights changed: sample with them from now
+    def stats(self) -> dict[str, float]: ...  # ``engine_*`` fields of the step's metrics line ({} if none)
 
 
 class TasksLike(Protocol):

@@ -177,6 +177,12 @@ class ScriptedEngine:
     def set_policy_version(self, version: int) -> None:
         self.policy_version = version
 
+    def sync_weights(self, version: int) -> None:
+        self.policy_version = version
+
+    def stats(self) -> dict[str, float]:
+        return {}
+
     def generate(
         self,
         prompts: list[str],

@@ -198,13 +198,28 @@ def doctor(
     peers: Annotated[
         list[str] | None, typer.Option("--peers", help="Multiaddr of a peer to check (repeatable).")
     ] = None,
+    config: Annotated[
+        Path | None, typer.Option("--config", help="The node config join will use (its rollout engine is checked).")
+    ] = None,
+    overrides: Annotated[
+        list[str] | None, typer.Option("--set", help="Override a config field, as for join (repeatable).")
+    ] = None,
 ) -> None:
-    """Check that this machine can join a swarm: port, p2pd daemon, addresses (NAT), peers; one remedy a line."""
+    """Check that this machine can join a swarm: rollout engine, port, p2pd daemon, addresses (NAT), peers; one
+    remedy a line."""
     from node.cli.doctor import doctor as run_doctor
     from node.cli.logs import setup_cli_logging
+    from node.config import NodeConfig
+    from protocol.config import load_config
+    from protocol.errors import SwarmError
 
     setup_cli_logging("WARNING")
-    raise typer.Exit(code=run_doctor(host, port, list(peers or []), typer.echo))
+    try:
+        cfg = load_config(NodeConfig, config, list(overrides or []))
+    except SwarmError as e:
+        fail(str(e))
+    engine = (cfg.rollout.engine, cfg.vllm.mode, cfg.vllm.url)
+    raise typer.Exit(code=run_doctor(host, port, list(peers or []), typer.echo, engine=engine))
 
 
 def main() -> None:

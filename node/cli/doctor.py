@@ -1,11 +1,13 @@
 """``swarm-node doctor``: can this machine take part in a swarm? Each finding is one line with its remedy.
 
-Checks, in order: the listening port can be bound; hivemind's p2pd daemon starts (the most frequent failure
+Checks, in order: the configured rollout engine imports (``rollout.engine: vllm``: vLLM and the torchvision trap);
+the listening port can be bound; hivemind's p2pd daemon starts (the most frequent failure
 people report); which addresses it listens on and whether any is public (only private or loopback addresses
 means peers elsewhere cannot dial in: use client mode or port forwarding); each ``--peers`` address answers.
 Exit status 0 when nothing failed, 1 otherwise (a NATed host is a warning: client mode works there).
 
-Knows nothing about models or training; it starts the real transport, exactly as ``swarm-node join`` does.
+Knows nothing about models or training; it starts the real transport, exactly as ``swarm-node join`` does, and
+imports the engine exactly as a node does.
 """
 
 from __future__ import annotations
@@ -49,6 +51,37 @@ def check_port(host: str, port: int) -> Finding:
     return Finding(OK, f"port {port} on {host} is free")
 
 
+def check_engine(engine: str, mode: str = "in_process", url: str = "") -> Finding:
+    """The rollout engine a node with this config would use can start: ``transformers`` always can; ``vllm``
+    in process needs a working vLLM install (imported here, as a node does); ``vllm`` as a server needs it to
+    answer at ``url``."""
+    if engine != "vllm":
+        return Finding(OK, f"rollout engine: {engine} (no extra install)")
+    if mode == "server":
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(url.rstrip("/") + "/", timeout=5):
+                pass
+        except urllib.error.HTTPError:  # it answered (404 for GET /): it is up
+            pass
+        except (urllib.error.URLError, OSError) as e:
+            return Finding(
+                FAIL,
+                f"rollout engine: vLLM server at {url} does not answer ({getattr(e, 'reason', e)})",
+                "start it first: python -m node.rollout.engine_vllm serve --model MODEL_DIR --port PORT",
+            )
+        return Finding(OK, f"rollout engine: vLLM server at {url} answers")
+    from node.rollout.engine_vllm import VllmInstallError, check_install
+
+    try:
+        version = check_install()
+    except VllmInstallError as e:
+        return Finding(FAIL, f"rollout engine: {e}")
+    return Finding(OK, f"rollout engine: vLLM {version} imports (in the node's process)")
+
+
 def classify_addresses(maddrs: list[str]) -> Finding:
     """Whether any listening address is public; only private/loopback ones look like a host behind NAT."""
     ips = []
@@ -82,9 +115,15 @@ async def _start(host: str, port: int, peers: list[str], timeout_s: float):  # t
 
 
 async def run_checks(
-    host: str, port: int, peers: list[str], say: Callable[[str], None], timeout_s: float = 30.0
+    host: str,
+    port: int,
+    peers: list[str],
+    say: Callable[[str], None],
+    timeout_s: float = 30.0,
+    engine: Finding | None = None,
 ) -> list[Finding]:
-    """Run every check, printing each finding as it comes; returns them all."""
+    """Run every check, printing each finding as it comes; returns them all. ``engine``: the engine check's
+    finding, run first by the caller (it imports torch and vLLM, outside the event loop)."""
     from node.cli.preflight import check_peers
 
     findings: list[Finding] = []
@@ -93,6 +132,8 @@ async def run_checks(
         findings.append(f)
         say(f.line())
 
+    if engine is not None:
+        note(engine)
     note(check_port(host, port))
     if findings[-1].status == FAIL:
         return findings
@@ -137,9 +178,12 @@ async def run_checks(
     return findings
 
 
-def doctor(host: str, port: int, peers: list[str], say: Callable[[str], None]) -> int:
-    """Run the checks; 0 when none failed, else 1."""
-    findings = asyncio.run(run_checks(host, port, peers, say))
+def doctor(
+    host: str, port: int, peers: list[str], say: Callable[[str], None], engine: tuple[str, str, str] | None = None
+) -> int:
+    """Run the checks (``engine``: the configured ``(rollout.engine, vllm.mode, vllm.url)``); 0 when none failed,
+    else 1."""
+    findings = asyncio.run(run_checks(host, port, peers, say, engine=check_engine(*engine) if engine else None))
     failed = [f for f in findings if f.status == FAIL]
     say("healthy" if not failed else f"{len(failed)} problem(s) found")
     return 1 if failed else 0

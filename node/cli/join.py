@@ -187,6 +187,11 @@ def run_join(
     check_output_dir(run_dir)
     if identity_path is not None and not identity_path.exists():
         check_output_dir(identity_path.expanduser().absolute().parent, "identity key's directory")
+    if cfg.rollout.engine == "vllm" and cfg.vllm.mode == "in_process":
+        # a missing or broken vLLM is one error line naming the fix, before the network starts (a few seconds)
+        from node.rollout.engine_vllm import check_install
+
+        check_install()
     make_output_dir(run_dir)
     done = _already_done(run_dir, max_steps, resume)
     if done is not None:

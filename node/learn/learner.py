@@ -199,11 +199,13 @@ class Learner:
         """
         t0 = time.perf_counter()
         totals = self.accumulate_gradients(samples)
+        t_opt = time.perf_counter()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.policy_version += 1
         seconds = time.perf_counter() - t0
+        totals["opt_s"] = torch.tensor(time.perf_counter() - t_opt)
         metrics = {k: float(v) for k, v in totals.items()}
         metrics.update(
             grad_norm=float(grad_norm),
@@ -270,7 +272,9 @@ class Learner:
         trunc_hits = torch.zeros((), device=self.device)
         trunc_tokens = torch.zeros((), device=self.device)
         mb = self.cfg.micro_batch_size
+        fwd_s = bwd_s = 0.0  # the step's time split (the forward pass also gives pi_old: no separate logprob pass)
         for lo in range(0, n_seq, mb):
+            t_fwd = time.perf_counter()
             batch = self._collate(samples[lo : lo + mb])
             top_frac = getattr(self.cfg, "entropy_top_frac", 1.0)
             logp = completion_logprobs(
@@ -319,7 +323,10 @@ class Learner:
                 batch_tokens=float(n_tok),
                 batch_sequences=n_seq,
             )
+            t_bwd = time.perf_counter()
+            fwd_s += t_bwd - t_fwd
             loss.backward()
+            bwd_s += time.perf_counter() - t_bwd
             loss_total += loss.detach()
             pg_total += metrics.pop("pg_loss")
             share = batch.mask.sum() / n_tok
@@ -331,6 +338,7 @@ class Learner:
         out["is_truncated_frac"] = trunc_hits / trunc_tokens.clamp(min=1.0)
         out["tokens"] = torch.tensor(float(n_tok))
         out["sequences"] = torch.tensor(float(n_seq))
+        out["fwd_s"], out["bwd_s"] = torch.tensor(fwd_s), torch.tensor(bwd_s)
         return out
 
     # ------------------------------------------------------------------------------------------------------

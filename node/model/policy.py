@@ -63,6 +63,10 @@ class Policy:
     name: str
     tokenizer_id: str
 
+    source: str = ""
+    """Where the weights were loaded from: a local model directory or a hub name (engines that load the model
+    themselves, such as vLLM, start from it)."""
+
     format_example: bool = True
     """Chat prompts start with one worked exchange in the answer format (:data:`FORMAT_EXAMPLE`)."""
 
@@ -183,6 +187,7 @@ def load_policy(cfg: ModelConfig) -> Policy:
             raise ModelLoadError(f"model path {name!r} does not exist")
         else:
             model, tokenizer = _load_hub(name, dtype)
+            path = None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token  # batching needs a pad token; it is always masked out
     model.to(device)
@@ -194,6 +199,7 @@ def load_policy(cfg: ModelConfig) -> Policy:
         dtype=dtype,
         name=name,
         tokenizer_id=tokenizer_fingerprint(tokenizer),
+        source=str(path) if path is not None else name,
         format_example=cfg.format_example,
     )
 

