@@ -187,7 +187,8 @@ class SybilSwarm:
                 created=now,
                 payload=self._batch(self.refs(self.rng)[0]),
             )
-            index = IndexWriter(ident, self.swarm_id).add(data, window)
+            # Throwaway identities do not pay the index work stamp (SPEC 7.4): free to mint, read after stamped ones.
+            index = IndexWriter(ident, self.swarm_id, work_bits=None).add(data, window)
             try:
                 await self.transport.publish(data, window=window, sender=ident.peer_id, index=index)
                 self.published += 1
