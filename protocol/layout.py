@@ -505,10 +505,9 @@ class ShardReader:
                 self._keep(entry, entries)
         for peer in plan.peers:
             raw = peer_values.get(peer)
-            if raw is not None:
-                entry = self._take(raw, peer[0])
-                if entry is not None:
-                    self._keep(entry, entries)
+            taken = self._take(raw, peer[0]) if raw is not None else None
+            if taken is not None:
+                self._keep(taken, entries)
         if plan.anchor is not None:
             anchor = self._decode_shard(shard_values.get(plan.anchor, []), plan.anchor[0], count=False)
             self._anchors.append(sum(1 for e in anchor if self.p.is_stamped(e)))

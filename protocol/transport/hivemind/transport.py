@@ -390,7 +390,8 @@ class HivemindTransport(Transport):
         """DHT entries this node refused (to store, or from a peer's lookup response), by reason; ``shard_full``:
         entries a full shard key refused (SPEC 7.4)."""
         out = dict(self.reader.dropped)
-        full = self._storage().counts["shard_full"] if self._storage() is not None else 0
+        storage = self._storage()
+        full = storage.counts["shard_full"] if storage is not None else 0
         if full:
             out["shard_full"] = full
         if self.guard is None:
