@@ -111,6 +111,7 @@ def one_rate(rate: int, args: argparse.Namespace, tmp: Path) -> dict:
     t0 = time.time()
     try:
         maddr = a.wait_for(MADDR, 300).group(1)
+        flood_start = time.time()
         sybils = Proc(
             "sybils",
             [sys.executable, "-m", "tests.integration.hivemind_peer", "--swarm", "rl-swarm-demo", "--bootstrap", maddr,
@@ -123,7 +124,6 @@ def one_rate(rate: int, args: argparse.Namespace, tmp: Path) -> dict:
         b = join("b", run, ["--peers", maddr, *B_JOIN])
         procs.append(b)
         b.wait_for(MADDR, 300)
-        flood_start = time.time()
         a.proc.wait(timeout=args.timeout)
         flood_end = time.time()
         rounds = re.findall(r"^SYBILS (\d+) (\d+)", sybils.text(), re.M)

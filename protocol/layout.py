@@ -592,20 +592,24 @@ class ShardReader:
             )
         followed = [t for s, t in todo.items() if t and s in prefer]
         self.rng.shuffle(followed)
-        # Senders not followed: stamped entries first, then unstamped ones, then senders whose listed records did
-        # not resolve yet (dangling entries); a sender none of whose records resolved in MAX_FETCH_ATTEMPTS tries
-        # is given up for that window.
+        # Senders not followed: stamped entries first, then unstamped ones, then unstamped senders whose listed
+        # records did not resolve yet (dangling entries, one try a poll); an unstamped sender none of whose records
+        # resolved in MAX_FETCH_ATTEMPTS tries is given up for that window. A stamped sender costs work to mint, and a
+        # record just published may not be visible everywhere yet: it keeps its place (and the per-digest limit).
         tiers: list[list[list[RecordAddr]]] = [[], [], []]
         for s, t in todo.items():
             if not t or s in prefer:
                 continue
+            if self.p.is_stamped(entries[t[0][:2]]):
+                tiers[0].append(t)
+                continue
             missed = self.sender_misses.get(t[0][:2], 0)
             if missed >= MAX_FETCH_ATTEMPTS:
                 continue
-            if missed > 0:  # suspected of listing nothing: one try a poll
+            if missed > 0:
                 tiers[2].append(t[:1])
             else:
-                tiers[0 if self.p.is_stamped(entries[t[0][:2]]) else 1].append(t)
+                tiers[1].append(t)
         for tier in tiers:
             self.rng.shuffle(tier)
         unknown = tiers[0] + tiers[1] + tiers[2]

@@ -146,3 +146,33 @@ async def test_a_reader_gives_up_on_senders_whose_entries_do_not_resolve():
     per_sender = {s: asked.count(s) for s in set(asked)}
     # each sender lists 10 digests (30 fetches before a per-digest give-up); the sender is dropped after 3
     assert len(per_sender) == 20 and max(per_sender.values()) == 3
+
+
+async def test_a_stamped_sender_whose_first_fetch_failed_is_read_first_again():
+    """A record not yet visible where the reader asked (its index entry arrived first) is retried at the next poll
+    ahead of unstamped senders, not sent to the back with the dangling ones."""
+    writers = [IndexWriter(ident(100 + i), SWARM, work_bits=None) for i in range(40)]
+    entries = [w.add(f"never stored {i}".encode(), W) for i, w in enumerate(writers)]
+    newcomer = IndexWriter(ident(7), SWARM, work_bits=4)
+    entries.append(newcomer.add(b"late record", W))
+    reader = ShardReader(SWARM, ShardParams(work_bits=4), seed=2)
+    visible = False
+    asked: list[list[str]] = []
+
+    async def shards(addrs):
+        return {a: list(entries) for a in addrs}
+
+    async def peers(addrs):
+        return {}
+
+    async def records(addrs):
+        asked.append([a[1] for a in addrs])
+        if visible:
+            return {a: [b"late record"] for a in addrs if a[1] == ident(7).peer_id}
+        return {}
+
+    await reader.poll([W], [], shards, peers, records)
+    visible = True
+    got = await reader.poll([W], [], shards, peers, records)
+    assert ident(7).peer_id in asked[0] and ident(7).peer_id in asked[1]
+    assert b"late record" in got
