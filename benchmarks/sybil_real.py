@@ -45,8 +45,8 @@ COMMON = [
     "--set", "eval.at_start=false",
     "--set", "runtime.poll_interval_s=1.0",
 ]  # fmt: skip
-#: A: the node defaults for SAPO (I = J = 8), fewer prompts a step than the default so a step is quick on 2 cores.
-A_JOIN = [*COMMON, "--set", "rollout.prompts_per_step=8", "--set", "rollout.group_size=4"]
+#: A: the node defaults for SAPO (I = J = 8); 16 prompts a step of 4 completions.
+A_JOIN = [*COMMON, "--set", "rollout.prompts_per_step=16", "--set", "rollout.group_size=4"]
 #: B: draws more prompts, so it has informative groups to spare for A's established slots.
 B_JOIN = [*COMMON, "--set", "rollout.prompts_per_step=12", "--set", "rollout.group_size=4"]
 
@@ -206,7 +206,7 @@ def render(rows: list[dict], args: argparse.Namespace, command: str) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rates", type=int, nargs="+", default=[64, 1000], help="fresh sybil identities per window")
-    ap.add_argument("--steps", type=int, default=80, help="node A's learner steps (a whole run)")
+    ap.add_argument("--steps", type=int, default=300, help="node A's learner steps (a whole run)")
     ap.add_argument("--window-seconds", type=int, default=15)
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds node A gets for its run")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "sybil_real.md")
