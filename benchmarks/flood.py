@@ -163,7 +163,8 @@ def render(rows: list[dict], storage: dict, args: argparse.Namespace, command: s
         f"Two honest peers (real `Channel` over `HivemindTransport`, polling every {args.poll_s} s) on 127.0.0.1, "
         f"windows of {args.window_seconds} s. Per repeat a flood process stores {args.flood:,} dangling, unstamped "
         "index entries (64 digests each, one fresh identity each) under the shard keys of levels 0, 4, 5 and 6 of a "
-        f"window {args.flood_ahead} ahead (issue 33's attack; as far ahead as honest guards accept entries); once "
+        f"window {args.flood_ahead} ahead (issue 33's attack; long windows let this machine store all of it before "
+        "the window begins, honest guards accept entries at most 2 windows ahead); once "
         "that window has begun and the flood is stored, a newcomer publishes one record in it. Defence (SPEC 7.4): "
         "a shard key holds at most 128 entries on every node, the most worked ones; honest entries carry a work stamp; "
         "readers count only stamped entries in their size estimate and read stamped senders first.",
