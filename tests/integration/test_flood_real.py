@@ -22,7 +22,7 @@ from tests.integration.procs import HivemindPeerProc
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
 FLOOD = 1500
-WINDOW_S = 30
+WINDOW_S = 60
 
 
 class Peer(HivemindPeerProc):
