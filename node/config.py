@@ -203,8 +203,9 @@ class SapoConfig(StrictModel):
     max_per_peer: int | None = Field(default=None, ge=1)
     """Cap on groups from one peer per batch (default: ceil(J/2) so no single peer fills it)."""
     newcomer_share: float = Field(default=0.25, ge=0, le=1)
-    """Sybil budget: all newcomers together take at most max(1, floor(J * newcomer_share)) of the J external slots
-    (minting identities is free, so a flood of fresh ones competes for these slots alone; SPEC 11)."""
+    """Sybil budget: all newcomers together take at most s = max(1, floor(J * newcomer_share)) of the J external slots
+    a step, and over any run of steps at most s + E * share / (1 - share) groups, E the established senders' groups
+    trained in it (minting identities is free, so a flood of fresh ones competes for these slots alone; SPEC 11)."""
     establish_steps: int = Field(default=3, ge=0)
     """A sender stops being a newcomer once its informative groups arrived at this many distinct steps of ours
     (0: every sender is established at once, no sybil budget)."""

@@ -17,7 +17,7 @@ import logging
 from typing import Any
 
 from protocol.identity import Identity
-from protocol.layout import IndexWriter
+from protocol.layout import WORK_BITS, IndexWriter
 from protocol.records import SequenceCounter, encode_record, record_digest
 from protocol.transport.base import Transport
 from protocol.types import Envelope
@@ -40,6 +40,7 @@ class Channel:
         timeout_s: float = 30.0,
         seen_capacity: int = 200_000,
         follow_senders: int = 6,
+        work_bits: int | None = WORK_BITS,
     ) -> None:
         self.identity = identity
         self.transport = transport
@@ -49,7 +50,7 @@ class Channel:
         self.seen_capacity = seen_capacity
         self.follow_senders = follow_senders
         self._seq = SequenceCounter(clock=validator.clock)
-        self._index = IndexWriter(identity, validator.swarm_id)
+        self._index = IndexWriter(identity, validator.swarm_id, work_bits=work_bits)
         # Senders whose records we accepted, most recent last (bounded): the peers a sampling transport follows
         # unless the node names its own (``follow``).
         self._recent_senders: dict[str, int] = {}
@@ -84,9 +85,18 @@ class Channel:
         *,
         fetch_past_windows: int = 1,
         timeout_s: float = 30.0,
+        work_bits: int | None = WORK_BITS,
     ) -> Channel:
-        """A channel over an already started transport (the transport's lifetime becomes the channel's)."""
-        return cls(identity, transport, validator, fetch_past_windows=fetch_past_windows, timeout_s=timeout_s)
+        """A channel over an already started transport (the transport's lifetime becomes the channel's);
+        ``work_bits``: the work stamp of its index entries (``ProtocolConfig.index_work_bits``; None: unstamped)."""
+        return cls(
+            identity,
+            transport,
+            validator,
+            fetch_past_windows=fetch_past_windows,
+            timeout_s=timeout_s,
+            work_bits=work_bits,
+        )
 
     @property
     def swarm_id(self) -> str:
@@ -161,6 +171,9 @@ class Channel:
             self._metrics["publish_errors"] += 1
             logger.debug("publish on a closed channel dropped")
             return env
+        if not self._index.stamped(window):
+            # The window's work stamp (2**work_bits hashes, once per window) is minted off the event loop.
+            await asyncio.to_thread(self._index.stamp, window)
         index = self._index.add(data, window)
         if index is None:
             logger.warning("more than %d records in one window: this one is stored but not listed", 64)
@@ -325,4 +338,4 @@ async def open_channel(
         network=network,
         identity=identity,
     )
-    return await Channel.create(identity, transport, validator)
+    return await Channel.create(identity, transport, validator, work_bits=protocol_cfg.index_work_bits)

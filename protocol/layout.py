@@ -61,6 +61,20 @@ ANCHOR_POLLS = 16
 #: read as ``fanout ** top`` senders and push readers (and writers) to levels nobody else uses.
 ANCHOR_MIN_HITS = 4
 INDEX_KEYS = frozenset({"digests", "public_key", "sender", "swarm", "version", "window"})
+#: Prefix of the work stamp's hash (SPEC 7.4): ties an index entry's proof of work to its swarm, window and sender.
+WORK_DOMAIN = b"rl-swarm/work/v1\x00"
+#: Leading zero bits of the work hash that make an entry *stamped* (counted in size estimates, read first). About
+#: 4,096 SHA-256 evaluations (~3 ms of one CPU core in Python) per sender per window. Swarm-wide default.
+WORK_BITS = 12
+#: Largest nonce a stamp may carry (an int64, the data model's integers).
+MAX_WORK_NONCE = (1 << 63) - 1
+#: Rank of an entry without a work stamp: worse than every stamped one (ranks are 256-bit hashes, lower is better).
+UNSTAMPED_RANK = 1 << 256
+#: Most entries (sender subkeys) one shard key holds on an honest node; values are at most
+#: :data:`MAX_INDEX_ENTRY_BYTES`, so a key holds at most 256 KiB of entries, far below p2pd's 4 MiB message.
+SHARD_CAPACITY = 128
+#: The first minor version of major 2 whose index entries may carry ``work``.
+WORK_MINOR = 1
 
 
 def record_digest_hex(data: bytes) -> str:
@@ -94,6 +108,59 @@ def shard_of(window: int, sender: str, level: int, fanout: int) -> int:
     return shard_hash(window, sender) % int(fanout**level)
 
 
+# -- work stamps and shard capacity ---------------------------------------------------------------------------
+
+
+def work_hash(swarm: str, window: int, sender: str, nonce: int) -> bytes:
+    """SHA-256(WORK_DOMAIN || "swarm/window/sender/nonce") (decimal window and nonce): the hash an entry's ``work``
+    nonce is judged by. It does not cover the digests, so a sender stamps once per window, not per entry."""
+    return hashlib.sha256(WORK_DOMAIN + f"{swarm}/{window}/{sender}/{nonce}".encode()).digest()
+
+
+def work_rank(swarm: str, window: int, sender: str, nonce: int | None) -> int:
+    """An entry's rank in a full shard (lower is kept): its work hash as a 256-bit big-endian integer, or
+    :data:`UNSTAMPED_RANK` without a nonce."""
+    if nonce is None:
+        return UNSTAMPED_RANK
+    return int.from_bytes(work_hash(swarm, window, sender, nonce), "big")
+
+
+def work_bits(rank: int) -> int:
+    """Leading zero bits of a rank (0 for an unstamped entry)."""
+    return 0 if rank >= UNSTAMPED_RANK else 256 - rank.bit_length()
+
+
+def mint_work(swarm: str, window: int, sender: str, bits: int = WORK_BITS) -> int:
+    """The smallest nonce whose work hash has at least ``bits`` leading zero bits (2**bits hashes expected)."""
+    prefix = hashlib.sha256(WORK_DOMAIN + f"{swarm}/{window}/{sender}/".encode())
+    limit = 1 << (256 - bits)
+    nonce = 0
+    while True:
+        h = prefix.copy()
+        h.update(str(nonce).encode())
+        if int.from_bytes(h.digest(), "big") < limit:
+            return nonce
+        nonce += 1
+
+
+def shard_admit(
+    ranks: Mapping[str, int], sender: str, rank: int, capacity: int = SHARD_CAPACITY
+) -> tuple[bool, str | None]:
+    """The retention rule of a full shard key (SPEC 7.4): whether an entry of ``sender`` with ``rank`` is stored
+    beside the entries ``ranks`` (sender -> rank) the key holds, and which sender's entry it evicts.
+
+    A sender already present is always updated in place (its entry grows within the window). A key with room takes
+    every entry. A full key takes a new sender only if its rank is strictly lower than the worst rank held, and then
+    evicts that worst entry (the highest rank; among equal ones the greatest sender id); otherwise it refuses it.
+    So unstamped entries never displace stamped ones, and among unstamped entries the first ones stay."""
+    if sender in ranks or len(ranks) < capacity:
+        return True, None
+    worst = max(ranks.items(), key=lambda kv: (kv[1], kv[0]))
+    if rank < worst[1]:
+        return True, worst[0]
+    return False, None
+
+
 # -- signed index entries -------------------------------------------------------------------------------------
 
 
@@ -106,26 +173,38 @@ class IndexEntry:
     window: int
     digests: tuple[str, ...]
     data: bytes = b""
+    work: int | None = None
 
     @property
     def count(self) -> int:
         return len(self.digests)
 
+    @property
+    def rank(self) -> int:
+        """Its rank in a full shard (:func:`work_rank`; lower is better)."""
+        return work_rank(self.swarm, self.window, self.sender, self.work)
 
-def encode_index_entry(identity: Identity, swarm: str, window: int, digests: Sequence[str]) -> bytes:
-    """Sign the list of ``digests`` (hex, distinct, at most :data:`MAX_INDEX_DIGESTS`) ``identity`` published."""
+
+def encode_index_entry(
+    identity: Identity, swarm: str, window: int, digests: Sequence[str], *, work: int | None = None
+) -> bytes:
+    """Sign the list of ``digests`` (hex, distinct, at most :data:`MAX_INDEX_DIGESTS`) ``identity`` published, with
+    the work stamp ``work`` (a nonce from :func:`mint_work`; None: unstamped)."""
     if not 1 <= len(digests) <= MAX_INDEX_DIGESTS or len(set(digests)) != len(digests):
         raise ValueError(f"an index entry lists 1..{MAX_INDEX_DIGESTS} distinct digests, got {len(digests)}")
-    body = canonical_packb(
-        {
-            "digests": b"".join(bytes.fromhex(d) for d in digests),
-            "public_key": identity.public_bytes,
-            "sender": identity.peer_id,
-            "swarm": swarm,
-            "version": format_version(local_version()),
-            "window": window,
-        }
-    )
+    fields: dict[str, Any] = {
+        "digests": b"".join(bytes.fromhex(d) for d in digests),
+        "public_key": identity.public_bytes,
+        "sender": identity.peer_id,
+        "swarm": swarm,
+        "version": format_version(local_version()),
+        "window": window,
+    }
+    if work is not None:
+        if not 0 <= work <= MAX_WORK_NONCE:
+            raise ValueError(f"work nonce {work} is outside 0..2**63-1")
+        fields["work"] = work
+    body = canonical_packb(fields)
     return canonical_packb({"body": body, "sig": identity.sign(INDEX_DOMAIN + body)})
 
 
@@ -155,7 +234,9 @@ def decode_index_entry(data: bytes, *, verify_signature: bool = True) -> IndexEn
     except (TypeError, AttributeError, ValueError):
         major = minor = None
     newer = check_version(major, minor, body.get("sender"))
-    expect_keys(body, "index", INDEX_KEYS, newer=newer)
+    # ``work`` is optional from 2.1 on; an entry of an older minor has exactly that minor's keys.
+    stamped = "work" in body and minor is not None and minor >= WORK_MINOR
+    expect_keys(body, "index", INDEX_KEYS | {"work"} if stamped else INDEX_KEYS, newer=newer)
     raw = expect_bytes(body["digests"], "index.digests", max_len=DIGEST_BYTES * MAX_INDEX_DIGESTS)
     if not raw or len(raw) % DIGEST_BYTES:
         raise RecordDecodeError("schema", f"index.digests: {len(raw)} bytes is not 1..{MAX_INDEX_DIGESTS} digests")
@@ -168,22 +249,42 @@ def decode_index_entry(data: bytes, *, verify_signature: bool = True) -> IndexEn
         raise RecordDecodeError("schema", "index.sender: expected 32 lowercase hex characters")
     swarm = expect_str(body["swarm"], "index.swarm", min_len=1, max_len=64)
     window = expect_int(body["window"], "index.window", lo=0)
+    work = expect_int(body["work"], "index.work", lo=0, hi=MAX_WORK_NONCE) if stamped else None
     if verify_signature:
         if peer_id_from_public(public_key) != sender:
             raise RecordSignatureError("sender_mismatch", "index sender is not the peer id of public_key")
         if not verify(public_key, INDEX_DOMAIN + body_bytes, sig):
             raise RecordSignatureError("bad_signature", f"index entry from {sender[:8]}")
-    return IndexEntry(swarm, sender, window, digests, data)
+    return IndexEntry(swarm, sender, window, digests, data, work)
 
 
 class IndexWriter:
-    """A publisher's own index entries: the digests it published per window, re-signed after each record."""
+    """A publisher's own index entries: the digests it published per window, re-signed after each record, stamped
+    with a work nonce of ``work_bits`` bits minted once per window (``work_bits`` None: unstamped entries)."""
 
-    def __init__(self, identity: Identity, swarm: str, keep_windows: int = 8) -> None:
+    def __init__(
+        self, identity: Identity, swarm: str, keep_windows: int = 8, work_bits: int | None = WORK_BITS
+    ) -> None:
         self.identity = identity
         self.swarm = swarm
         self.keep_windows = keep_windows
+        self.work_bits = work_bits
         self._digests: dict[int, list[str]] = {}
+        self._work: dict[int, int] = {}
+
+    def stamped(self, window: int) -> bool:
+        """Whether this window's work nonce is minted already (or none is wanted)."""
+        return self.work_bits is None or window in self._work
+
+    def stamp(self, window: int) -> int | None:
+        """This window's work nonce, minted on first use (2**work_bits hashes expected: run it off the event loop,
+        see :meth:`protocol.channel.Channel.publish`)."""
+        if self.work_bits is None:
+            return None
+        nonce = self._work.get(window)
+        if nonce is None:
+            nonce = self._work[window] = mint_work(self.swarm, window, self.identity.peer_id, self.work_bits)
+        return nonce
 
     def add(self, data: bytes, window: int) -> bytes | None:
         """The entry listing ``data`` and everything published before in ``window``; None once the window holds
@@ -196,7 +297,9 @@ class IndexWriter:
             listed.append(digest)
         for w in [w for w in self._digests if w < window - self.keep_windows]:
             del self._digests[w]
-        return encode_index_entry(self.identity, self.swarm, window, listed)
+        for w in [w for w in self._work if w < window - self.keep_windows]:
+            del self._work[w]
+        return encode_index_entry(self.identity, self.swarm, window, listed, work=self.stamp(window))
 
     def discard(self, data: bytes, window: int) -> None:
         """Forget ``data`` (listed by :meth:`add` but never stored, e.g. rewritten by a fault wrapper)."""
@@ -220,6 +323,7 @@ class ShardParams:
     poll_records: int = 10
     poll_newcomer_records: int = 4
     follow_senders: int = 6
+    work_bits: int = WORK_BITS
 
     @classmethod
     def from_config(cls, cfg: Any) -> ShardParams:
@@ -232,6 +336,7 @@ class ShardParams:
             poll_records=cfg.poll_records,
             poll_newcomer_records=cfg.poll_newcomer_records,
             follow_senders=cfg.follow_senders,
+            work_bits=cfg.index_work_bits,
         )
 
     @property
@@ -247,6 +352,10 @@ class ShardParams:
 
     def shards(self, level: int) -> int:
         return int(self.fanout**level)
+
+    def is_stamped(self, entry: IndexEntry) -> bool:
+        """Whether ``entry`` carries at least ``work_bits`` bits of work (every entry when ``work_bits`` is 0)."""
+        return work_bits(entry.rank) >= self.work_bits
 
     def level_for(self, n_senders: float) -> int:
         """The lowest level where reading ``poll_shards`` shards means at most ``poll_senders`` entries."""
@@ -298,6 +407,9 @@ class ShardReader:
         self._walks: dict[tuple[int, int], ShardWalk] = {}
         self.cache: dict[int, OrderedDict[str, bytes]] = {}  # window -> digest -> record bytes
         self.misses: dict[RecordAddr, int] = {}
+        #: (window, sender) -> failed fetches of its records while none resolved (-1 once one did): entries whose
+        #: digests do not resolve are read last, and a sender not followed is given up after MAX_FETCH_ATTEMPTS.
+        self.sender_misses: dict[PeerAddr, int] = {}
         self.stats: dict[str, int] = dict.fromkeys(
             (
                 "index_reads",
@@ -373,24 +485,32 @@ class ShardReader:
         self.stats["index_reads"] += len(keys) + len(plan.peers)
         entries: dict[tuple[int, str], IndexEntry] = {}
         seen_per_window: dict[int, int] = {}
-        cap = self.p.max_shard_entries
         for shard in plan.shards:
-            values = shard_values.get(shard, [])
-            seen_per_window[shard[0]] = seen_per_window.get(shard[0], 0) + len(values)
-            if len(values) > cap:
+            decoded = self._decode_shard(shard_values.get(shard, []), shard[0])
+            # Only stamped entries count toward the size estimate: a flood of free, unstamped entries cannot
+            # push readers to levels where an honest newcomer's shard is one of thousands.
+            stamped = [e for e in decoded if self.p.is_stamped(e)]
+            seen_per_window[shard[0]] = seen_per_window.get(shard[0], 0) + len(stamped)
+            cap = self.p.max_shard_entries
+            if len(decoded) > cap:
                 # A shard far fuller than the reading level intends (a cold start, when every node still writes
-                # level 0, or a flood of entries): decode a uniform sample, so a poll's CPU stays bounded and no
-                # writer can crowd others out; the full count still feeds the size estimate.
-                self.stats["entries_skipped"] += len(values) - cap
-                values = self.rng.sample(values, cap)
-            for raw in values:
-                self._take(raw, shard[0], entries)
+                # level 0, or a flood of entries): keep a uniform sample, stamped entries first, so a poll's CPU
+                # stays bounded and unstamped entries cannot crowd stamped ones out.
+                self.stats["entries_skipped"] += len(decoded) - cap
+                unstamped = [e for e in decoded if not self.p.is_stamped(e)]
+                self.rng.shuffle(stamped)
+                self.rng.shuffle(unstamped)
+                decoded = (stamped + unstamped)[:cap]
+            for entry in decoded:
+                self._keep(entry, entries)
         for peer in plan.peers:
             raw = peer_values.get(peer)
-            if raw is not None:
-                self._take(raw, peer[0], entries)
+            taken = self._take(raw, peer[0]) if raw is not None else None
+            if taken is not None:
+                self._keep(taken, entries)
         if plan.anchor is not None:
-            self._anchors.append(len(shard_values.get(plan.anchor, [])))
+            anchor = self._decode_shard(shard_values.get(plan.anchor, []), plan.anchor[0], count=False)
+            self._anchors.append(sum(1 for e in anchor if self.p.is_stamped(e)))
         self._update_estimate(plan, windows, seen_per_window)
         wanted = self._select(entries, set(prefer))
         extra: list[bytes] = []
@@ -402,36 +522,57 @@ class ShardReader:
                 if copies:
                     self.cache.setdefault(addr[0], OrderedDict())[addr[2]] = copies[0]
                     self.misses.pop(addr, None)
+                    self.sender_misses[addr[:2]] = -1  # resolved once: no longer suspected of listing nothing
                     self.stats["records_fetched"] += 1
                     self.stats["record_bytes"] += len(copies[0])
                     extra.extend(copies[1:])
                 else:
                     self.stats["record_misses"] += 1
                     self.misses[addr] = self.misses.get(addr, 0) + 1
+                    if self.sender_misses.get(addr[:2], 0) >= 0:
+                        self.sender_misses[addr[:2]] = self.sender_misses.get(addr[:2], 0) + 1
                     if self.misses[addr] == MAX_FETCH_ATTEMPTS:
                         self.stats["entries_given_up"] += 1
         self._prune(windows)
         return [d for w in windows for d in self.cache.get(w, {}).values()] + extra
 
-    def _take(self, raw: bytes, window: int, entries: dict[tuple[int, str], IndexEntry]) -> None:
-        self.stats["index_entries"] += 1
-        self.stats["index_bytes"] += len(raw)
+    def _decode_shard(self, values: list[bytes], window: int, *, count: bool = True) -> list[IndexEntry]:
+        """The entries of one shard read that decode and belong here; at most ``4 * SHARD_CAPACITY`` decoded (an
+        honest replica holds at most :data:`SHARD_CAPACITY`; a lookup merges a few replicas)."""
+        limit = 4 * SHARD_CAPACITY
+        if len(values) > limit:
+            values = self.rng.sample(values, limit)
+        out = []
+        for raw in values:
+            entry = self._take(raw, window, count=count)
+            if entry is not None:
+                out.append(entry)
+        return out
+
+    def _take(self, raw: bytes, window: int, *, count: bool = True) -> IndexEntry | None:
+        if count:
+            self.stats["index_entries"] += 1
+            self.stats["index_bytes"] += len(raw)
         try:
             # Entries were authenticated where they were stored (an honest replica's guard); this reader only
             # needs their fields. Records are validated in full by the channel.
             entry = decode_index_entry(raw, verify_signature=False)
         except (RecordDecodeError, RecordSignatureError) as e:
             self._drop(e.reason if e.reason == INCOMPATIBLE else f"index_{e.reason}")
-            return
+            return None
         if self.swarm is not None and entry.swarm != self.swarm:
             self._drop("index_wrong_swarm")
-            return
+            return None
         if entry.window != window:
             self._drop("index_key_mismatch")
-            return
-        old = entries.get((window, entry.sender))
+            return None
+        return entry
+
+    @staticmethod
+    def _keep(entry: IndexEntry, entries: dict[tuple[int, str], IndexEntry]) -> None:
+        old = entries.get((entry.window, entry.sender))
         if old is None or entry.count > old.count:
-            entries[(window, entry.sender)] = entry
+            entries[(entry.window, entry.sender)] = entry
 
     def _drop(self, reason: str) -> None:
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
@@ -450,9 +591,28 @@ class ShardReader:
                 if d not in have and self.misses.get((w, sender, d), 0) < MAX_FETCH_ATTEMPTS
             )
         followed = [t for s, t in todo.items() if t and s in prefer]
-        unknown = [t for s, t in todo.items() if t and s not in prefer]
         self.rng.shuffle(followed)
-        self.rng.shuffle(unknown)
+        # Senders not followed: stamped entries first, then unstamped ones, then unstamped senders whose listed
+        # records did not resolve yet (dangling entries, one try a poll); an unstamped sender none of whose records
+        # resolved in MAX_FETCH_ATTEMPTS tries is given up for that window. A stamped sender costs work to mint, and a
+        # record just published may not be visible everywhere yet: it keeps its place (and the per-digest limit).
+        tiers: list[list[list[RecordAddr]]] = [[], [], []]
+        for s, t in todo.items():
+            if not t or s in prefer:
+                continue
+            if self.p.is_stamped(entries[t[0][:2]]):
+                tiers[0].append(t)
+                continue
+            missed = self.sender_misses.get(t[0][:2], 0)
+            if missed >= MAX_FETCH_ATTEMPTS:
+                continue
+            if missed > 0:
+                tiers[2].append(t[:1])
+            else:
+                tiers[1].append(t)
+        for tier in tiers:
+            self.rng.shuffle(tier)
+        unknown = tiers[0] + tiers[1] + tiers[2]
         budget = self.p.poll_records
         reserve = min(self.p.poll_newcomer_records, budget) if unknown else 0
         out = _round_robin(followed, budget - reserve)
@@ -481,6 +641,8 @@ class ShardReader:
             del self.cache[w]
         for k in [k for k in self.misses if k[0] < oldest]:
             del self.misses[k]
+        for pk in [pk for pk in self.sender_misses if pk[0] < oldest]:
+            del self.sender_misses[pk]
         for walk in [walk for walk in self._walks if walk[0] < oldest]:
             del self._walks[walk]
 

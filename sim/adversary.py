@@ -17,6 +17,7 @@ Knows nothing about how honest nodes learn; the simulator checks that none of th
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 from collections.abc import Callable
@@ -139,8 +140,11 @@ class SybilSwarm:
         window_seconds: float,
         seed: int,
         start: int = 0,
+        concurrency: int = 1,
     ) -> None:
         self.kind = "sybil"
+        #: Publishes in flight at once (1 in the simulator, which stays deterministic; more against a real DHT).
+        self.concurrency = max(1, concurrency)
         self.transport = transport
         self.count, self.swarm_id, self.refs, self.solve = count, swarm_id, refs, solve
         self.group_size = max(2, group_size)
@@ -176,7 +180,8 @@ class SybilSwarm:
             return
         now = self.clock()
         window = window_of(now, self.window_seconds)
-        for i in range(self.count):
+
+        async def one(i: int) -> None:
             ident = Identity.from_private_bytes(hashlib.sha256(f"sybil:{self.seed}:{r}:{i}".encode()).digest())
             data = encode_record(
                 ident,
@@ -187,13 +192,17 @@ class SybilSwarm:
                 created=now,
                 payload=self._batch(self.refs(self.rng)[0]),
             )
-            index = IndexWriter(ident, self.swarm_id).add(data, window)
+            # Throwaway identities do not pay the index work stamp (SPEC 7.4): free to mint, read after stamped ones.
+            index = IndexWriter(ident, self.swarm_id, work_bits=None).add(data, window)
             try:
                 await self.transport.publish(data, window=window, sender=ident.peer_id, index=index)
                 self.published += 1
                 self.senders.add(ident.peer_id)
             except Exception as e:
                 logger.debug("sybil publish failed: %s", e)
+
+        for first in range(0, self.count, self.concurrency):
+            await asyncio.gather(*(one(i) for i in range(first, min(self.count, first + self.concurrency))))
 
     async def close(self) -> None:
         await self.transport.close()

@@ -184,7 +184,12 @@ async def _open_channel(identity: Any, transport: Transport, swarm_id: str, pcfg
 
     validator = RecordValidator.from_config(swarm_id, pcfg, clock=clock)
     return await Channel.create(
-        identity, transport, validator, fetch_past_windows=pcfg.fetch_past_windows, timeout_s=pcfg.timeout_s
+        identity,
+        transport,
+        validator,
+        fetch_past_windows=pcfg.fetch_past_windows,
+        timeout_s=pcfg.timeout_s,
+        work_bits=pcfg.index_work_bits,
     )
 
 

@@ -107,6 +107,7 @@ class SapoBatch:
     dropped_local_zero_adv: int = 0
     external_candidates: int = 0
     external_newcomer: int = 0
+    newcomer_credit: float = 0.0
     step: int = 0
 
     def _reward_mean(self, groups: list[PooledGroup]) -> float:
@@ -128,6 +129,7 @@ class SapoBatch:
             "dropped_zero_adv": self.dropped_local_zero_adv,
             "external_candidates": self.external_candidates,
             "external_newcomer": self.external_newcomer,
+            "newcomer_credit": self.newcomer_credit,
             # The reward of what the learner trains on (own groups kept plus peers' groups, re-scored here): the
             # SAPO paper's plotted reward is probably this one. It is not the node's own skill (reward_mean is).
             "batch_reward_mean": self._reward_mean(self.groups),
@@ -147,9 +149,14 @@ class SapoSampler:
     * ``fill_local``: when peers supply fewer than J groups, use more of this step's own informative
       groups instead, so a node alone keeps its batch size (it is then a plain single-node trainer);
     * sybil budget: groups from *newcomers* -- senders that have not yet contributed informative groups at
-      ``establish_steps`` distinct steps of ours -- take at most ``max(1, floor(J * newcomer_share))`` slots, shared by
-      all newcomers; the other slots go to established senders only. Minting identities is free, so a flood of
-      throwaway identities competes for the newcomer slots alone (threat model: ``protocol/SPEC.md`` 11);
+      ``establish_steps`` distinct steps of ours -- take at most ``s = max(1, floor(J * newcomer_share))`` slots a
+      step, shared by all newcomers, and only as far as a credit allows: the credit starts at ``s``, never exceeds
+      it, pays one per newcomer group trained and earns ``newcomer_share / (1 - newcomer_share)`` per established
+      sender's group trained. So over *any* run of steps newcomers get at most ``s + rho * E`` groups (``E`` the
+      established senders' groups, ``rho`` that ratio), not only ``s`` a step: a step in which honest peers supply
+      few groups no longer hands the flood a larger share. The other slots go to established senders only. Minting
+      identities is free, so a flood of throwaway identities competes for the newcomer slots alone (threat model:
+      ``protocol/SPEC.md`` 11);
     * ``keep_zero_advantage``: own groups are not filtered (zero-advantage ones fill the local slots after the
       informative ones), as in a plain GRPO trainer; they add no gradient but dilute the token-mean loss.
     """
@@ -178,6 +185,17 @@ class SapoSampler:
         self.newcomer_share = newcomer_share
         self.establish_steps = establish_steps
         self.keep_zero_advantage = keep_zero_advantage
+        # At least one slot while the share is positive: with a small J the floor would be 0, and a new honest peer
+        # (one whose records all arrived in one poll, say) could then never be trained on.
+        slots = math.floor(external_groups * newcomer_share)
+        if newcomer_share > 0 and external_groups > 0:
+            slots = max(1, slots)
+        #: Newcomer slots a step (SPEC 11's ``s``).
+        self.newcomer_slots = slots
+        #: Newcomer groups earned per established sender's group trained (``sigma / (1 - sigma)``; None: unbounded).
+        self.newcomer_rate = newcomer_share / (1.0 - newcomer_share) if newcomer_share < 1.0 else None
+        #: The newcomer credit: at most ``newcomer_slots``, spent one per newcomer group trained.
+        self.newcomer_credit = float(slots)
 
     def sample(self, pool: RolloutPool, step: int, own: Sequence[PooledGroup]) -> SapoBatch:
         """Choose the step's training groups; marks chosen external groups as used."""
@@ -208,13 +226,17 @@ class SapoSampler:
                 taken += 1
             return taken
 
-        # At least one slot while the share is positive: with a small J the floor would be 0, and a new honest peer
-        # (one whose records all arrived in one poll, say) could then never be trained on.
-        slots = math.floor(self.external_groups * self.newcomer_share)
-        if self.newcomer_share > 0 and self.external_groups > 0:
-            slots = max(1, slots)
+        slots = self.newcomer_slots
+        if self.newcomer_rate is not None:
+            slots = min(slots, math.floor(self.newcomer_credit + 1e-9))
         batch.external_newcomer = take(newcomers, slots)
-        take(established, self.external_groups)
+        trained_established = take(established, self.external_groups)
+        if self.newcomer_rate is not None:
+            earned = self.newcomer_rate * trained_established
+            self.newcomer_credit = min(
+                float(self.newcomer_slots), self.newcomer_credit - batch.external_newcomer + earned
+            )
+        batch.newcomer_credit = self.newcomer_credit
         for g in batch.external:
             g.uses += 1
 

@@ -60,6 +60,11 @@ class ProtocolConfig(StrictModel):
     follow_senders: int = Field(default=6, ge=0, le=256)
     """Senders whose index entries each poll reads directly (the channel picks the ones it accepted records
     from most recently); their new records are fetched before anyone else's."""
+    index_work_bits: int = Field(default=12, ge=0, le=32)
+    """Work stamp of index entries (SPEC 7.4): leading zero bits a node mints once per window for its own entries
+    (2**bits SHA-256s, ~3 ms at 12) and requires of entries it counts in its swarm-size estimate and reads first.
+    Unstamped entries are still read, after stamped ones; a full shard key keeps the most worked entries. Swarm-wide;
+    0 mints nothing worth counting and counts every entry (the simulator's large swarms use it)."""
     clock_offset_s: float = Field(default=0.0, ge=-86_400, le=86_400)
     """Seconds added to this node's clock wherever the protocol reads it (record stamps, windows, the store-time
     guard's expiry check). For tests of a peer whose clock is wrong; leave 0 (a real node reads the system clock)."""

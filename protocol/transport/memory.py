@@ -33,7 +33,7 @@ from typing import Any
 
 from protocol.codec import RecordDecodeError, RecordSignatureError
 from protocol.errors import TransportError
-from protocol.layout import ShardParams, ShardReader, decode_index_entry, record_digest_hex, shard_of
+from protocol.layout import ShardParams, ShardReader, decode_index_entry, record_digest_hex, shard_admit, shard_of
 from protocol.transport.base import RecordCheck, Transport
 from protocol.transport.config import MemoryTransportConfig, ProtocolConfig
 
@@ -64,6 +64,7 @@ class _Listing:
     publisher: str
     stored_at: float
     previous: _Listing | None = None
+    rank: int = 0  # the entry's rank in a full shard (protocol.layout.work_rank)
 
 
 class MemoryNetwork:
@@ -208,10 +209,11 @@ class MemoryNetwork:
         if rkey not in self._records:
             self._records[rkey] = entry
             keys[0].append(rkey)
-        count = len(decode_index_entry(index, verify_signature=False).digests)
+        decoded = decode_index_entry(index, verify_signature=False)
+        count = len(decoded.digests)
         old = self._peer_entries.get((window, sender))
         if old is None or count > old.count:
-            listing = _Listing(index, count, entry.rid, publisher, now, old)
+            listing = _Listing(index, count, entry.rid, publisher, now, old, decoded.rank)
             if old is not None:
                 old.previous = None  # keep one older version, not a chain
             else:
@@ -223,6 +225,14 @@ class MemoryNetwork:
                 if shard is None:
                     shard = self._shards[skey] = {}
                     keys[2].append(skey)
+                # SPEC 7.4: a shard key holds at most SHARD_CAPACITY entries, the lowest-ranked (most worked) ones.
+                admit, evict = shard_admit({s: lst.rank for s, lst in shard.items()}, sender, listing.rank)
+                if not admit:
+                    self.refused["shard_full"] += 1
+                    continue
+                if evict is not None:
+                    del shard[evict]
+                    self.refused["shard_evicted"] += 1
                 shard[sender] = listing
         self.stats["published"] += 1
         if self._newest_window is None or window > self._newest_window:

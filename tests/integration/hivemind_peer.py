@@ -17,6 +17,16 @@ valid, *informative* rollouts record (one group on a real training task of the n
 completions right and half wrong, so a node's re-scoring keeps it) through the real transport, each listed in its
 own signed index entry (``sim.adversary.SybilSwarm``). It prints ``SYBILS <rounds> <identities>`` after each round.
 
+Flood role (``--flood N``): N fresh identities each sign an index entry listing 64 digests that resolve to nothing
+(dangling), unstamped, for the window ``--flood-ahead`` after the current one, and store it under the shard keys of
+``--flood-levels`` (default 0, 4, 5, 6: issue 33's attack) straight into the DHT, in batches. It prints
+``FLOOD <window> <entries> <stores accepted> <stores refused> <seconds>`` when done, then reads the level-0 shard
+key of that window back through the DHT (as any peer would) and prints ``FLOODREAD <entries> <value bytes>``.
+
+Every honest peer prints ``PUBLISHED <seq> <unix time>`` after each record it publishes, and the JSON lines of
+``--out`` carry the unix time ``t`` a record was received; its metrics file carries the transport's stats (the
+largest shard key its DHT storage has held: ``shard_key_entries_max``, ``shard_key_bytes_max``).
+
 Knows nothing about pytest; the tests read its stdout and files.
 """
 
@@ -67,6 +77,11 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--client-mode", action="store_true")
     ap.add_argument("--hostile", action="store_true")
     ap.add_argument("--sybils", type=int, default=0, help="sybil role: fresh identities per round")
+    ap.add_argument("--sybil-concurrency", type=int, default=1, help="sybil role: publishes in flight at once")
+    ap.add_argument("--flood", type=int, default=0, help="flood role: dangling index entries (one identity each)")
+    ap.add_argument("--flood-levels", default="0,4,5,6", help="flood role: shard levels to store them under")
+    ap.add_argument("--flood-ahead", type=int, default=1, help="flood role: windows ahead of now to flood")
+    ap.add_argument("--start-delay", type=float, default=0.0, help="honest role: seconds to wait before publishing")
     ap.add_argument("--out", type=Path)
     return ap.parse_args(argv)
 
@@ -90,21 +105,24 @@ async def honest(a: argparse.Namespace, stop: asyncio.Event) -> None:
     out = a.out.open("a")
     metrics_path = Path(f"{a.out}.metrics.json")
     end = time.monotonic() + a.duration
-    next_pub, published = time.monotonic(), 0
+    next_pub, published = time.monotonic() + a.start_delay, 0
     try:
         while not stop.is_set() and time.monotonic() < end:
             if published < a.records and time.monotonic() >= next_pub:
-                await channel.publish("rollouts", make_batch(a.record_kb, published, a.tag))
+                env = await channel.publish("rollouts", make_batch(a.record_kb, published, a.tag))
+                print("PUBLISHED", env.seq, f"{time.time():.3f}", flush=True)
                 published += 1
                 next_pub = time.monotonic() + a.publish_interval
             for env in await channel.poll():
                 head = env.payload.groups[0].completions[0].text[:32] if isinstance(env.payload, RolloutBatch) else ""
                 line = {"type": "record", "sender": env.sender, "seq": env.seq, "window": env.window, "size": env.size}
                 line["head"] = head
+                line["t"] = round(time.time(), 3)
                 out.write(json.dumps(line) + "\n")
                 out.flush()
             metrics = {"me": identity.peer_id, "published": published, "channel": channel.metrics()}
             metrics["dht_rejections"] = transport.rejections()
+            metrics["dht_stats"] = transport.stats()
             tmp = metrics_path.with_suffix(".tmp")
             tmp.write_text(json.dumps(metrics))
             tmp.replace(metrics_path)
@@ -208,6 +226,7 @@ async def sybils(a: argparse.Namespace, stop: asyncio.Event) -> None:
         clock=time.time,
         window_seconds=pc.window_seconds,
         seed=random.randrange(2**31),
+        concurrency=a.sybil_concurrency,
     )
     end = time.monotonic() + a.duration
     try:
@@ -220,6 +239,68 @@ async def sybils(a: argparse.Namespace, stop: asyncio.Event) -> None:
         await transport.close()
 
 
+async def flood(a: argparse.Namespace, stop: asyncio.Event) -> None:
+    """Store ``--flood`` dangling, unstamped index entries of fresh identities for the next window, then idle."""
+    import random
+
+    from protocol.layout import ShardParams, encode_index_entry
+
+    pc = _protocol(a)
+    params = ShardParams.from_config(pc)
+    cfg = HivemindTransportConfig(initial_peers=a.bootstrap, store_validation=False, request_timeout_s=20)
+    dht = await HivemindTransport.create(cfg, swarm=a.swarm, protocol=pc)
+    print("ADDR", dht.addresses()[0], "flood", flush=True)
+    levels = [int(x) for x in a.flood_levels.split(",")]
+    # The latest window whose entries honest guards accept now (their expiration must be within the
+    # expiration_too_far limit): the flood is stored before that window starts, as far as this machine manages.
+    now = time.time()
+    w = window_of(now, pc.window_seconds) + a.flood_ahead
+    exp = float((w + 1 + cfg.expiration_windows) * pc.window_seconds) + 0.64
+    rng = random.Random()
+    t0 = time.monotonic()
+    batches: list[tuple[list[str], list[bytes], list[str]]] = [([], [], [])]
+    for _ in range(a.flood):
+        me = Identity.generate()
+        digests = [rng.randbytes(16).hex() for _ in range(64)]
+        entry = encode_index_entry(me, a.swarm, w, digests)  # no work stamp: free to mint
+        keys, values, subkeys = batches[-1]
+        for level in levels:
+            keys.append(shard_key(a.swarm, w, level, shard_of(w, me.peer_id, level, params.fanout)))
+            values.append(entry)
+            subkeys.append(me.peer_id)
+        if len(keys) >= 1000:
+            batches.append(([], [], []))
+    accepted = refused = 0
+    gate = asyncio.Semaphore(4)
+
+    async def store(batch: tuple[list[str], list[bytes], list[str]]) -> None:
+        nonlocal accepted, refused
+        keys, values, subkeys = batch
+        if not keys:
+            return
+        async with gate:
+            try:
+                ok = await dht._call(
+                    dht._node.store_many(keys, values, exp, subkeys=subkeys, beam_size=cfg.lookup_beam), timeout=300
+                )
+                accepted += sum(1 for v in ok.values() if v)
+                refused += sum(1 for v in ok.values() if not v)
+            except Exception as e:  # a flooder goes on whatever the DHT says
+                refused += len(keys)
+                print("FLOOD batch failed", type(e).__name__, e, flush=True)
+
+    await asyncio.gather(*(store(b) for b in batches))
+    print("FLOOD", w, a.flood, accepted, refused, f"{time.monotonic() - t0:.1f}", flush=True)
+    # Read the level-0 shard back as any peer does: one lookup, whatever a replica returns in one message.
+    found = await dht._call(dht._node.get(shard_key(a.swarm, w, 0, 0), latest=True), timeout=60)
+    value = found.value if found is not None else {}
+    items = [v.value for v in value.values()] if isinstance(value, dict) else []
+    print("FLOODREAD", len(items), sum(len(v) for v in items), flush=True)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), a.duration)
+    await dht.close()
+
+
 async def main(argv: list[str] | None = None) -> None:
     a = _args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
@@ -227,7 +308,9 @@ async def main(argv: list[str] | None = None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    if a.sybils:
+    if a.flood:
+        await flood(a, stop)
+    elif a.sybils:
         await sybils(a, stop)
     else:
         await (hostile(a, stop) if a.hostile else honest(a, stop))

@@ -77,6 +77,7 @@ from protocol.layout import (
 )
 from protocol.transport.base import RecordCheck, Transport
 from protocol.transport.config import DHT_REPLICAS, HivemindTransportConfig, ProtocolConfig
+from protocol.transport.hivemind.capacity import CappedStorage, install
 from protocol.transport.hivemind.guard import NO_SUBKEY, DHTRecordGuard, key_id
 from protocol.transport.hivemind.loop import LoopThread, T, port_of
 from protocol.transport.netkey import NetworkKey
@@ -192,7 +193,7 @@ class HivemindTransport(Transport):
         if cfg.announce_maddrs:
             kwargs["announce_maddrs"] = list(cfg.announce_maddrs)
         try:
-            node = await runner.call(DHTNode.create(**kwargs), timeout=cfg.startup_timeout_s)
+            node = await runner.call(_create_capped(kwargs), timeout=cfg.startup_timeout_s)
             maddrs = await runner.call(node.get_visible_maddrs(), timeout=cfg.request_timeout_s)
         except BaseException as e:
             runner.stop()
@@ -386,8 +387,13 @@ class HivemindTransport(Transport):
         )
 
     def rejections(self) -> dict[str, int]:
-        """DHT entries this node refused (to store, or from a peer's lookup response), by reason."""
+        """DHT entries this node refused (to store, or from a peer's lookup response), by reason; ``shard_full``:
+        entries a full shard key refused (SPEC 7.4)."""
         out = dict(self.reader.dropped)
+        storage = self._storage()
+        full = storage.counts["shard_full"] if storage is not None else 0
+        if full:
+            out["shard_full"] = full
         if self.guard is None:
             return out
         with self.guard._lock:
@@ -406,6 +412,11 @@ class HivemindTransport(Transport):
             "rejoins": self.rejoins,
             "rejoined": self.rejoined,
         }
+        storage = self._storage()
+        if storage is not None:
+            out["shard_key_entries_max"] = storage.max_entries
+            out["shard_key_bytes_max"] = storage.max_bytes
+            out["shard_evicted"] = storage.counts["shard_evicted"]
         if self.guard is None:
             return {**out, "accepted": 0, "guard_seconds": 0.0, "guard_cpu_seconds": 0.0}
         with self.guard._lock:
@@ -417,6 +428,11 @@ class HivemindTransport(Transport):
             }
 
     # -- internals ------------------------------------------------------------------------------------------------
+
+    def _storage(self) -> CappedStorage | None:
+        """This node's capped DHT storage (SPEC 7.4), None before it is installed."""
+        storage = getattr(getattr(self._node, "protocol", None), "storage", None)
+        return storage if isinstance(storage, CappedStorage) else None
 
     def _daemon(self) -> Any:
         """This node's p2pd child process (an ``asyncio`` subprocess), or None when it has no daemon of its own."""
@@ -471,14 +487,14 @@ class HivemindTransport(Transport):
             await self._runner.call(drop_old(), timeout=3.0)
         try:
             try:
-                node = await self._runner.call(DHTNode.create(**kwargs), timeout=self.cfg.startup_timeout_s)
+                node = await self._runner.call(_create_capped(kwargs), timeout=self.cfg.startup_timeout_s)
             except Exception as e:
                 if port == 0:
                     raise
                 # The port may still be held (e.g. by a stray daemon): any port beats none, peers are dialled by us.
                 logger.warning("DHT restart on port %s failed (%s); trying a free port", port, e)
                 kwargs["host_maddrs"] = [f"/ip4/{self.cfg.host}/tcp/0"]
-                node = await self._runner.call(DHTNode.create(**kwargs), timeout=self.cfg.startup_timeout_s)
+                node = await self._runner.call(_create_capped(kwargs), timeout=self.cfg.startup_timeout_s)
             maddrs = await self._runner.call(node.get_visible_maddrs(), timeout=self.cfg.request_timeout_s)
         except Exception as e:
             self._restart_failures += 1
@@ -575,3 +591,11 @@ class HivemindTransport(Transport):
             return
         with contextlib.suppress(ProcessLookupError):
             child.kill()
+
+
+async def _create_capped(kwargs: dict[str, Any]) -> DHTNode:
+    """``DHTNode.create`` with the shard capacity of SPEC 7.4 installed in the node's storage and cache (on the DHT's
+    own loop, before anyone else holds the node)."""
+    node = await DHTNode.create(**kwargs)
+    install(node)
+    return node

@@ -128,10 +128,8 @@ def test_index_entries_of_another_major_are_refused_and_counted_by_a_reader(capl
     with caplog.at_level(logging.WARNING, logger="protocol.version"):
         assert reason(decode_index_entry, theirs) == INCOMPATIBLE
         reader = ShardReader("spec", ShardParams())
-        entries: dict = {}
-        reader._take(theirs, WINDOW, entries)
-        reader._take(theirs, WINDOW, entries)
-    assert entries == {} and reader.dropped == {INCOMPATIBLE: 2}
+        taken = [reader._take(theirs, WINDOW), reader._take(theirs, WINDOW)]
+    assert taken == [None, None] and reader.dropped == {INCOMPATIBLE: 2}
     assert len(version_lines(caplog)) == 1
     # a 1.x entry (no version key) is another major too
     body = strict_unpackb(strict_unpackb(theirs)["body"])

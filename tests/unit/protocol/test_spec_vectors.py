@@ -12,14 +12,20 @@ from protocol.codec import RecordDecodeError, RecordSignatureError, canonical_pa
 from protocol.identity import Identity
 from protocol.layout import (
     INDEX_DOMAIN,
+    UNSTAMPED_RANK,
     decode_index_entry,
     encode_index_entry,
+    mint_work,
     peer_key,
     record_digest_hex,
     record_key,
+    shard_admit,
     shard_hash,
     shard_key,
     shard_of,
+    work_bits,
+    work_hash,
+    work_rank,
 )
 from protocol.records import decode_record, sign_body, signing_input, wrap_record
 from protocol.types import TaskRef
@@ -101,6 +107,34 @@ def index_reasons() -> dict[str, str]:
     }
 
 
+def work_vectors() -> dict[str, str]:
+    """SPEC 7.4: the work stamp of the vector sender's entry, and the retention rule of a full shard key."""
+    digest = record_digest_hex(vector_record())
+    nonce = mint_work("spec", WINDOW, ALICE.peer_id, 12)
+    a, b, c = "a" * 32, "b" * 32, "c" * 32
+    stamped, better = 1 << 240, 1 << 230  # 16 and 26 leading zero bits
+
+    def admit(held: dict[str, int], sender: str, rank: int) -> str:
+        ok, evict = shard_admit(held, sender, rank, capacity=2)
+        return ("accepted" if evict is None else f"evicts {evict[:4]}") if ok else "refused"
+
+    return {
+        "work_hash_nonce_0": work_hash("spec", WINDOW, ALICE.peer_id, 0).hex(),
+        "work_nonce_12_bits": str(nonce),
+        "work_bits_of_that_nonce": str(work_bits(work_rank("spec", WINDOW, ALICE.peer_id, nonce))),
+        "index_entry_stamped": encode_index_entry(ALICE, "spec", WINDOW, [digest], work=nonce).hex(),
+        "index_work_in_a_2_0_entry": _reason(decode_index_entry, _entry(version="2.0", work=nonce)),
+        "index_work_negative": _reason(decode_index_entry, _entry(work=-1)),
+        "shard_admit_room": admit({a: UNSTAMPED_RANK}, b, UNSTAMPED_RANK),
+        "shard_admit_update_in_place": admit({a: UNSTAMPED_RANK, b: UNSTAMPED_RANK}, a, UNSTAMPED_RANK),
+        "shard_admit_full_unstamped": admit({a: UNSTAMPED_RANK, b: stamped}, c, UNSTAMPED_RANK),
+        "shard_admit_full_stamped": admit({a: UNSTAMPED_RANK, b: stamped}, c, stamped + 1),
+        "shard_admit_full_of_stamped_worse": admit({a: better, b: stamped}, c, stamped + 1),
+        "shard_admit_full_of_stamped_better": admit({a: better, b: stamped}, c, stamped - 1),
+        "shard_admit_full_of_unstamped_tie": admit({a: UNSTAMPED_RANK, b: UNSTAMPED_RANK}, c, UNSTAMPED_RANK),
+    }
+
+
 def store_reasons() -> dict[str, str]:
     """SPEC 9: what the hivemind store-time guard makes of values under keys (no clock hook: windows unchecked)."""
     from hivemind.dht.validation import DHTRecord
@@ -160,6 +194,7 @@ def derived() -> dict[str, str]:
         ).key(),
         **record_reasons(),
         **index_reasons(),
+        **work_vectors(),
         **store_reasons(),
     }
     return out

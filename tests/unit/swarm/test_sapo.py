@@ -202,3 +202,52 @@ def test_spec_11_worked_numbers():
         return h / (h + s)
 
     assert (share(2), share(4), share(8), share(16)) == (1 / 2, 2 / 3, 2 / 3, 2 / 3)
+
+
+@pytest.mark.parametrize("j", [1, 2, 4, 8, 16])
+def test_spec_11_run_bound_holds_over_every_stretch_when_honest_supply_varies(j):
+    """SPEC 11 over a run: whatever the honest peers supply a step (here 0..J groups, at random), newcomers never get
+    more than s + rho * E groups over any stretch of steps (E: the established senders' groups trained in it, rho =
+    sigma / (1 - sigma)), so over the run the flood's share tends to sigma and the honest share is >= 1/2 once E >= 3.
+    Before the credit (issue 33) the flood took its s slots of every step, however few honest groups there were."""
+    import random
+
+    rng = random.Random(j)
+    sampler = SapoSampler(0, j, seed=j)
+    pool = RolloutPool(capacity=100_000, max_age_steps=1)
+    honest = [f"honest{i}" for i in range(4)]
+    for step in range(3):  # the honest peers are established before the flood (3 distinct steps each)
+        for h in honest:
+            pool.add(_pooled(f"{h}:warm{step}", h, (0.0, 1.0), step))
+    per_step: list[tuple[int, int]] = []  # (newcomer groups, established groups) a step
+    for step in range(3, 303):
+        for i in range(rng.randrange(j + 1)):
+            h = honest[i % len(honest)]
+            pool.add(_pooled(f"{h}:{step}:{i}", h, (0.0, 1.0), step))
+        for i in range(2 * j + 2):  # a fresh identity per group: never established
+            pool.add(_pooled(f"sybil{step}:{i}:g", f"sybil{step}:{i}", (0.0, 1.0), step))
+        batch = sampler.sample(pool, step, own=[])
+        assert batch.external_newcomer <= sampler.newcomer_slots  # the per-step cap still holds
+        sybil = sum(1 for g in batch.external if g.source.startswith("sybil"))
+        assert sybil == batch.external_newcomer
+        per_step.append((sybil, len(batch.external) - sybil))
+    s, rho = sampler.newcomer_slots, 0.25 / 0.75
+    for a in range(0, len(per_step), 7):
+        for b in range(a + 1, len(per_step) + 1, 13):
+            n = sum(x for x, _ in per_step[a:b])
+            e = sum(y for _, y in per_step[a:b])
+            assert n <= s + rho * e + 1e-9, (a, b, n, e)
+    n = sum(x for x, _ in per_step)
+    e = sum(y for _, y in per_step)
+    assert e >= 3 and e / (n + e) >= 0.5
+    assert n > 0  # the flood did reach the learner: the bound is what held it, not a lack of sybil groups
+
+
+def test_newcomer_credit_lets_a_fresh_node_try_newcomers_at_once_and_refills_from_established_groups():
+    sampler = SapoSampler(0, 8, seed=1)
+    pool = RolloutPool(capacity=1000, max_age_steps=5)
+    for i in range(6):
+        pool.add(_pooled(f"new{i}:g", f"new{i}", (0.0, 1.0), 0))
+    first = sampler.sample(pool, 0, own=[])
+    assert first.external_newcomer == 2 and sampler.newcomer_credit == 0.0
+    assert sampler.sample(pool, 1, own=[]).external_newcomer == 0  # nothing established trained: no credit
