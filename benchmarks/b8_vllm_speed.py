@@ -83,40 +83,6 @@ def rollout_speed(model: str, n_prompts: int, group: int, max_new: int, repeats:
     return rows
 
 
-def decode_steps(model: str, batches: list[int], tokens: int) -> list[dict]:
-    """What limits tokens/s: seconds per decode step of each engine at fixed batch sizes, every request forced to
-    ``tokens`` tokens (no EOS), so the batch stays full. One prompt, a fresh seed per row."""
-    from node.config import ModelConfig, TaskConfig
-    from node.model.policy import Policy, load_policy
-    from node.rollout.engine import RolloutRequest, TransformersEngine
-    from node.rollout.engine_vllm import VllmEngine
-    from node.tasks import TaskSource
-
-    policy = load_policy(ModelConfig(name=model, dtype="float32"))
-    src = TaskSource(TaskConfig())
-    prompt = policy.encode(policy.format_prompt(src.materialize(src.sample(random.Random(1), 1)[0]).question))
-    engines = {
-        "transformers": TransformersEngine(policy, batch_size=max(batches)),
-        "vLLM": VllmEngine(policy, policy.source),
-    }
-    real_eos = Policy.eos_token_ids
-    Policy.eos_token_ids = property(lambda self: [-1])  # type: ignore[assignment,method-assign]  # no request stops
-    rows = []
-    try:
-        for b in batches:
-            for name, e in engines.items():
-                e.generate_requests([RolloutRequest(prompt, 4) for _ in range(b)], seed=0)  # warm-up
-                t = time.perf_counter()
-                out = e.generate_requests([RolloutRequest(prompt, tokens) for _ in range(b)], seed=1)
-                dt = time.perf_counter() - t
-                n = sum(len(c.token_ids) for c in out)
-                rows.append({"engine": name, "batch": b, "step_s": dt / tokens, "tok_s": n / dt})
-                print(f"  {name} batch {b}: {dt / tokens * 1000:.0f} ms/step, {n / dt:.0f} tok/s", flush=True)
-    finally:
-        Policy.eos_token_ids = real_eos  # type: ignore[method-assign]
-    return rows
-
-
 def node_steps(model: str, engine: str, steps: int, prompts: int, group: int, max_new: int, threads: int) -> dict:
     """One ``swarm-node join --transport memory`` run; the step-time split over steps 2.. from metrics.jsonl."""
     with tempfile.TemporaryDirectory(prefix="b8-speed-") as tmp:
@@ -220,25 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--node-prompts", type=int, default=4, help="prompts per node step")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--no-bf16", action="store_true", help="skip the bfloat16 vLLM engine")
-    ap.add_argument("--decode-only", action="store_true", help="only the decode-step limit (batches 1, 8, 64)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args(argv)
     if args.quick:
         args.repeats, args.steps, args.prompts, args.max_new_tokens = 1, 2, 4, 16
     model = args.model or ("builtin:tiny" if args.quick else "smollm2-135m")
-    if args.decode_only:
-        rows = decode_steps(model, [1, 8, 64], 32)
-        lines = [
-            f"## What limits tokens/s: seconds per decode step, batch kept full (32 tokens each, no EOS; {model})\n",
-            "| batch | engine | ms per step | tokens/s |",
-            "|---:|---|---:|---:|",
-        ]
-        lines += [f"| {r['batch']} | {r['engine']} | {r['step_s'] * 1000:.0f} | {r['tok_s']:.0f} |" for r in rows]
-        text = "\n".join(lines) + f"\n\nmachine: {machine_info([_vllm_dist()])}\n"
-        print(text)
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "b8_vllm_decode.md").write_text(text)
-        return 0
     print("rollout tokens/s ...", flush=True)
     speed = rollout_speed(model, args.prompts, args.group, args.max_new_tokens, args.repeats, not args.no_bf16)
     steps = []
