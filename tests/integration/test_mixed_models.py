@@ -25,10 +25,14 @@ from tests.integration.procs import FAST_JOIN
 pytestmark = [pytest.mark.slow, pytest.mark.network]
 
 SERVING = re.compile(r"(http://127\.0\.0\.1:\d+/)")
+#: One torch thread each: four processes share the cores (the built-in model's node otherwise races ahead on both).
+#: SmolLM2 states its answer after some working: with FAST_JOIN's 32 tokens it solved nothing, so its groups were
+#: all zero-advantage and nobody could train on them; 64 tokens and single-digit sums give it solvable problems.
+SMOL = ["--set", "model.name=smollm2-135m", "--set", "rollout.max_new_tokens=64", "--set", "model.threads=1"]
 NODES = {
-    "smol-vllm": ["--set", "model.name=smollm2-135m", "--set", "rollout.engine=vllm"],
-    "smol-hf": ["--set", "model.name=smollm2-135m"],
-    "tiny": [],
+    "smol-vllm": [*SMOL, "--set", "rollout.engine=vllm"],
+    "smol-hf": SMOL,
+    "tiny": ["--set", "model.threads=1"],
 }
 
 
