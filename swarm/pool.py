@@ -146,6 +146,17 @@ class RolloutPool:
         stats = self._sources.get(source)
         return stats[0] if stats is not None else 0
 
+    def hears_established(self, step: int, min_steps: int) -> bool:
+        """Whether a source established at ``min_steps`` distinct steps contributed an informative group within the
+        last ``max_age_steps`` steps (SPEC 11's "hears an established sender"). The LRU table is ordered by last
+        contribution, so this reads only the recent end of it."""
+        for count, last in reversed(self._sources.values()):
+            if step - last > self.max_age_steps:
+                return False
+            if count >= min_steps:
+                return True
+        return False
+
     def trusted(self, n: int, step: int) -> list[str]:
         """Up to ``n`` sources ranked by how many steps they contributed useful groups at, among those that did
         within ``max_age_steps`` (the peers worth following)."""

@@ -108,6 +108,7 @@ class SapoBatch:
     external_candidates: int = 0
     external_newcomer: int = 0
     newcomer_credit: float = 0.0
+    newcomer_refill: bool = False
     step: int = 0
 
     def _reward_mean(self, groups: list[PooledGroup]) -> float:
@@ -130,6 +131,7 @@ class SapoBatch:
             "external_candidates": self.external_candidates,
             "external_newcomer": self.external_newcomer,
             "newcomer_credit": self.newcomer_credit,
+            "newcomer_refill": int(self.newcomer_refill),
             # The reward of what the learner trains on (own groups kept plus peers' groups, re-scored here): the
             # SAPO paper's plotted reward is probably this one. It is not the node's own skill (reward_mean is).
             "batch_reward_mean": self._reward_mean(self.groups),
@@ -152,11 +154,15 @@ class SapoSampler:
       ``establish_steps`` distinct steps of ours -- take at most ``s = max(1, floor(J * newcomer_share))`` slots a
       step, shared by all newcomers, and only as far as a credit allows: the credit starts at ``s``, never exceeds
       it, pays one per newcomer group trained and earns ``newcomer_share / (1 - newcomer_share)`` per established
-      sender's group trained. So over *any* run of steps newcomers get at most ``s + rho * E`` groups (``E`` the
-      established senders' groups, ``rho`` that ratio), not only ``s`` a step: a step in which honest peers supply
-      few groups no longer hands the flood a larger share. The other slots go to established senders only. Minting
-      identities is free, so a flood of throwaway identities competes for the newcomer slots alone (threat model:
-      ``protocol/SPEC.md`` 11);
+      sender's group trained. So over *any* run of steps in which the node hears an established sender, newcomers get
+      at most ``s + rho * E`` groups (``E`` the established senders' groups, ``rho`` that ratio), not only ``s`` a
+      step: a step in which honest peers supply few groups no longer hands the flood a larger share. The other slots
+      go to established senders only. Minting identities is free, so a flood of throwaway identities competes for
+      the newcomer slots alone (threat model: ``protocol/SPEC.md`` 11);
+    * quiet swarm: at a step where no established sender contributed an informative group within the pool's
+      ``max_age_steps``, the credit refills to ``s``. There is then no established peer whose share the credit
+      protects, and without the refill a node whose peers all publish rarely (slow real-model nodes beside a fast
+      one) would train on one newcomer group and then never again, since nobody becomes established;
     * ``keep_zero_advantage``: own groups are not filtered (zero-advantage ones fill the local slots after the
       informative ones), as in a plain GRPO trainer; they add no gradient but dilute the token-mean loss.
     """
@@ -227,6 +233,9 @@ class SapoSampler:
             return taken
 
         slots = self.newcomer_slots
+        if self.newcomer_rate is not None and not pool.hears_established(step, self.establish_steps):
+            self.newcomer_credit = float(slots)
+            batch.newcomer_refill = True
         if self.newcomer_rate is not None:
             slots = min(slots, math.floor(self.newcomer_credit + 1e-9))
         batch.external_newcomer = take(newcomers, slots)

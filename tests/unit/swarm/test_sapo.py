@@ -219,7 +219,7 @@ def test_spec_11_run_bound_holds_over_every_stretch_when_honest_supply_varies(j)
     for step in range(3):  # the honest peers are established before the flood (3 distinct steps each)
         for h in honest:
             pool.add(_pooled(f"{h}:warm{step}", h, (0.0, 1.0), step))
-    per_step: list[tuple[int, int]] = []  # (newcomer groups, established groups) a step
+    per_step: list[tuple[int, int, int]] = []  # (newcomer groups, established groups, credit refilled) a step
     for step in range(3, 303):
         for i in range(rng.randrange(j + 1)):
             h = honest[i % len(honest)]
@@ -230,15 +230,16 @@ def test_spec_11_run_bound_holds_over_every_stretch_when_honest_supply_varies(j)
         assert batch.external_newcomer <= sampler.newcomer_slots  # the per-step cap still holds
         sybil = sum(1 for g in batch.external if g.source.startswith("sybil"))
         assert sybil == batch.external_newcomer
-        per_step.append((sybil, len(batch.external) - sybil))
+        per_step.append((sybil, len(batch.external) - sybil, int(batch.newcomer_refill)))
     s, rho = sampler.newcomer_slots, 0.25 / 0.75
     for a in range(0, len(per_step), 7):
         for b in range(a + 1, len(per_step) + 1, 13):
-            n = sum(x for x, _ in per_step[a:b])
-            e = sum(y for _, y in per_step[a:b])
-            assert n <= s + rho * e + 1e-9, (a, b, n, e)
-    n = sum(x for x, _ in per_step)
-    e = sum(y for _, y in per_step)
+            n = sum(x for x, _, _ in per_step[a:b])
+            e = sum(y for _, y, _ in per_step[a:b])
+            q = sum(z for _, _, z in per_step[a:b])  # steps no established sender was heard (none with j >= 2)
+            assert n <= s * (1 + q) + rho * e + 1e-9, (a, b, n, e, q)
+    n = sum(x for x, _, _ in per_step)
+    e = sum(y for _, y, _ in per_step)
     assert e >= 3 and e / (n + e) >= 0.5
     assert n > 0  # the flood did reach the learner: the bound is what held it, not a lack of sybil groups
 
@@ -246,8 +247,47 @@ def test_spec_11_run_bound_holds_over_every_stretch_when_honest_supply_varies(j)
 def test_newcomer_credit_lets_a_fresh_node_try_newcomers_at_once_and_refills_from_established_groups():
     sampler = SapoSampler(0, 8, seed=1)
     pool = RolloutPool(capacity=1000, max_age_steps=5)
+    for step in range(3):  # an established sender, heard recently, whose groups were all trained on already
+        pool.add(_pooled(f"old:{step}", "old", (0.0, 1.0), step))
+    for g in pool:
+        g.uses = 1
     for i in range(6):
-        pool.add(_pooled(f"new{i}:g", f"new{i}", (0.0, 1.0), 0))
-    first = sampler.sample(pool, 0, own=[])
-    assert first.external_newcomer == 2 and sampler.newcomer_credit == 0.0
-    assert sampler.sample(pool, 1, own=[]).external_newcomer == 0  # nothing established trained: no credit
+        pool.add(_pooled(f"new{i}:g", f"new{i}", (0.0, 1.0), 3))
+    first = sampler.sample(pool, 3, own=[])
+    assert first.external_newcomer == 2 and sampler.newcomer_credit == 0.0 and not first.newcomer_refill
+    assert sampler.sample(pool, 4, own=[]).external_newcomer == 0  # nothing established trained: no credit
+    for i in range(3):
+        pool.add(_pooled(f"old:5:{i}", "old", (0.0, 1.0), 5))
+    earning = sampler.sample(pool, 5, own=[])
+    assert (earning.external_newcomer, len(earning.external)) == (0, 3)
+    assert sampler.newcomer_credit == pytest.approx(1.0)  # rho = 1/3 per established group trained
+    assert sampler.sample(pool, 6, own=[]).external_newcomer == 1
+
+
+def test_quiet_swarm_refills_the_credit_so_rarely_publishing_peers_are_still_trained_on():
+    """Slow peers (real models beside a fast node) publish an informative group now and then and never become
+    established at the fast node. Before the refill the fast node trained one newcomer group and then none for the
+    rest of the run (the mixed-model test: 1 group in 8,336 steps, the other slow peer's never). With no established
+    sender heard within the pool's max_age_steps the credit refills to s; once one is heard, the credit rule is
+    back."""
+    sampler = SapoSampler(0, 8, seed=3)
+    pool = RolloutPool(capacity=1000, max_age_steps=5)
+    trained: Counter[str] = Counter()
+    for step in range(300):
+        if step % 37 == 0:  # each slow peer publishes one informative group every 37 steps
+            for peer in ("slow-a", "slow-b"):
+                pool.add(_pooled(f"{peer}:{step}", peer, (0.0, 1.0), step))
+        batch = sampler.sample(pool, step, own=[])
+        if step < 74:  # newcomers until their third group (step 74), and nobody else to hear
+            assert batch.newcomer_refill and batch.newcomer_credit == 2.0 - batch.external_newcomer
+        trained.update(g.source for g in batch.external)
+    assert trained == {"slow-a": 9, "slow-b": 9}  # every group they published (steps 0, 37, ..., 296)
+
+    for step in range(300, 303):  # a sender gets established (3 distinct steps) and is heard...
+        pool.add(_pooled(f"steady:{step}", "steady", (0.0, 1.0), step))
+        sampler.sample(pool, step, own=[])
+    for step in range(303, 309):  # ...then newcomers pay from the credit again, until it has been quiet for 5 steps
+        pool.add(_pooled(f"fresh{step}:g", f"fresh{step}", (0.0, 1.0), step))
+        batch = sampler.sample(pool, step, own=[])
+        assert batch.newcomer_refill == (step - 302 > 5), step
+    assert pool.hears_established(307, 3) and not pool.hears_established(308, 3)
