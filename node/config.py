@@ -159,6 +159,10 @@ class RolloutConfig(StrictModel):
     """Sequences per generate call (bounds memory)."""
 
 
+#: The learning rate of a pretrained model when ``learner.lr`` is not set (full fine-tuning of a 0.1-1B model).
+PRETRAINED_LR = 1e-5
+
+
 class LearnerConfig(StrictModel):
     """The local GRPO-family learner."""
 
@@ -167,7 +171,8 @@ class LearnerConfig(StrictModel):
     clip), ``dapo`` (token-mean, clip-higher), ``dr_grpo`` (seq-mean-token-sum-norm, no std division, symmetric
     clip)."""
     lr: float = Field(default=3e-4, gt=0)
-    """AdamW learning rate."""
+    """AdamW learning rate. Left unset it is 3e-4 for the built-in model and ``PRETRAINED_LR`` (1e-5) for any other
+    model: 3e-4 on SmolLM2-135M took its solve rate from 0.25 to 0 within two updates (the mixed-model test)."""
     weight_decay: float = Field(default=0.0, ge=0)
     """AdamW weight decay."""
     max_grad_norm: float = Field(default=1.0, gt=0)
@@ -511,6 +516,12 @@ class NodeConfig(StrictModel):
         if isinstance(data, dict) and isinstance(data.get("transport"), dict) and "type" not in data["transport"]:
             data = {**data, "transport": {"type": "hivemind", **data["transport"]}}
         return data
+
+    @model_validator(mode="after")
+    def _pretrained_lr(self) -> NodeConfig:
+        if "lr" not in self.learner.model_fields_set and not self.model.name.startswith("builtin:"):
+            self.learner.lr = PRETRAINED_LR
+        return self
 
     @model_validator(mode="after")
     def _within_peer_quota(self) -> NodeConfig:

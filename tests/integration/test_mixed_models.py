@@ -27,12 +27,16 @@ pytestmark = [pytest.mark.slow, pytest.mark.network]
 SERVING = re.compile(r"(http://127\.0\.0\.1:\d+/)")
 #: One torch thread each: four processes share the cores (the built-in model's node otherwise races ahead on both).
 #: SmolLM2 states its answer after some working: with FAST_JOIN's 32 tokens it solved nothing, so its groups were
-#: all zero-advantage and nobody could train on them; 64 tokens and single-digit sums give it solvable problems.
-SMOL = ["--set", "model.name=smollm2-135m", "--set", "rollout.max_new_tokens=64", "--set", "model.threads=1"]
+#: all zero-advantage and nobody could train on them; 64 tokens and single-digit sums (every node's one family, so
+#: each can re-score the others' groups) give it solvable problems. Its learning rate is the pretrained default
+#: (1e-5): with the built-in model's 3e-4 both SmolLM2 nodes solved nothing after their second update and stopped
+#: publishing.
+TASKS = ["--set", "tasks.families=[{name: basic_arithmetic, config: {max_terms: 2, max_digits: 1}}]"]
+SMOL = [*TASKS, "--set", "model.name=smollm2-135m", "--set", "rollout.max_new_tokens=64", "--set", "model.threads=1"]
 NODES = {
     "smol-vllm": [*SMOL, "--set", "rollout.engine=vllm"],
     "smol-hf": SMOL,
-    "tiny": ["--set", "model.threads=1"],
+    "tiny": [*TASKS, "--set", "model.threads=1"],
 }
 
 

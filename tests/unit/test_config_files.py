@@ -105,3 +105,15 @@ def test_two_processes_can_write_the_resolved_config_into_one_run_dir(tmp_path):
     assert [p.returncode for p in procs] == [0, 0], errors
     assert validate_config(NodeConfig, read_yaml(tmp_path / "config.yaml")) == load_config(NodeConfig, None, [])
     assert not list(tmp_path.glob("*.tmp")), "no temporary file is left behind"
+
+
+def test_learning_rate_defaults_by_model_and_an_explicit_one_wins(tmp_path):
+    from node.config import PRETRAINED_LR
+
+    assert load_config(NodeConfig, None, []).learner.lr == 3e-4  # the built-in model
+    smol = load_config(NodeConfig, None, ["model.name=smollm2-135m"])
+    assert smol.learner.lr == PRETRAINED_LR == 1e-5
+    assert load_config(NodeConfig, None, ["model.name=smollm2-135m", "learner.lr=3e-4"]).learner.lr == 3e-4
+    # the resolved config a run writes keeps what the run used, explicitly
+    path = write_resolved(smol, tmp_path)
+    assert load_config(NodeConfig, path, ["model.name=builtin:tiny"]).learner.lr == 1e-5
