@@ -15,6 +15,25 @@ from protocol.config import StrictModel
 from protocol.transport.config import HivemindTransportConfig, ProtocolConfig, TransportConfig
 
 
+class WarmStartConfig(StrictModel):
+    """A short supervised warm start of the configured model on some families' training split (question ->
+    ``<answer>gold</answer>``), built once and cached beside the model (``node.model.warm``): a node that brings a
+    skill to the swarm, or a model that already states answers in the format. Held-out items are never used."""
+
+    families: list[TaskFamily] = Field(min_length=1)
+    """Families (and difficulty knobs) whose training items the model is fine-tuned on."""
+    examples: int = Field(default=2048, ge=1)
+    """Supervised examples, each seen once."""
+    batch_size: int = Field(default=16, ge=1)
+    lr: float = Field(default=5e-5, gt=0)
+    """Peak AdamW learning rate (linear warm-up, cosine decay to 10%)."""
+    warmup: int = Field(default=10, ge=1)
+    seed: int = 0
+    """Seed of the order of examples and of torch during the warm start."""
+    task_seed: int = 12345
+    """Task seed of the examples: not ``tasks.seed``, so RL prompts are not the warm start's items."""
+
+
 class ModelConfig(StrictModel):
     """Which policy to train and where it runs."""
 
@@ -36,6 +55,8 @@ class ModelConfig(StrictModel):
     format_example: bool = True
     """Chat models see one worked example of the ``<answer>`` format before each question (small instruct
     models rarely follow the instruction alone; models without a chat template are unaffected)."""
+    warm_start: WarmStartConfig | None = None
+    """Fine-tune the model on these families' training items before anything else (cached per recipe)."""
 
 
 class TaskFamily(StrictModel):

@@ -192,7 +192,7 @@ def load_policy(cfg: ModelConfig) -> Policy:
         tokenizer.pad_token = tokenizer.eos_token  # batching needs a pad token; it is always masked out
     model.to(device)
     logger.info("loaded policy %s on %s (%s), %.2fM params", name, device, dtype, _n_params(model) / 1e6)
-    return Policy(
+    policy = Policy(
         model=model,
         tokenizer=tokenizer,
         device=device,
@@ -200,6 +200,26 @@ def load_policy(cfg: ModelConfig) -> Policy:
         name=name,
         tokenizer_id=tokenizer_fingerprint(tokenizer),
         source=str(path) if path is not None else name,
+        format_example=cfg.format_example,
+    )
+    if cfg.warm_start is None:
+        return policy
+    from node.model import tiny, warm
+
+    warm_path = warm.ensure_built(policy, cfg.warm_start, Path(cfg.cache_dir or tiny.default_cache_root()).expanduser())
+    model, tokenizer = _load_local(warm_path, dtype)  # the cached weights, whether built now or before
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.to(device)
+    logger.info("warm-started %s from %s", name, warm_path)
+    return Policy(
+        model=model,
+        tokenizer=tokenizer,
+        device=device,
+        dtype=dtype,
+        name=f"{name}+warm",
+        tokenizer_id=tokenizer_fingerprint(tokenizer),
+        source=str(warm_path),
         format_example=cfg.format_example,
     )
 

@@ -33,7 +33,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 import os
 import random
 import time
@@ -44,6 +43,7 @@ from typing import Any
 import torch
 
 from node.config import TaskConfig, TaskFamily
+from node.model.sft import train_sft
 from node.tasks import PLAIN_TEMPLATE, SAPO_FAMILIES, TaskSource, format_answer
 
 logger = logging.getLogger(__name__)
@@ -284,47 +284,16 @@ def warm_start(recipe: TinyRecipe, model: Any, tok: Any) -> dict[str, Any]:
         p = tok(prompt, add_special_tokens=False)["input_ids"]
         c = tok(completion, add_special_tokens=False)["input_ids"] + [eos]
         seqs.append((p, c))
-    opt = torch.optim.AdamW(model.parameters(), lr=recipe.sft_lr, weight_decay=0.0, betas=(0.9, 0.98))
-
-    def lr_at(step: int) -> float:
-        if step < recipe.sft_warmup:
-            return (step + 1) / recipe.sft_warmup
-        progress = (step - recipe.sft_warmup) / max(1, total_steps - recipe.sft_warmup)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
-    model.train()
-    losses = []
     t0 = time.perf_counter()
-    for step in range(total_steps):
-        batch = seqs[step * bs : (step + 1) * bs]
-        width = max(len(p) + len(c) for p, c in batch)
-        ids = torch.full((len(batch), width), tok.pad_token_id, dtype=torch.long)
-        labels = torch.full((len(batch), width), -100, dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for i, (p, c) in enumerate(batch):  # right padding: positions start at 0 for every row
-            ids[i, : len(p) + len(c)] = torch.tensor(p + c)
-            labels[i, len(p) : len(p) + len(c)] = torch.tensor(c)
-            mask[i, : len(p) + len(c)] = 1
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        losses.append(loss.item())
-        if (step + 1) % max(1, total_steps // 10) == 0 or step + 1 == total_steps:
-            elapsed = time.perf_counter() - t0
-            eta = elapsed / (step + 1) * (total_steps - step - 1)
-            logger.info(
-                "building %s: warm start step %d/%d (loss %.3f, about %.0fs left)",
-                BUILTIN_NAME,
-                step + 1,
-                total_steps,
-                losses[-1],
-                eta,
-            )
-    model.eval()
+
+    def progress(step: int, total: int, loss: float, eta: float) -> None:
+        logger.info("building %s: warm start step %d/%d (loss %.3f, about %.0fs left)", BUILTIN_NAME, step, total,
+                    loss, eta)  # fmt: skip
+
+    losses = train_sft(
+        model, seqs[: total_steps * bs], batch_size=bs, lr=recipe.sft_lr, warmup=recipe.sft_warmup,
+        pad_id=tok.pad_token_id, betas=(0.9, 0.98), progress=progress,
+    )  # fmt: skip
     tail = losses[-10:] if losses else [float("nan")]
     return {
         "sft_s": round(time.perf_counter() - t0, 2),

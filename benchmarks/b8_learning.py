@@ -1,0 +1,303 @@
+"""B8 learning: does SmolLM2-135M gain held-out *skill* from RL on this swarm's node, not only format?
+
+Three parts, each resumable (run directories live under ``--work``, outside the repository, and a finished seed is
+not run again), so a run of several hours can be spread over sessions:
+
+* ``probe``: the stock model on candidate families (few items each): format rate, exact accuracy sampled and
+  greedy, pass@8 and the majority-answer baseline. Families where pass@8 is well above the sampled accuracy and
+  above the baseline have room to learn; those are the ones to train on. Writes ``b8_learning_probe.md/json``.
+* ``run``: one ``swarm-node join --transport memory`` per seed (the real CLI, a single node: B8 is the node alone)
+  on the chosen families, with held-out evaluations every ``--eval-every`` steps on the same items.
+* ``report``: reads the runs' ``eval.jsonl`` and writes ``b8_learning.md/json``: per seed and family, before and
+  after, exact accuracy (sampled; greedy; among answers in the format), the majority baseline, partial-credit
+  reward, format rate, pass@1 and pass@8, with the mean and standard deviation over seeds, and a plot over steps.
+
+    python benchmarks/b8_learning.py probe --items 16
+    python benchmarks/b8_learning.py run --families basic_arithmetic products --seeds 0 1 2 --steps 100
+    python benchmarks/b8_learning.py report
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.common.machine import machine_info  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+WORK = Path(os.environ.get("RL_SWARM_BENCH_DIR", Path.home() / ".cache" / "rl-swarm" / "bench")) / "b8_learning"
+
+#: Small configurations of families a 135M model can sometimes answer (the probe decides which to train on).
+CANDIDATES: dict[str, dict[str, Any]] = {
+    "basic_arithmetic": {"max_terms": 2, "max_digits": 1},
+    "products": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
+    "chain_sum": {"min_terms": 3, "max_terms": 3, "min_digits": 1, "max_digits": 1},
+    "leg_counting": {"min_animals": 1, "max_animals": 2, "min_instances": 1, "max_instances": 3},
+    "gcd": {"min_numbers": 2, "max_numbers": 2, "min_value": 2, "max_value": 30},
+    "letter_counting": {"min_words": 1, "max_words": 3},
+    "spell_backward": {"min_word_len": 3, "max_word_len": 5},
+    "word_sequence_reversal": {"min_words": 2, "max_words": 3},
+    "number_sorting": {
+        "min_numbers": 3, "max_numbers": 3, "min_decimals": 0, "max_decimals": 0, "min_value": 0, "max_value": 50,
+    },
+    "count_bits": {"min_n": 1, "max_n": 64},
+}  # fmt: skip
+
+
+def node_config(families: list[str], *, engine: str, max_new_tokens: int, items: int, eval_every: int | None) -> dict:
+    """The node's config: SmolLM2 alone, 4 prompts x 8 completions a step, the pretrained learning rate."""
+    return {
+        "swarm_id": "b8-learning",
+        "model": {"name": "smollm2-135m", "device": "cpu"},
+        "tasks": {"families": [{"name": f, "config": CANDIDATES[f]} for f in families]},
+        "rollout": {
+            "engine": engine, "prompts_per_step": 4, "group_size": 8, "max_new_tokens": max_new_tokens,
+            "batch_size": 64,
+        },
+        "learner": {"micro_batch_size": 8},
+        "sapo": {"local_groups": 4, "external_groups": 0},
+        "eval": {"every_steps": eval_every, "items_per_family": items, "samples": 8, "greedy": True},
+        "checkpoint": {"every": 10, "keep": 1},
+    }  # fmt: skip
+
+
+def _family_row(fam: str, f: dict[str, Any]) -> dict[str, Any]:
+    fmt = f["format_rate"]
+    return {
+        "family": fam,
+        "accuracy": f["accuracy"],
+        "greedy": f["greedy_accuracy"],
+        "in_format": f["accuracy"] / fmt if fmt else 0.0,  # a wrong format is never exact
+        "baseline": f["majority_baseline"],
+        "reward": f["reward"],
+        "format": fmt,
+        "pass1": f["pass_at_1"],
+        "pass8": f["pass_at_8"],
+        "top_answer": f.get("top_answer"),
+        "top_share": f.get("top_answer_share"),
+        "length": f["mean_length"],
+    }
+
+
+def probe(args: argparse.Namespace) -> None:
+    """Evaluate the stock model on every candidate family (in this process, on the chosen engine)."""
+    from node.config import NodeConfig
+    from node.eval import Evaluator
+    from node.model.policy import load_policy
+    from node.rollout.engine import TransformersEngine
+    from node.seams import GenerationSettings
+    from node.tasks import TaskSource
+    from protocol.config import validate_config
+
+    families = args.families or list(CANDIDATES)
+    cfg = validate_config(
+        NodeConfig,
+        node_config(
+            families, engine=args.engine, max_new_tokens=args.max_new_tokens, items=args.items, eval_every=None
+        ),
+    )
+    if args.threads:
+        cfg.model.threads = args.threads
+    policy = load_policy(cfg.model)
+    if args.engine == "vllm":
+        from node.rollout.engine_vllm import build_vllm_engine
+
+        engine: Any = build_vllm_engine(cfg, policy)
+    else:
+        engine = TransformersEngine(policy, batch_size=64, settings=GenerationSettings.of(cfg.rollout))
+    t0 = time.perf_counter()
+    result = Evaluator(TaskSource(cfg.tasks), policy, engine, cfg.eval, cfg.rollout).evaluate(0)
+    rows = [_family_row(fam, f) for fam, f in result["families"].items()]
+    lines = [
+        "# B8 learning, family probe: stock SmolLM2-135M-Instruct on candidate families",
+        "",
+        f"Machine: {machine_info()}. {args.items} held-out items per family, 8 samples each at temperature "
+        f"{cfg.rollout.temperature} plus one greedy, {args.max_new_tokens} new tokens, engine {args.engine}, "
+        f"{time.perf_counter() - t0:.0f} s. Exact = exact match of the answer in `<answer>...</answer>`; "
+        "baseline = always giving the family's most common gold answer.",
+        "",
+        "| family | config | format | exact (sampled) | exact in format | greedy | pass@8 | baseline | "
+        "partial reward | top answer (share) | mean tokens |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['family']} | `{json.dumps(CANDIDATES[r['family']])}` | {r['format']:.2f} | {r['accuracy']:.3f} | "
+            f"{r['in_format']:.3f} | {r['greedy']:.3f} | {r['pass8']:.3f} | {r['baseline']:.3f} | "
+            f"{r['reward']:.3f} | {r['top_answer']!r} ({r['top_share']:.2f}) | {r['length']:.0f} |"
+        )
+    text = "\n".join(lines) + "\n"
+    print(text)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "b8_learning_probe.md").write_text(text)
+    (RESULTS / "b8_learning_probe.json").write_text(json.dumps({"config": cfg.model_dump(mode="json"), "rows": rows}))
+
+
+def _exe() -> list[str]:
+    exe = shutil.which("swarm-node")
+    return [exe] if exe else [sys.executable, "-m", "node.cli.app"]
+
+
+def _evals(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "eval.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def run(args: argparse.Namespace) -> None:
+    """Run (or finish) one single-node training run per seed; a seed whose last evaluation is at --steps is done."""
+    cfg = node_config(
+        args.families, engine=args.engine, max_new_tokens=args.max_new_tokens, items=args.items,
+        eval_every=args.eval_every,
+    )  # fmt: skip
+    args.work.mkdir(parents=True, exist_ok=True)
+    config = args.work / "node.yaml"
+    if config.is_file() and yaml.safe_load(config.read_text()) != cfg:
+        raise SystemExit(f"{config} holds another configuration: use another --work, or remove it to start over")
+    config.write_text(yaml.safe_dump(cfg))
+    for seed in args.seeds:
+        run_dir = args.work / f"seed{seed}"
+        evals = _evals(run_dir)
+        if evals and evals[-1]["step"] >= args.steps:
+            print(f"seed {seed}: done ({len(evals)} evaluations)", file=sys.stderr)
+            continue
+        print(f"seed {seed}: training to step {args.steps} in {run_dir}", file=sys.stderr, flush=True)
+        cmd = [*_exe(), "join", "--run-dir", str(run_dir), "--transport", "memory", "--config", str(config)]
+        cmd += ["--max-steps", str(args.steps), "--set", f"seed={seed}"]
+        if args.threads:
+            cmd += ["--set", f"model.threads={args.threads}"]
+        with (args.work / f"seed{seed}.log").open("a") as log:
+            subprocess.run(cmd, check=True, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _stats(values: list[float]) -> str:
+    if not values:
+        return "n/a"
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.fmean(values):.3f} ± {sd:.3f}"
+
+
+def report(args: argparse.Namespace) -> None:
+    """Before/after per seed and family, with mean ± sd over seeds; the over-steps plot."""
+    cfg = yaml.safe_load((args.work / "node.yaml").read_text())
+    runs = {int(d.name.removeprefix("seed")): _evals(d) for d in sorted(args.work.glob("seed*")) if d.is_dir()}
+    runs = {s: e for s, e in runs.items() if len(e) >= 2}
+    if not runs:
+        raise SystemExit(f"no run with two evaluations under {args.work}")
+    keys = ["accuracy", "greedy", "in_format", "pass8", "pass1", "format", "reward", "baseline"]
+    rows = []
+    for seed, evals in sorted(runs.items()):
+        first, last = evals[0], evals[-1]
+        for fam in first["families"]:
+            b, a = _family_row(fam, first["families"][fam]), _family_row(fam, last["families"][fam])
+            rows.append({"seed": seed, "family": fam, "steps": last["step"], "before": b, "after": a})
+    lines = [
+        "# B8 learning: SmolLM2-135M-Instruct alone, held-out exact accuracy before and after RL",
+        "",
+        f"Machine: {machine_info()}. Node config (`benchmarks/b8_learning.py`, a `swarm-node join --transport "
+        f"memory` per seed): `{json.dumps(cfg, sort_keys=True)}`. Held-out items: questions of the held-out split "
+        "(never trained on), the same items at every evaluation. exact: the share of the 8 samples (temperature "
+        "1) whose answer is exactly right; in format: the same among answers given as `<answer>...</answer>`; "
+        "baseline: always answering the family's most common gold answer; reward: partial credit (not evidence).",
+        "",
+        "| seed | family | steps | exact before -> after | greedy | in format | pass@1 | pass@8 | format | reward "
+        "| baseline |",
+        "|---:|---|---:|---|---|---|---|---|---|---|---:|",
+    ]
+
+    def arrow(r: dict, k: str) -> str:
+        return f"{r['before'][k]:.3f} -> {r['after'][k]:.3f}"
+
+    for r in rows:
+        lines.append(
+            f"| {r['seed']} | {r['family']} | {r['steps']} | {arrow(r, 'accuracy')} | {arrow(r, 'greedy')} | "
+            f"{arrow(r, 'in_format')} | {arrow(r, 'pass1')} | {arrow(r, 'pass8')} | {arrow(r, 'format')} | "
+            f"{arrow(r, 'reward')} | {r['after']['baseline']:.3f} |"
+        )
+    lines += ["", "Gains over seeds (after - before; mean ± sd):", ""]
+    lines += ["| family | seeds | " + " | ".join(keys[:-1]) + " |", "|---|---:|" + "---|" * (len(keys) - 1)]
+    summary: dict[str, Any] = {}
+    for fam in dict.fromkeys(r["family"] for r in rows):
+        fr = [r for r in rows if r["family"] == fam]
+        gains = {k: [r["after"][k] - r["before"][k] for r in fr] for k in keys[:-1]}
+        summary[fam] = {k: v for k, v in gains.items()}
+        lines.append(f"| {fam} | {len(fr)} | " + " | ".join(_stats(gains[k]) for k in keys[:-1]) + " |")
+    for fam, g in summary.items():
+        acc = g["accuracy"]
+        if len(acc) > 1:
+            mean, sd = statistics.fmean(acc), statistics.stdev(acc)
+            after = [r["after"] for r in rows if r["family"] == fam]
+            above = all(a["accuracy"] > a["baseline"] for a in after)
+            p8 = statistics.fmean(g["pass8"])
+            lines.append(
+                f"- {fam}: exact gain {mean:+.3f}, {'beyond' if mean > 2 * sd else 'within'} 2 sd ({2 * sd:.3f}); "
+                f"after {'above' if above else 'not above'} the majority baseline in every seed; pass@8 "
+                f"{'did not fall' if p8 >= 0 else 'fell'} ({p8:+.3f})."
+            )
+    text = "\n".join(lines) + "\n"
+    print(text)
+    (RESULTS / "b8_learning.md").write_text(text)
+    (RESULTS / "b8_learning.json").write_text(json.dumps({"config": cfg, "runs": runs}, indent=1))
+    _plot(runs, RESULTS / "b8_learning.png")
+
+
+def _plot(runs: dict[int, list[dict[str, Any]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    families = list(next(iter(runs.values()))[0]["families"])
+    fig, axes = plt.subplots(1, len(families), figsize=(5 * len(families), 3.6), squeeze=False)
+    for ax, fam in zip(axes[0], families, strict=True):
+        for seed, evals in sorted(runs.items()):
+            steps = [e["step"] for e in evals]
+            for key, style in (("accuracy", "-"), ("greedy_accuracy", "--"), ("pass_at_8", ":")):
+                ax.plot(steps, [e["families"][fam][key] for e in evals], style, color=f"C{seed}",
+                        label=f"seed {seed} {key}")  # fmt: skip
+        ax.axhline(evals[0]["families"][fam]["majority_baseline"], color="grey", lw=0.8, label="majority baseline")
+        ax.set_title(fam)
+        ax.set_xlabel("step")
+        ax.set_ylim(0, 1)
+    axes[0][0].set_ylabel("held-out exact (solid), greedy (dashed), pass@8 (dotted)")
+    axes[0][-1].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name in ("probe", "run", "report"):
+        p = sub.add_parser(name)
+        p.add_argument("--work", type=Path, default=WORK)
+        p.add_argument("--engine", choices=["vllm", "transformers"], default="vllm")
+        p.add_argument("--max-new-tokens", type=int, default=64)
+        p.add_argument("--threads", type=int, default=0, help="model.threads (0: the node's default)")
+        p.add_argument("--families", nargs="+", choices=sorted(CANDIDATES))
+        p.add_argument("--items", type=int, default=48, help="held-out items per family")
+    sub.choices["run"].add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    sub.choices["run"].add_argument("--steps", type=int, default=100)
+    sub.choices["run"].add_argument("--eval-every", type=int, default=25)
+    args = ap.parse_args()
+    if args.cmd == "run" and not args.families:
+        ap.error("run needs --families (choose them with probe)")
+    {"probe": probe, "run": run, "report": report}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""``model.warm_start``: a supervised warm start on training items only, built once per recipe and cached."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from node.config import ModelConfig, TaskConfig, TaskFamily, WarmStartConfig
+from node.model import tiny, warm
+from node.model.policy import load_policy
+from node.tasks import TaskSource
+
+FAMILY = TaskFamily(name="chain_sum", config={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1})
+
+
+def _cfg(**kw) -> WarmStartConfig:
+    return WarmStartConfig(families=[FAMILY], **{"examples": 64, "batch_size": 16, "lr": 3e-3, **kw})
+
+
+def test_examples_come_from_the_training_split_only() -> None:
+    cfg = _cfg(examples=300, task_seed=0)
+    src = TaskSource(TaskConfig(families=[FAMILY], seed=0))
+    chosen = warm.items(cfg)
+    assert len(chosen) == 300 and all(it.answer is not None for it in chosen)
+    assert not any(src.is_heldout(it) for it in chosen)
+    # the same items an evaluation of tasks.seed 0 holds out never appear (a small problem space: 100 sums)
+    held = {src.materialize(r).question for r in src.heldout_refs(48, 1_000_003)[FAMILY.name]}
+    assert held and not held & {it.question for it in chosen}
+
+
+def test_warm_start_is_built_once_records_its_recipe_and_changes_the_weights(
+    tiny_cache: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    base_dir = str(tiny.ensure_built(tiny_cache, tiny.SMALL_RECIPE))
+    base = load_policy(ModelConfig(name=base_dir))
+    cfg = ModelConfig(name=base_dir, cache_dir=tmp_path, warm_start=_cfg())
+    with caplog.at_level("INFO"):
+        first = load_policy(cfg)
+    assert sum("building a warm start" in r.message for r in caplog.records) == 1
+    path = Path(first.source)
+    assert path.parent == tmp_path and path.name.startswith("warm-")
+    rec = json.loads((path / warm.RECIPE_FILE).read_text())
+    assert rec["base"] == base_dir and rec["warm_start"]["families"][0]["name"] == "chain_sum"
+    stats = json.loads((path / "warm_stats.json").read_text())
+    assert stats["steps"] == 4 and stats["final_loss"] < stats["first_loss"]  # it learned the targets
+    changed = [
+        k for k, v in first.model.state_dict().items() if not torch.equal(v, base.model.state_dict()[k])
+    ]
+    assert changed, "the warm start left every weight as it was"
+
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        again = load_policy(cfg)
+    assert not any("building a warm start" in r.message for r in caplog.records)  # cached
+    assert again.source == first.source and again.name.endswith("+warm")
+    for k, v in again.model.state_dict().items():
+        assert torch.equal(v, first.model.state_dict()[k])
+
+    other = load_policy(ModelConfig(name=base_dir, cache_dir=tmp_path, warm_start=_cfg(seed=1)))
+    assert other.source != first.source  # another recipe, another directory
