@@ -141,9 +141,9 @@ def probe(args: argparse.Namespace) -> None:
         )
     text = "\n".join(lines) + "\n"
     print(text)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "b8_learning_probe.md").write_text(text)
-    (RESULTS / "b8_learning_probe.json").write_text(json.dumps({"config": cfg.model_dump(mode="json"), "rows": rows}))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "b8_learning_probe.md").write_text(text)
+    (args.out / "b8_learning_probe.json").write_text(json.dumps({"config": cfg.model_dump(mode="json"), "rows": rows}))
 
 
 def _exe() -> list[str]:
@@ -250,9 +250,10 @@ def report(args: argparse.Namespace) -> None:
             )
     text = "\n".join(lines) + "\n"
     print(text)
-    (RESULTS / "b8_learning.md").write_text(text)
-    (RESULTS / "b8_learning.json").write_text(json.dumps({"config": cfg, "runs": runs}, indent=1))
-    _plot(runs, RESULTS / "b8_learning.png")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "b8_learning.md").write_text(text)
+    (args.out / "b8_learning.json").write_text(json.dumps({"config": cfg, "runs": runs}, indent=1))
+    _plot(runs, args.out / "b8_learning.png")
 
 
 def _plot(runs: dict[int, list[dict[str, Any]]], path: Path) -> None:
@@ -285,6 +286,7 @@ def main() -> None:
     for name in ("probe", "run", "report"):
         p = sub.add_parser(name)
         p.add_argument("--work", type=Path, default=WORK)
+        p.add_argument("--out", type=Path, default=RESULTS, help="where the tables and the plot go")
         p.add_argument("--engine", choices=["vllm", "transformers"], default="vllm")
         p.add_argument("--max-new-tokens", type=int, default=64)
         p.add_argument("--threads", type=int, default=0, help="model.threads (0: the node's default)")
