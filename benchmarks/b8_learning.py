@@ -67,7 +67,7 @@ def node_config(families: list[str], *, engine: str, max_new_tokens: int, items:
             "engine": engine, "prompts_per_step": 4, "group_size": 8, "max_new_tokens": max_new_tokens,
             "batch_size": 64,
         },
-        "learner": {"micro_batch_size": 8},
+        "learner": {"lr": 1.0e-5, "micro_batch_size": 8},  # the pretrained default, written out
         "sapo": {"local_groups": 4, "external_groups": 0},
         "eval": {"every_steps": eval_every, "items_per_family": items, "samples": 8, "greedy": True},
         "checkpoint": {"every": 10, "keep": 1},
@@ -193,11 +193,22 @@ def _stats(values: list[float]) -> str:
 
 def report(args: argparse.Namespace) -> None:
     """Before/after per seed and family, with mean ± sd over seeds; the over-steps plot."""
+    if not (args.work / "node.yaml").is_file():
+        raise SystemExit(f"{args.work} holds no runs (no node.yaml): run `b8_learning.py run` first")
     cfg = yaml.safe_load((args.work / "node.yaml").read_text())
-    runs = {int(d.name.removeprefix("seed")): _evals(d) for d in sorted(args.work.glob("seed*")) if d.is_dir()}
+    runs = {
+        int(d.name.removeprefix("seed")): _evals(d)
+        for d in sorted(args.work.glob("seed*"))
+        if d.is_dir() and d.name.removeprefix("seed").isdigit()
+    }
     runs = {s: e for s, e in runs.items() if len(e) >= 2}
     if not runs:
         raise SystemExit(f"no run with two evaluations under {args.work}")
+    last = max(e[-1]["step"] for e in runs.values())
+    unfinished = sorted(s for s, e in runs.items() if e[-1]["step"] < last)
+    if unfinished:  # seeds stopped early would be averaged with finished ones
+        print(f"leaving out seeds {unfinished}: their last evaluation is before step {last}", file=sys.stderr)
+        runs = {s: e for s, e in runs.items() if s not in unfinished}
     keys = ["accuracy", "greedy", "in_format", "pass8", "pass1", "format", "reward", "baseline"]
     rows = []
     for seed, evals in sorted(runs.items()):
@@ -244,7 +255,8 @@ def report(args: argparse.Namespace) -> None:
             above = all(a["accuracy"] > a["baseline"] for a in after)
             p8 = statistics.fmean(g["pass8"])
             lines.append(
-                f"- {fam}: exact gain {mean:+.3f}, {'beyond' if mean > 2 * sd else 'within'} 2 sd ({2 * sd:.3f}); "
+                f"- {fam}: exact {'gain' if mean >= 0 else 'loss'} {mean:+.3f}, "
+                f"{'beyond' if abs(mean) > 2 * sd else 'within'} 2 sd ({2 * sd:.3f}); "
                 f"after {'above' if above else 'not above'} the majority baseline in every seed; pass@8 "
                 f"{'did not fall' if p8 >= 0 else 'fell'} ({p8:+.3f})."
             )

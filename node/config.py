@@ -32,6 +32,9 @@ class WarmStartConfig(StrictModel):
     """Seed of the order of examples and of torch during the warm start."""
     task_seed: int = 12345
     """Task seed of the examples: not ``tasks.seed``, so RL prompts are not the warm start's items."""
+    heldout_fraction: float = Field(default=0.1, gt=0, lt=1)
+    """The held-out split the examples avoid; at least the node's ``tasks.heldout_fraction`` (checked), so no
+    evaluation item is ever a warm-start example."""
 
 
 class ModelConfig(StrictModel):
@@ -540,8 +543,21 @@ class NodeConfig(StrictModel):
 
     @model_validator(mode="after")
     def _pretrained_lr(self) -> NodeConfig:
+        # A copy: the LearnerConfig may be a caller's object, shared with other configs. (By the model's *name*: a
+        # directory holding the built-in model gets the pretrained rate too; set learner.lr for it.)
         if "lr" not in self.learner.model_fields_set and not self.model.name.startswith("builtin:"):
-            self.learner.lr = PRETRAINED_LR
+            self.learner = self.learner.model_copy(update={"lr": PRETRAINED_LR})
+        return self
+
+    @model_validator(mode="after")
+    def _warm_start_avoids_heldout(self) -> NodeConfig:
+        ws = self.model.warm_start
+        if ws is not None and ws.heldout_fraction < self.tasks.heldout_fraction:
+            raise ValueError(
+                f"model.warm_start.heldout_fraction={ws.heldout_fraction} is below tasks.heldout_fraction="
+                f"{self.tasks.heldout_fraction}: the warm start would train on held-out items; raise it to at least "
+                f"{self.tasks.heldout_fraction}"
+            )
         return self
 
     @model_validator(mode="after")

@@ -121,7 +121,7 @@ class Node:
         self.channel = channel
         self.name = name
         self.step = 0
-        self.pool = RolloutPool(cfg.sapo.pool_size, cfg.sapo.max_age_steps)
+        self.pool = RolloutPool(cfg.sapo.pool_size, cfg.sapo.max_age_steps, protect_steps=cfg.sapo.establish_steps)
         self.sampler = SapoSampler(
             cfg.sapo.local_groups,
             cfg.sapo.external_groups,

@@ -89,17 +89,22 @@ class RolloutPool:
     and returns False, so duplicated or replayed deliveries cannot inflate a peer's share.
     """
 
-    def __init__(self, capacity: int, max_age_steps: int) -> None:
+    def __init__(self, capacity: int, max_age_steps: int, *, protect_steps: int = 3) -> None:
         if capacity < 1 or max_age_steps < 1:
             raise ValueError("capacity and max_age_steps must be positive")
         self.capacity = capacity
         self.max_age_steps = max_age_steps
         self._groups: OrderedDict[str, PooledGroup] = OrderedDict()
         self.evicted = 0
-        # source -> [distinct steps it contributed an informative group at, last such step]; LRU-bounded so a
-        # sybil flood of throwaway identities cannot grow it without bound.
+        # source -> [distinct steps it contributed an informative group at, last such step], ordered by last
+        # contribution (steps never go down); LRU-bounded so a sybil flood of throwaway identities cannot grow it
+        # without bound. Eviction takes the least recent source with fewer than ``protect_steps`` steps first (within
+        # the oldest ``_evict_scan``), so a flood of fresh identities cannot push an established peer out of the
+        # table and make it a newcomer again.
         self._sources: OrderedDict[str, list[int]] = OrderedDict()
         self.max_sources = 8192
+        self.protect_steps = protect_steps
+        self._evict_scan = 256
 
     def __len__(self) -> int:
         return len(self._groups)
@@ -122,11 +127,20 @@ class RolloutPool:
                 stats[1] = item.step
             self._sources[item.source] = stats
             while len(self._sources) > self.max_sources:
-                self._sources.popitem(last=False)
+                self._evict_source()
         while len(self._groups) > self.capacity:
             self._groups.popitem(last=False)
             self.evicted += 1
         return True
+
+    def _evict_source(self) -> None:
+        for i, (source, (count, _)) in enumerate(self._sources.items()):
+            if count < self.protect_steps:
+                del self._sources[source]
+                return
+            if i >= self._evict_scan:
+                break
+        self._sources.popitem(last=False)  # the oldest, established or not: the table is full of established ones
 
     def fresh(self, step: int, *, local: bool | None = None, unused_only: bool = False) -> list[PooledGroup]:
         """Groups no older than ``max_age_steps`` at ``step``; filter by origin and by whether already trained on."""

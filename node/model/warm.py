@@ -35,12 +35,17 @@ RECIPE_FILE = "rl_swarm_warm.json"
 WARM_CODE_VERSION = 1
 
 
-def recipe(base: str, tokenizer_id: str, format_example: bool, cfg: WarmStartConfig) -> dict[str, Any]:
-    """Everything that determines the warm-started weights."""
+def recipe(policy: Any, cfg: WarmStartConfig) -> dict[str, Any]:
+    """Everything that determines the warm-started weights: the base model as loaded (its resolved directory, which
+    names a built-in recipe or a converted package by hash, or its hub name), dtype, tokenizer and prompt style,
+    and the warm start's own settings."""
+    source = Path(policy.source).expanduser()
     return {
-        "base": base,
-        "tokenizer": tokenizer_id,
-        "format_example": format_example,
+        "base": policy.name,
+        "source": str(source.resolve()) if source.exists() else policy.source,
+        "dtype": str(policy.dtype),
+        "tokenizer": policy.tokenizer_id,
+        "format_example": policy.format_example,
         "warm_start": cfg.model_dump(mode="json"),
         "code_version": WARM_CODE_VERSION,
     }
@@ -54,7 +59,7 @@ def warm_dir(cache_root: Path, base: str, rec: dict[str, Any]) -> Path:
 
 def items(cfg: WarmStartConfig) -> list[TaskItem]:
     """The warm start's ``cfg.examples`` items, from the training split only, in a seeded order."""
-    src = TaskSource(TaskConfig(families=list(cfg.families), seed=cfg.task_seed))
+    src = TaskSource(TaskConfig(families=list(cfg.families), seed=cfg.task_seed, heldout_fraction=cfg.heldout_fraction))
     rng = random.Random(cfg.seed)
     out: list[TaskItem] = []
     for _ in range(100):  # a family whose items all lack a gold answer cannot loop forever
@@ -79,7 +84,7 @@ def examples(policy: Any, cfg: WarmStartConfig) -> list[tuple[list[int], list[in
 def ensure_built(policy: Any, cfg: WarmStartConfig, cache_root: Path) -> Path:
     """The warm-started model's directory, fine-tuning ``policy.model`` in place and saving it first if this recipe
     is not cached (safe when several processes start at once)."""
-    rec = recipe(policy.name, policy.tokenizer_id, policy.format_example, cfg)
+    rec = recipe(policy, cfg)
     target = warm_dir(cache_root, policy.name, rec)
 
     def build(tmp: Path) -> None:

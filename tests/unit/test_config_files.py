@@ -117,3 +117,19 @@ def test_learning_rate_defaults_by_model_and_an_explicit_one_wins(tmp_path):
     # the resolved config a run writes keeps what the run used, explicitly
     path = write_resolved(smol, tmp_path)
     assert load_config(NodeConfig, path, ["model.name=builtin:tiny"]).learner.lr == 1e-5
+
+
+def test_pretrained_learning_rate_does_not_touch_a_shared_learner_config():
+    from node.config import LearnerConfig, ModelConfig
+
+    shared = LearnerConfig()
+    smol = NodeConfig(learner=shared, model=ModelConfig(name="smollm2-135m"))
+    assert smol.learner.lr == 1e-5
+    assert shared.lr == 3e-4 and NodeConfig(learner=shared).learner.lr == 3e-4
+
+
+def test_a_warm_start_may_not_reach_into_the_held_out_split():
+    warm = "model.warm_start={families: [{name: chain_sum}], heldout_fraction: 0.1}"
+    assert load_config(NodeConfig, None, [warm]).model.warm_start is not None
+    with pytest.raises(ConfigError, match="warm start would train on held-out items"):
+        load_config(NodeConfig, None, [warm, "tasks.heldout_fraction=0.2"])

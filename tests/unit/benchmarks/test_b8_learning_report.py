@@ -69,3 +69,19 @@ def test_report_says_within_the_spread_and_pass_at_8_falling(tmp_path: Path) -> 
     assert "- products: exact gain +0.057, within 2 sd" in text
     assert "not above the majority baseline" in text  # seed 0 ends at 0.05 < 0.1
     assert "pass@8 fell (-0.100)" in text
+
+
+def test_report_leaves_out_unfinished_seeds_and_names_a_loss(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "node.yaml").write_text(yaml.safe_dump({"model": {"name": "smollm2-135m"}}))
+    for seed, (b, a) in enumerate([(0.30, 0.10), (0.30, 0.11)]):
+        _write_run(work, seed, b, a, pass8_after=0.6)
+    stopped = work / "seed7"
+    stopped.mkdir()
+    rows = [{"step": s, "families": {"products": _family(0.3, 0.2, 0.5, 0.5)}} for s in (0, 50)]
+    (stopped / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (work / "seed0-old").mkdir()  # not a seed directory
+    text = _report(work, tmp_path / "out")
+    assert "| 7 |" not in text
+    assert "- products: exact loss -0.195, beyond 2 sd" in text

@@ -291,3 +291,20 @@ def test_quiet_swarm_refills_the_credit_so_rarely_publishing_peers_are_still_tra
         batch = sampler.sample(pool, step, own=[])
         assert batch.newcomer_refill == (step - 302 > 5), step
     assert pool.hears_established(307, 3) and not pool.hears_established(308, 3)
+
+
+def test_a_flood_of_fresh_identities_cannot_evict_established_peers_from_the_source_table():
+    pool = RolloutPool(capacity=10_000, max_age_steps=50)
+    pool.max_sources = 16
+    for step in range(3):
+        for h in ("honest-a", "honest-b"):
+            pool.add(_pooled(f"{h}:{step}", h, (0.0, 1.0), step))
+    for i in range(1000):  # fresh identities, each newer than the honest peers' last group
+        pool.add(_pooled(f"sybil{i}:g", f"sybil{i}", (0.0, 1.0), 3 + i // 100))
+    assert pool.active_steps("honest-a") == pool.active_steps("honest-b") == 3  # still established
+    assert len(pool._sources) == 16
+    assert pool.hears_established(40, 3) and not pool.hears_established(60, 3)  # heard until max_age_steps pass
+    # a table full of established sources still evicts (the oldest): it stays bounded
+    pool.protect_steps = 1
+    pool.add(_pooled("late:g", "late", (0.0, 1.0), 20))
+    assert len(pool._sources) == 16
