@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from node.config import NodeConfig
+from node.heap import release_free_memory
 from node.learn.batch import SampleBuilder, TrainBatch
 from node.rollout.groups import OwnRollouts, own_rollouts
 from node.rollout.planner import Planner, RolloutPlanner, UniformPlanner, planner_enabled
@@ -367,6 +368,7 @@ class Node:
         if self.engine.policy_version != self.learner.policy_version:  # vllm.sync_every > 1: measure the learner
             self.engine.sync_weights(self.learner.policy_version)
         result = self._evaluator.evaluate(step)
+        release_free_memory()
         append_result(self.run_dir, result)
         if step == self.step + 1:  # the step being finished: its metrics line carries the numbers
             self._pending_heldout = headline(result)
@@ -493,6 +495,7 @@ class Node:
         """One learner update (blocking), then the side phase's (MNPO); no update when nothing is informative."""
         out = self.learner.step(batch.samples) if batch.samples else {}
         out = {**out, **self.phase.train()}
+        release_free_memory()  # the update's activations: back to the OS, or the heap fragments (node.heap)
         if not out:
             return {}
         self.engine.set_policy_version(self.learner.policy_version)

@@ -46,9 +46,7 @@ def test_warm_start_is_built_once_records_its_recipe_and_changes_the_weights(
     assert rec["base"] == base_dir and rec["warm_start"]["families"][0]["name"] == "chain_sum"
     stats = json.loads((path / "warm_stats.json").read_text())
     assert stats["steps"] == 4 and stats["final_loss"] < stats["first_loss"]  # it learned the targets
-    changed = [
-        k for k, v in first.model.state_dict().items() if not torch.equal(v, base.model.state_dict()[k])
-    ]
+    changed = [k for k, v in first.model.state_dict().items() if not torch.equal(v, base.model.state_dict()[k])]
     assert changed, "the warm start left every weight as it was"
 
     caplog.clear()
