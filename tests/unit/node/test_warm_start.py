@@ -32,14 +32,16 @@ def test_examples_come_from_the_training_split_only() -> None:
 
 
 def test_warm_start_is_built_once_records_its_recipe_and_changes_the_weights(
-    tiny_cache: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tiny_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    builds = []
+    real = warm.train_sft
+    monkeypatch.setattr(warm, "train_sft", lambda *a, **kw: builds.append(1) or real(*a, **kw))
     base_dir = str(tiny.ensure_built(tiny_cache, tiny.SMALL_RECIPE))
     base = load_policy(ModelConfig(name=base_dir))
     cfg = ModelConfig(name=base_dir, cache_dir=tmp_path, warm_start=_cfg())
-    with caplog.at_level("INFO"):
-        first = load_policy(cfg)
-    assert sum("building a warm start" in r.message for r in caplog.records) == 1
+    first = load_policy(cfg)
+    assert len(builds) == 1
     path = Path(first.source)
     assert path.parent == tmp_path and path.name.startswith("warm-")
     rec = json.loads((path / warm.RECIPE_FILE).read_text())
@@ -49,10 +51,8 @@ def test_warm_start_is_built_once_records_its_recipe_and_changes_the_weights(
     changed = [k for k, v in first.model.state_dict().items() if not torch.equal(v, base.model.state_dict()[k])]
     assert changed, "the warm start left every weight as it was"
 
-    caplog.clear()
-    with caplog.at_level("INFO"):
-        again = load_policy(cfg)
-    assert not any("building a warm start" in r.message for r in caplog.records)  # cached
+    again = load_policy(cfg)
+    assert len(builds) == 1  # cached: no second fine-tuning
     assert again.source == first.source and again.name.endswith("+warm")
     for k, v in again.model.state_dict().items():
         assert torch.equal(v, first.model.state_dict()[k])
