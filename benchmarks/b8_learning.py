@@ -139,11 +139,16 @@ def probe(args: argparse.Namespace) -> None:
             f"{r['in_format']:.3f} | {r['greedy']:.3f} | {r['pass8']:.3f} | {r['baseline']:.3f} | "
             f"{r['reward']:.3f} | {r['top_answer']!r} ({r['top_share']:.2f}) | {r['length']:.0f} |"
         )
+    _write(args.out, "b8_learning_probe", lines, {"config": cfg.model_dump(mode="json"), "rows": rows})
+
+
+def _write(out: Path, stem: str, lines: list[str], data: dict[str, Any]) -> None:
+    """Print the Markdown table and write it with the raw data beside it."""
     text = "\n".join(lines) + "\n"
     print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "b8_learning_probe.md").write_text(text)
-    (args.out / "b8_learning_probe.json").write_text(json.dumps({"config": cfg.model_dump(mode="json"), "rows": rows}))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.md").write_text(text)
+    (out / f"{stem}.json").write_text(json.dumps(data, indent=1))
 
 
 def _exe() -> list[str]:
@@ -260,11 +265,7 @@ def report(args: argparse.Namespace) -> None:
                 f"after {'above' if above else 'not above'} the majority baseline in every seed; pass@8 "
                 f"{'did not fall' if p8 >= 0 else 'fell'} ({p8:+.3f})."
             )
-    text = "\n".join(lines) + "\n"
-    print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "b8_learning.md").write_text(text)
-    (args.out / "b8_learning.json").write_text(json.dumps({"config": cfg, "runs": runs}, indent=1))
+    _write(args.out, "b8_learning", lines, {"config": cfg, "runs": runs})
     _plot(runs, args.out / "b8_learning.png")
 
 
