@@ -13,6 +13,7 @@ Knows nothing about sampling (``node.rollout.engine``), losses or optimizers (``
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -212,15 +213,13 @@ def load_policy(cfg: ModelConfig) -> Policy:
         tokenizer.pad_token = tokenizer.eos_token
     model.to(device)
     logger.info("warm-started %s from %s", name, warm_path)
-    return Policy(
+    return dataclasses.replace(
+        policy,
         model=model,
         tokenizer=tokenizer,
-        device=device,
-        dtype=dtype,
         name=f"{name}+warm",
         tokenizer_id=tokenizer_fingerprint(tokenizer),
         source=str(warm_path),
-        format_example=cfg.format_example,
     )
 
 

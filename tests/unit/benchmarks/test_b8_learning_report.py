@@ -29,6 +29,16 @@ def _write_run(work: Path, seed: int, before: float, after: float, pass8_after: 
     (d / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
+def _work(tmp_path: Path, before_after: list[tuple[float, float]], pass8_after: float) -> Path:
+    """A work dir as ``b8_learning.py run`` leaves it: node.yaml and one finished run per seed."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "node.yaml").write_text(yaml.safe_dump({"model": {"name": "smollm2-135m"}}))
+    for seed, (b, a) in enumerate(before_after):
+        _write_run(work, seed, b, a, pass8_after=pass8_after)
+    return work
+
+
 def _report(work: Path, out: Path) -> str:
     cmd = [
         sys.executable,
@@ -44,11 +54,7 @@ def _report(work: Path, out: Path) -> str:
 
 
 def test_report_states_gain_spread_baseline_and_pass_at_8(tmp_path: Path) -> None:
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / "node.yaml").write_text(yaml.safe_dump({"model": {"name": "smollm2-135m"}}))
-    for seed, (b, a) in enumerate([(0.10, 0.30), (0.12, 0.31), (0.11, 0.33)]):
-        _write_run(work, seed, b, a, pass8_after=0.6)
+    work = _work(tmp_path, [(0.10, 0.30), (0.12, 0.31), (0.11, 0.33)], pass8_after=0.6)
     text = _report(work, tmp_path / "out")
     assert "| 0 | products | 100 | 0.100 -> 0.300 |" in text
     assert "| 1 | products | 100 | 0.120 -> 0.310 |" in text
@@ -60,11 +66,7 @@ def test_report_states_gain_spread_baseline_and_pass_at_8(tmp_path: Path) -> Non
 
 
 def test_report_says_within_the_spread_and_pass_at_8_falling(tmp_path: Path) -> None:
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / "node.yaml").write_text(yaml.safe_dump({"model": {"name": "smollm2-135m"}}))
-    for seed, (b, a) in enumerate([(0.10, 0.05), (0.10, 0.30), (0.10, 0.12)]):
-        _write_run(work, seed, b, a, pass8_after=0.4)
+    work = _work(tmp_path, [(0.10, 0.05), (0.10, 0.30), (0.10, 0.12)], pass8_after=0.4)
     text = _report(work, tmp_path / "out")
     assert "- products: exact gain +0.057, within 2 sd" in text
     assert "not above the majority baseline" in text  # seed 0 ends at 0.05 < 0.1
@@ -72,11 +74,7 @@ def test_report_says_within_the_spread_and_pass_at_8_falling(tmp_path: Path) -> 
 
 
 def test_report_leaves_out_unfinished_seeds_and_names_a_loss(tmp_path: Path) -> None:
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / "node.yaml").write_text(yaml.safe_dump({"model": {"name": "smollm2-135m"}}))
-    for seed, (b, a) in enumerate([(0.30, 0.10), (0.30, 0.11)]):
-        _write_run(work, seed, b, a, pass8_after=0.6)
+    work = _work(tmp_path, [(0.30, 0.10), (0.30, 0.11)], pass8_after=0.6)
     stopped = work / "seed7"
     stopped.mkdir()
     rows = [{"step": s, "families": {"products": _family(0.3, 0.2, 0.5, 0.5)}} for s in (0, 50)]
