@@ -40,29 +40,65 @@ from benchmarks.common.machine import machine_info  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results"
 WORK = Path(os.environ.get("RL_SWARM_BENCH_DIR", Path.home() / ".cache" / "rl-swarm" / "bench")) / "b8_learning"
 
-#: Small configurations of families a 135M model can sometimes answer (the probe decides which to train on).
+#: Small configurations of families a 135M model can sometimes answer, by label (the probe decides which to train
+#: on). A label names a family and its settings; two labels of one family cannot be in one run (results are keyed by
+#: family).
 CANDIDATES: dict[str, dict[str, Any]] = {
-    "basic_arithmetic": {"max_terms": 2, "max_digits": 1},
-    "products": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
-    "chain_sum": {"min_terms": 3, "max_terms": 3, "min_digits": 1, "max_digits": 1},
-    "leg_counting": {"min_animals": 1, "max_animals": 2, "min_instances": 1, "max_instances": 3},
-    "gcd": {"min_numbers": 2, "max_numbers": 2, "min_value": 2, "max_value": 30},
-    "letter_counting": {"min_words": 1, "max_words": 3},
-    "spell_backward": {"min_word_len": 3, "max_word_len": 5},
-    "word_sequence_reversal": {"min_words": 2, "max_words": 3},
-    "number_sorting": {
-        "min_numbers": 3, "max_numbers": 3, "min_decimals": 0, "max_decimals": 0, "min_value": 0, "max_value": 50,
+    "basic_arithmetic": {"name": "basic_arithmetic", "config": {"max_terms": 2, "max_digits": 1}},
+    "products": {"name": "products", "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}},
+    "products_2d": {
+        "name": "products", "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2},
     },
-    "count_bits": {"min_n": 1, "max_n": 64},
+    "chain_sum": {"name": "chain_sum", "config": {"min_terms": 3, "max_terms": 3, "min_digits": 1, "max_digits": 1}},
+    "chain_sum_2d": {
+        "name": "chain_sum", "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2},
+    },
+    "leg_counting": {
+        "name": "leg_counting", "config": {"min_animals": 1, "max_animals": 2, "min_instances": 1, "max_instances": 3},
+    },
+    "gcd": {"name": "gcd", "config": {"min_numbers": 2, "max_numbers": 2, "min_value": 2, "max_value": 30}},
+    "letter_counting": {"name": "letter_counting", "config": {"min_words": 1, "max_words": 3}},
+    "spell_backward": {"name": "spell_backward", "config": {"min_word_len": 3, "max_word_len": 5}},
+    "word_sequence_reversal": {"name": "word_sequence_reversal", "config": {"min_words": 2, "max_words": 3}},
+    "number_sorting": {
+        "name": "number_sorting",
+        "config": {"min_numbers": 3, "max_numbers": 3, "min_decimals": 0, "max_decimals": 0, "min_value": 0,
+                   "max_value": 50},
+    },
+    "count_bits": {"name": "count_bits", "config": {"min_n": 1, "max_n": 64}},
 }  # fmt: skip
 
 
-def node_config(families: list[str], *, engine: str, max_new_tokens: int, items: int, eval_every: int | None) -> dict:
-    """The node's config: SmolLM2 alone, 4 prompts x 8 completions a step, the pretrained learning rate."""
+def families_of(labels: list[str]) -> list[dict[str, Any]]:
+    """The task families of some candidate labels; two labels of one family are refused."""
+    fams = [CANDIDATES[label] for label in labels]
+    names = [f["name"] for f in fams]
+    if len(set(names)) != len(names):
+        raise SystemExit(f"labels {labels} name one family twice: results are keyed by family, run them apart")
+    return fams
+
+
+def node_config(
+    families: list[str],
+    *,
+    engine: str,
+    max_new_tokens: int,
+    items: int,
+    eval_every: int | None,
+    warm: list[str] | None = None,
+    warm_examples: int = 512,
+) -> dict:
+    """The node's config: SmolLM2 alone, 4 prompts x 8 completions a step, the pretrained learning rate; with
+    ``warm``, a short supervised warm start on those (other) families first, so the format is known before RL."""
+    model: dict[str, Any] = {"name": "smollm2-135m", "device": "cpu"}
+    if warm:
+        if set(warm) & set(families):
+            raise SystemExit(f"warm-start families {warm} overlap the trained ones {families}: warm on others")
+        model["warm_start"] = {"families": families_of(warm), "examples": warm_examples}
     return {
         "swarm_id": "b8-learning",
-        "model": {"name": "smollm2-135m", "device": "cpu"},
-        "tasks": {"families": [{"name": f, "config": CANDIDATES[f]} for f in families]},
+        "model": model,
+        "tasks": {"families": families_of(families)},
         "rollout": {
             "engine": engine, "prompts_per_step": 4, "group_size": 8, "max_new_tokens": max_new_tokens,
             "batch_size": 64,
@@ -102,13 +138,14 @@ def probe(args: argparse.Namespace) -> None:
     from node.tasks import TaskSource
     from protocol.config import validate_config
 
-    families = args.families or list(CANDIDATES)
+    labels = args.families or [k for k in CANDIDATES if not k.endswith("_2d")]
     cfg = validate_config(
         NodeConfig,
         node_config(
-            families, engine=args.engine, max_new_tokens=args.max_new_tokens, items=args.items, eval_every=None
+            labels, engine=args.engine, max_new_tokens=args.max_new_tokens, items=args.items, eval_every=None,
+            warm=args.warm_start, warm_examples=args.warm_examples,
         ),
-    )
+    )  # fmt: skip
     if args.threads:
         cfg.model.threads = args.threads
     policy = load_policy(cfg.model)
@@ -120,14 +157,23 @@ def probe(args: argparse.Namespace) -> None:
         engine = TransformersEngine(policy, batch_size=64, settings=GenerationSettings.of(cfg.rollout))
     t0 = time.perf_counter()
     result = Evaluator(TaskSource(cfg.tasks), policy, engine, cfg.eval, cfg.rollout).evaluate(0)
-    rows = [_family_row(fam, f) for fam, f in result["families"].items()]
+    label_of = {CANDIDATES[label]["name"]: label for label in labels}
+    rows = [{**_family_row(fam, f), "label": label_of[fam]} for fam, f in result["families"].items()]
+    warm = cfg.model.warm_start
+    who = "stock SmolLM2-135M-Instruct" if warm is None else f"SmolLM2-135M-Instruct warm-started on {args.warm_start}"
     lines = [
-        "# B8 learning, family probe: stock SmolLM2-135M-Instruct on candidate families",
+        f"# B8 learning, family probe: {who} on candidate families",
         "",
         f"Machine: {machine_info()}. {args.items} held-out items per family, 8 samples each at temperature "
         f"{cfg.rollout.temperature} plus one greedy, {args.max_new_tokens} new tokens, engine {args.engine}, "
         f"{time.perf_counter() - t0:.0f} s. Exact = exact match of the answer in `<answer>...</answer>`; "
-        "baseline = always giving the family's most common gold answer.",
+        "baseline = always giving the family's most common gold answer."
+        + (
+            ""
+            if warm is None
+            else f" Warm start (`model.warm_start`): {warm.examples} training-split examples of {args.warm_start}, "
+            f"question -> `<answer>gold</answer>`, lr {warm.lr}, batch {warm.batch_size}."
+        ),
         "",
         "| family | config | format | exact (sampled) | exact in format | greedy | pass@8 | baseline | "
         "partial reward | top answer (share) | mean tokens |",
@@ -135,11 +181,12 @@ def probe(args: argparse.Namespace) -> None:
     ]
     for r in rows:
         lines.append(
-            f"| {r['family']} | `{json.dumps(CANDIDATES[r['family']])}` | {r['format']:.2f} | {r['accuracy']:.3f} | "
+            f"| {r['label']} | `{json.dumps(CANDIDATES[r['label']]['config'])}` | {r['format']:.2f} | "
+            f"{r['accuracy']:.3f} | "
             f"{r['in_format']:.3f} | {r['greedy']:.3f} | {r['pass8']:.3f} | {r['baseline']:.3f} | "
             f"{r['reward']:.3f} | {r['top_answer']!r} ({r['top_share']:.2f}) | {r['length']:.0f} |"
         )
-    _write(args.out, "b8_learning_probe", lines, {"config": cfg.model_dump(mode="json"), "rows": rows})
+    _write(args.out, args.stem or "b8_learning_probe", lines, {"config": cfg.model_dump(mode="json"), "rows": rows})
 
 
 def _write(out: Path, stem: str, lines: list[str], data: dict[str, Any]) -> None:
@@ -167,7 +214,7 @@ def run(args: argparse.Namespace) -> None:
     """Run (or finish) one single-node training run per seed; a seed whose last evaluation is at --steps is done."""
     cfg = node_config(
         args.families, engine=args.engine, max_new_tokens=args.max_new_tokens, items=args.items,
-        eval_every=args.eval_every,
+        eval_every=args.eval_every, warm=args.warm_start, warm_examples=args.warm_examples,
     )  # fmt: skip
     args.work.mkdir(parents=True, exist_ok=True)
     config = args.work / "node.yaml"
@@ -305,6 +352,9 @@ def main() -> None:
         p.add_argument("--threads", type=int, default=0, help="model.threads (0: the node's default)")
         p.add_argument("--families", nargs="+", choices=sorted(CANDIDATES))
         p.add_argument("--items", type=int, default=48, help="held-out items per family")
+        p.add_argument("--warm-start", nargs="+", choices=sorted(CANDIDATES), help="format warm-start families")
+        p.add_argument("--warm-examples", type=int, default=512)
+    sub.choices["probe"].add_argument("--stem", help="result file name (default b8_learning_probe)")
     sub.choices["run"].add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     sub.choices["run"].add_argument("--steps", type=int, default=100)
     sub.choices["run"].add_argument("--eval-every", type=int, default=25)

@@ -148,6 +148,7 @@ class _Batch:
     has_token_behaviour: Tensor  # (b,) bool
     behaviour_mean: Tensor  # (b,) sequence-mean hint (valid where has_mean_behaviour)
     has_mean_behaviour: Tensor  # (b,) bool
+    external: Tensor  # (b,) bool: a peer's sample
 
 
 class Learner:
@@ -271,6 +272,8 @@ class Learner:
         pg_total = torch.zeros((), device=self.device)
         trunc_hits = torch.zeros((), device=self.device)
         trunc_tokens = torch.zeros((), device=self.device)
+        ext_weight = torch.zeros((), device=self.device)  # sum of IS weights over peers' tokens
+        ext_tokens = torch.zeros((), device=self.device)
         mb = self.cfg.micro_batch_size
         fwd_s = bwd_s = 0.0  # the step's time split (the forward pass also gives pi_old: no separate logprob pass)
         for lo in range(0, n_seq, mb):
@@ -334,8 +337,16 @@ class Learner:
                 sums[key] = sums.get(key, torch.zeros((), device=self.device)) + value * share
             trunc_hits += hits
             trunc_tokens += counted
+            with torch.no_grad():
+                ext_mask = batch.mask.to(weights.dtype) * batch.external.unsqueeze(-1).to(weights.dtype)  # (b, T)
+                ext_weight += (weights * ext_mask).sum()
+                ext_tokens += ext_mask.sum()
         out = {"loss": loss_total, "pg_loss": pg_total, **sums}
         out["is_truncated_frac"] = trunc_hits / trunc_tokens.clamp(min=1.0)
+        # What a peer's rollouts weigh in this update: their share of the tokens, and their mean IS weight (1 where
+        # the sender's hint was not used; 0 when there were none).
+        out["external_token_share"] = ext_tokens / n_tok
+        out["external_is_weight_mean"] = ext_weight / ext_tokens.clamp(min=1.0)
         out["tokens"] = torch.tensor(float(n_tok))
         out["sequences"] = torch.tensor(float(n_seq))
         out["fwd_s"], out["bwd_s"] = torch.tensor(fwd_s), torch.tensor(bwd_s)
@@ -413,4 +424,5 @@ class Learner:
             has_token_behaviour=has_tok.to(dev),
             behaviour_mean=means.to(dev),
             has_mean_behaviour=has_mean.to(dev),
+            external=torch.tensor([s.external for s in samples], dtype=torch.bool, device=dev),
         )

@@ -190,3 +190,24 @@ def test_on_policy_float_noise_is_not_counted_as_truncation():
     m = learner(tiny_model(), is_cap=1.0).step(batch)
     total = sum(len(s.completion_ids) for s in batch)
     assert m["is_truncated_frac"] == pytest.approx(len(batch[0].completion_ids) / total)
+
+
+def test_external_token_share_and_weight_are_reported():
+    # Two of four samples are a peer's, one with a hint 0.5 nat above our mean (w = e^-0.5), one without (w = 1):
+    # the metrics give their share of the tokens and their mean weight, own samples left out of the mean.
+    model = tiny_model()
+    lrn = learner(model, is_cap=1.0)
+    batch = samples(4)
+    b = lrn._collate(batch)
+    with torch.no_grad():
+        logp = completion_logprobs(model, b.input_ids, b.attention_mask, b.prompt_lens, b.completion_lens)
+    n1, n2 = len(batch[1].completion_ids), len(batch[2].completion_ids)
+    batch[1].external, batch[1].behaviour_logprob_mean = True, float(logp[1, :n1].mean()) + 0.5
+    batch[2].external = True
+    batch[0].behaviour_logprobs = [v + 3.0 for v in logp[0, : len(batch[0].completion_ids)].tolist()]  # own, w < 1
+    total = sum(len(s.completion_ids) for s in batch)
+    m = learner(tiny_model(), is_cap=1.0).step(batch)
+    assert m["external_token_share"] == pytest.approx((n1 + n2) / total)
+    assert m["external_is_weight_mean"] == pytest.approx((n1 * math.exp(-0.5) + n2) / (n1 + n2), rel=1e-4)
+    own = learner(tiny_model()).step(samples(4))
+    assert own["external_token_share"] == 0.0 and own["external_is_weight_mean"] == 0.0

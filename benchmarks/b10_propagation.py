@@ -1,0 +1,318 @@
+"""B10 propagation: does a weak node learn from a strong peer a skill it would not learn alone?
+
+One family F. Three real ``swarm-node join`` processes over hivemind on 127.0.0.1 (``sim.multiproc``), the same
+three in both configurations:
+
+* node 0, the **strong peer**: SmolLM2-135M given F's skill by a short supervised warm start on F's training split
+  (``model.warm_start``; built once, cached offline, its recipe in the cache directory). It stands in for a bigger
+  model on a GPU, or a node that has trained longer.
+* node 1, the **weak node**: SmolLM2-135M with only a format warm start on an unrelated family (B8's starting point:
+  it states answers as ``<answer>...</answer>``, so what moves is the answer, not the format).
+* node 2, a **cross-tokenizer receiver**: the built-in tiny model (another tokenizer; it re-tokenizes peers' text).
+
+Configurations: ``alone`` (every node trains on its own groups only, 4 local / 0 external) and ``share`` (2 local /
+2 external: half of each batch from peers, the SAPO paper's 4/4 at this batch size). The strong node keeps
+publishing in both. Every node evaluates on the same held-out items of F (problems no node trained on).
+
+    python benchmarks/b10_propagation.py run --seeds 0 1 2          # resumable: finished (config, seed) pairs are kept
+    python benchmarks/b10_propagation.py run --seeds 0 --quick      # 2 steps, the tiny model only: a smoke run
+    python benchmarks/b10_propagation.py report
+
+The report (``benchmarks/results/b10_propagation.md``, plot beside it): per node, configuration and seed, held-out
+exact accuracy (sampled, greedy, pass@8) before and after; each node's gain with the peer against its gain alone
+(mean ± sd over seeds); the peer tokens' share of its batches and their mean importance weight; who it trained on.
+Target: the weak node's gain with the peer >= 2x its gain alone, beyond the spread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.b8_learning import CANDIDATES, families_of  # noqa: E402
+from benchmarks.common.machine import machine_info  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+WORK = Path(os.environ.get("RL_SWARM_BENCH_DIR", Path.home() / ".cache" / "rl-swarm" / "bench")) / "b10_propagation"
+ROLES = {0: "strong", 1: "weak", 2: "tiny"}
+CONFIGS = {"alone": (4, 0), "share": (2, 2)}
+
+
+def sim_mapping(args: argparse.Namespace) -> dict[str, Any]:
+    """The experiment as a ``swarm-sim`` configuration (multiprocess mode), written to the work dir."""
+    family = families_of([args.family])
+    smol = {"name": "smollm2-135m", "device": "cpu"}
+    strong_warm = {"families": family, "examples": args.strong_examples}
+    format_warm = {"families": families_of([args.format_family]), "examples": args.format_examples}
+    overrides: dict[int, dict[str, Any]] = {
+        0: {"model": {**smol, "warm_start": strong_warm}, "rollout": {"engine": args.engine}},
+        1: {"model": {**smol, "warm_start": format_warm}, "rollout": {"engine": args.engine}},
+        2: {"model": {"name": "builtin:tiny"}, "rollout": {"engine": "transformers"}},
+    }
+    nodes = 3
+    if args.quick:  # the tiny model alone, twice: the plumbing, not the result
+        overrides = {0: overrides[2], 1: overrides[2]}
+        nodes = 2
+    return {
+        "name": "b10-propagation",
+        "mode": "multiprocess",
+        "nodes": nodes,
+        "steps": 2 if args.quick else args.steps,
+        "seeds": list(args.seeds),
+        "torch_threads": 1,
+        "node": {
+            "swarm_id": "b10-propagation",
+            "tasks": {"families": family},
+            "rollout": {"prompts_per_step": 4, "group_size": 8, "max_new_tokens": args.max_new_tokens},
+            "eval": {
+                "every_steps": 1 if args.quick else args.eval_every,
+                "items_per_family": 4 if args.quick else args.items, "samples": 8, "greedy": True,
+            },
+            "checkpoint": {"every": 10, "keep": 1},
+        },
+        "configurations": [
+            {
+                "name": name, "description": f"{local} own / {ext} peers' groups a step",
+                "node": {"sapo": {"local_groups": local, "external_groups": ext}},
+            }
+            for name, (local, ext) in CONFIGS.items()
+        ],
+        "heterogeneity": {"node_overrides": overrides},
+        "multiprocess": {"startup_timeout_s": 1800, "run_timeout_s": 86_400},
+    }  # fmt: skip
+
+
+def _evals(node_dir: Path) -> list[dict[str, Any]]:
+    path = node_dir / "eval.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def _done(run_dir: Path, nodes: int, steps: int) -> bool:
+    return all((e := _evals(run_dir / f"node{i}")) and e[-1]["step"] >= steps for i in range(nodes))
+
+
+def run(args: argparse.Namespace) -> None:
+    """Run every (configuration, seed) not finished yet; an interrupted pair resumes from its checkpoints."""
+    import yaml
+
+    from sim.config import SimConfig
+    from sim.multiproc import run_seed_multiprocess
+
+    work = args.work / "quick" if args.quick else args.work
+    mapping = sim_mapping(args)
+    work.mkdir(parents=True, exist_ok=True)
+    cfg_file = work / "experiment.yaml"
+    if cfg_file.is_file():
+        old = yaml.safe_load(cfg_file.read_text())
+        if {k: v for k, v in old.items() if k != "seeds"} != {k: v for k, v in mapping.items() if k != "seeds"}:
+            raise SystemExit(f"{cfg_file} holds another experiment: use another --work, or remove it to start over")
+        mapping["seeds"] = sorted(set(old["seeds"]) | set(mapping["seeds"]))
+    cfg_file.write_text(yaml.safe_dump(mapping, sort_keys=False))
+    sim = SimConfig.model_validate(mapping)
+    for name in CONFIGS:
+        for seed in args.seeds:
+            run_dir = work / name / f"seed{seed}"
+            if _done(run_dir, sim.nodes, sim.steps):
+                print(f"{name} seed {seed}: done", file=sys.stderr)
+                continue
+            print(f"{name} seed {seed}: running {sim.nodes} nodes to step {sim.steps} in {run_dir}", file=sys.stderr)
+            run_seed_multiprocess(sim, name, seed, work)
+
+
+def _metric_means(node_dir: Path) -> dict[str, float]:
+    """Means over the node's steps of what peers' data weighed in its updates (steps with a learner update)."""
+    rows = [json.loads(x) for x in (node_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    trained = [r for r in rows if "external_token_share" in r]
+    ext = [r for r in trained if r.get("external_token_share", 0) > 0]
+    senders: dict[str, int] = {}
+    for r in rows:
+        for k, v in (r.get("external_by_sender") or {}).items():
+            senders[k] = senders.get(k, 0) + v
+    return {
+        "peer_token_share": statistics.fmean(r["external_token_share"] for r in trained) if trained else 0.0,
+        "peer_is_weight": statistics.fmean(r["external_is_weight_mean"] for r in ext) if ext else float("nan"),
+        "own_exact": statistics.fmean(r["exact_mean"] for r in rows) if rows else float("nan"),
+        "senders": senders,
+    }
+
+
+def _peer_names(run_dir: Path, nodes: int) -> dict[str, str]:
+    """Peer id -> role, from each node's identity file."""
+    from protocol.identity import Identity
+
+    out = {}
+    for i in range(nodes):
+        key = run_dir / f"node{i}" / "identity.key"
+        if key.is_file():
+            out[Identity.load(key).peer_id] = ROLES.get(i, f"node{i}")
+    return out
+
+
+def _stats(values: list[float]) -> str:
+    if not values:
+        return "n/a"
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.fmean(values):+.3f} ± {sd:.3f}"
+
+
+def collect(work: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The experiment and one row per (configuration, seed, node) with two or more evaluations."""
+    import yaml
+
+    mapping = yaml.safe_load((work / "experiment.yaml").read_text())
+    fam = mapping["node"]["tasks"]["families"][0]["name"]
+    rows = []
+    for name in CONFIGS:
+        for seed_dir in sorted((work / name).glob("seed*")):
+            seed = int(seed_dir.name.removeprefix("seed"))
+            roles = _peer_names(seed_dir, mapping["nodes"])
+            for i in range(mapping["nodes"]):
+                evals = _evals(seed_dir / f"node{i}")
+                if len(evals) < 2:
+                    continue
+                first, last = evals[0]["families"][fam], evals[-1]["families"][fam]
+                m = _metric_means(seed_dir / f"node{i}")
+                m["senders"] = {roles.get(k, k[:8]): v for k, v in m["senders"].items()}
+                rows.append({"config": name, "seed": seed, "node": i, "role": ROLES.get(i, f"node{i}"),
+                             "steps": evals[-1]["step"], "curve": [(e["step"], e["families"][fam]) for e in evals],
+                             "before": first, "after": last, **m})  # fmt: skip
+    return mapping, rows
+
+
+def report(args: argparse.Namespace) -> None:
+    work = args.work / "quick" if args.quick else args.work
+    if not (work / "experiment.yaml").is_file():
+        raise SystemExit(f"{work} holds no experiment (no experiment.yaml): run `b10_propagation.py run` first")
+    mapping, rows = collect(work)
+    if not rows:
+        raise SystemExit(f"no node with two evaluations under {work}")
+    last = max(r["steps"] for r in rows)
+    dropped = sorted({(r["config"], r["seed"]) for r in rows if r["steps"] < last})
+    if dropped:  # an unfinished run would be averaged with finished ones
+        print(f"leaving out unfinished runs {dropped} (before step {last})", file=sys.stderr)
+        rows = [r for r in rows if (r["config"], r["seed"]) not in dropped]
+    fam = mapping["node"]["tasks"]["families"][0]
+    keys = [("accuracy", "exact"), ("greedy_accuracy", "greedy"), ("pass_at_8", "pass@8"), ("format_rate", "format")]
+    lines = [
+        "# B10 propagation: a weak node with and without a strong peer",
+        "",
+        f"Machine: {machine_info()}. Family `{fam['name']}` `{json.dumps(fam['config'])}`; real `swarm-node join` "
+        f"processes over hivemind on 127.0.0.1 (`benchmarks/b10_propagation.py`, experiment in "
+        f"`{work.name}/experiment.yaml`). Nodes: strong = SmolLM2-135M warm-started on the family's training split; "
+        "weak = SmolLM2-135M with a format warm start on another family; tiny = the built-in model. alone = 4 own "
+        "groups a step; share = 2 own + 2 peers'. Held-out items: the family's held-out split, the same at every "
+        "evaluation; exact = share of 8 samples exactly right; baseline = the most common gold answer.",
+        "",
+        "| node | config | seed | steps | exact before -> after | greedy | pass@8 | format | peer tokens | "
+        "peer IS weight | trained on |",
+        "|---|---|---:|---:|---|---|---|---|---:|---:|---|",
+    ]
+    for r in sorted(rows, key=lambda r: (r["node"], r["config"], r["seed"])):
+        b, a = r["before"], r["after"]
+        cells = [f"{b[k]:.3f} -> {a[k]:.3f}" for k, _ in keys]
+        senders = ", ".join(f"{k} {v}" for k, v in sorted(r["senders"].items())) or "-"
+        lines.append(
+            f"| {r['role']} | {r['config']} | {r['seed']} | {r['steps']} | " + " | ".join(cells)
+            + f" | {r['peer_token_share']:.2f} | {r['peer_is_weight']:.3f} | {senders} |"
+        )  # fmt: skip
+    lines += [
+        "",
+        f"Gains (after - before), mean ± sd over seeds; majority baseline {rows[0]['after']['majority_baseline']:.3f}:",
+        "",
+    ]
+    lines += ["| node | config | seeds | " + " | ".join(label for _, label in keys) + " |",
+              "|---|---|---:|" + "---|" * len(keys)]  # fmt: skip
+    gains: dict[tuple[str, str], dict[str, list[float]]] = {}
+    for role in dict.fromkeys(r["role"] for r in rows):
+        for name in CONFIGS:
+            sel = [r for r in rows if r["role"] == role and r["config"] == name]
+            if not sel:
+                continue
+            g = {k: [r["after"][k] - r["before"][k] for r in sel] for k, _ in keys}
+            gains[(role, name)] = g
+            lines.append(f"| {role} | {name} | {len(sel)} | " + " | ".join(_stats(g[k]) for k, _ in keys) + " |")
+    lines += [""]
+    for role in dict.fromkeys(r["role"] for r in rows):
+        alone, share = gains.get((role, "alone")), gains.get((role, "share"))
+        if not alone or not share:
+            continue
+        a, s = alone["accuracy"], share["accuracy"]
+        ma, ms = statistics.fmean(a), statistics.fmean(s)
+        spread = 2 * max(statistics.stdev(a) if len(a) > 1 else 0.0, statistics.stdev(s) if len(s) > 1 else 0.0)
+        ratio = f"{ms / ma:.2f}x" if ma > 0 else "n/a (no gain alone)"
+        lines.append(
+            f"- {role}: exact gain with the peer {ms:+.3f} against {ma:+.3f} alone ({ratio}); the difference "
+            f"{ms - ma:+.3f} is {'beyond' if abs(ms - ma) > spread else 'within'} 2 sd of the seeds ({spread:.3f})."
+        )
+    text = "\n".join(lines) + "\n"
+    print(text)
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    stem = "b10_propagation_quick" if args.quick else "b10_propagation"
+    (out / f"{stem}.md").write_text(text)
+    (out / f"{stem}.json").write_text(json.dumps({"experiment": mapping, "rows": rows}, indent=1))
+    _plot(rows, out / f"{stem}.png")
+
+
+def _plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    roles = list(dict.fromkeys(r["role"] for r in rows))
+    fig, axes = plt.subplots(1, len(roles), figsize=(5 * len(roles), 3.6), squeeze=False)
+    for ax, role in zip(axes[0], roles, strict=True):
+        for r in [r for r in rows if r["role"] == role]:
+            steps = [s for s, _ in r["curve"]]
+            color = "C0" if r["config"] == "alone" else "C1"
+            ax.plot(steps, [f["greedy_accuracy"] for _, f in r["curve"]], "-", color=color, alpha=0.7,
+                    label=f"{r['config']} greedy" if r["seed"] == rows[0]["seed"] else None)  # fmt: skip
+            ax.plot(steps, [f["pass_at_8"] for _, f in r["curve"]], ":", color=color, alpha=0.7,
+                    label=f"{r['config']} pass@8" if r["seed"] == rows[0]["seed"] else None)  # fmt: skip
+        ax.axhline(rows[0]["after"]["majority_baseline"], color="grey", lw=0.8, label="majority baseline")
+        ax.set_title(role)
+        ax.set_xlabel("step")
+        ax.set_ylim(0, 1)
+    axes[0][0].set_ylabel("held-out exact: greedy (solid), pass@8 (dotted)")
+    axes[0][-1].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name in ("run", "report"):
+        p = sub.add_parser(name)
+        p.add_argument("--work", type=Path, default=WORK)
+        p.add_argument("--out", type=Path, default=RESULTS)
+        p.add_argument("--quick", action="store_true", help="2 steps of two tiny-model nodes (a smoke run)")
+    r = sub.choices["run"]
+    r.add_argument("--family", choices=sorted(CANDIDATES), default="basic_arithmetic")
+    r.add_argument("--format-family", choices=sorted(CANDIDATES), default="spell_backward")
+    r.add_argument("--strong-examples", type=int, default=2048, help="the strong peer's warm-start examples")
+    r.add_argument("--format-examples", type=int, default=512, help="the weak node's format warm-start examples")
+    r.add_argument("--engine", choices=["vllm", "transformers"], default="vllm")
+    r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    r.add_argument("--steps", type=int, default=60)
+    r.add_argument("--eval-every", type=int, default=20)
+    r.add_argument("--items", type=int, default=48)
+    r.add_argument("--max-new-tokens", type=int, default=64)
+    args = ap.parse_args()
+    {"run": run, "report": report}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""The B10 propagation report: per node and configuration, the gain with the peer against the gain alone, what
+peers' data weighed, and who each node trained on (named by role from the run's identity files)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from protocol.identity import Identity
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _family(acc: float) -> dict:
+    return {"accuracy": acc, "greedy_accuracy": acc + 0.05, "pass_at_8": min(1.0, acc * 2), "format_rate": 0.9,
+            "majority_baseline": 0.125}  # fmt: skip
+
+
+def _node(d: Path, before: float, after: float, shares: list[float], weight: float, senders: dict[str, int]) -> str:
+    d.mkdir(parents=True)
+    peer = Identity.load_or_create(d / "identity.key").peer_id
+    evals = [{"step": 0, "families": {"basic_arithmetic": _family(before)}},
+             {"step": 60, "families": {"basic_arithmetic": _family(after)}}]  # fmt: skip
+    (d / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+    rows = [{"step": i + 1, "exact_mean": 0.3, "external_token_share": s,
+             "external_is_weight_mean": weight if s else 0.0, "external_by_sender": senders if s else {}}
+            for i, s in enumerate(shares)]  # fmt: skip
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return peer
+
+
+def _experiment(tmp_path: Path, weak_alone: list[float], weak_share: list[float]) -> Path:
+    work = tmp_path / "work"
+    work.mkdir()
+    mapping = {"nodes": 2, "node": {"tasks": {"families": [{"name": "basic_arithmetic", "config": {"max_terms": 2}}]}}}
+    (work / "experiment.yaml").write_text(yaml.safe_dump(mapping))
+    for seed, (ga, gs) in enumerate(zip(weak_alone, weak_share, strict=True)):
+        for config, gain, shares in (("alone", ga, [0.0, 0.0]), ("share", gs, [0.4, 0.6])):
+            run = work / config / f"seed{seed}"
+            strong = _node(run / "node0", 0.60, 0.62, shares, 0.9, {})
+            _node(run / "node1", 0.10, 0.10 + gain, shares, 0.8, {strong: 3})
+    return work
+
+
+def _report(work: Path, out: Path) -> str:
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "b10_propagation.py"), "report", "--work", str(work),
+           "--out", str(out)]  # fmt: skip
+    subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, text=True)
+    return (out / "b10_propagation.md").read_text()
+
+
+def test_report_compares_gain_with_the_peer_to_gain_alone(tmp_path: Path) -> None:
+    work = _experiment(tmp_path, weak_alone=[0.02, 0.03, 0.01], weak_share=[0.20, 0.22, 0.18])
+    text = _report(work, tmp_path / "out")
+    assert "| weak | share | 0 | 60 | 0.100 -> 0.300 |" in text
+    assert "- weak: exact gain with the peer +0.200 against +0.020 alone (10.00x)" in text
+    assert "is beyond 2 sd of the seeds" in text
+    # the peer's share of the tokens (mean over steps) and its mean IS weight; the sender named by role
+    row = next(line for line in text.splitlines() if line.startswith("| weak | share | 0 |"))
+    assert row.endswith("| 0.50 | 0.800 | strong 6 |"), row
+    alone = next(line for line in text.splitlines() if line.startswith("| weak | alone | 0 |"))
+    assert alone.endswith("| 0.00 | nan | - |"), alone
+    assert (tmp_path / "out" / "b10_propagation.png").stat().st_size > 0
+
+
+def test_report_says_within_the_spread(tmp_path: Path) -> None:
+    work = _experiment(tmp_path, weak_alone=[0.02, 0.10, 0.0], weak_share=[0.0, 0.12, 0.05])
+    text = _report(work, tmp_path / "out")
+    assert "- weak: exact gain with the peer +0.057 against +0.040 alone (1.42x)" in text
+    assert "is within 2 sd" in text
