@@ -160,7 +160,8 @@ def probe(args: argparse.Namespace) -> None:
     label_of = {CANDIDATES[label]["name"]: label for label in labels}
     rows = [{**_family_row(fam, f), "label": label_of[fam]} for fam, f in result["families"].items()]
     warm = cfg.model.warm_start
-    who = "stock SmolLM2-135M-Instruct" if warm is None else f"SmolLM2-135M-Instruct warm-started on {args.warm_start}"
+    warm_names = ", ".join(args.warm_start or [])
+    who = "stock SmolLM2-135M-Instruct" if warm is None else f"SmolLM2-135M-Instruct warm-started on {warm_names}"
     lines = [
         f"# B8 learning, family probe: {who} on candidate families",
         "",
@@ -171,7 +172,7 @@ def probe(args: argparse.Namespace) -> None:
         + (
             ""
             if warm is None
-            else f" Warm start (`model.warm_start`): {warm.examples} training-split examples of {args.warm_start}, "
+            else f" Warm start (`model.warm_start`): {warm.examples} training-split examples of {warm_names}, "
             f"question -> `<answer>gold</answer>`, lr {warm.lr}, batch {warm.batch_size}."
         ),
         "",
