@@ -43,7 +43,13 @@ from benchmarks.common.machine import machine_info  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 WORK = Path(os.environ.get("RL_SWARM_BENCH_DIR", Path.home() / ".cache" / "rl-swarm" / "bench")) / "b10_propagation"
-ROLES = {0: "strong", 1: "weak", 2: "tiny"}
+#: Node index -> (role, what it is); ``--quick`` runs two tiny-model nodes under the first two roles' names.
+ROLES = {
+    0: ("strong", "SmolLM2-135M warm-started on the family's training split"),
+    1: ("weak", "SmolLM2-135M with a format warm start on another family"),
+    2: ("tiny", "the built-in model, another tokenizer"),
+}
+QUICK_ROLES = {0: ("tiny-a", "the built-in model"), 1: ("tiny-b", "the built-in model")}
 CONFIGS = {"alone": (4, 0), "share": (2, 2)}
 
 
@@ -119,6 +125,8 @@ def run(args: argparse.Namespace) -> None:
             raise SystemExit(f"{cfg_file} holds another experiment: use another --work, or remove it to start over")
         mapping["seeds"] = sorted(set(old["seeds"]) | set(mapping["seeds"]))
     cfg_file.write_text(yaml.safe_dump(mapping, sort_keys=False))
+    roles = QUICK_ROLES if args.quick else ROLES
+    (work / "roles.json").write_text(json.dumps({str(i): list(r) for i, r in roles.items()}))
     sim = SimConfig.model_validate(mapping)
     for name in CONFIGS:
         for seed in args.seeds:
@@ -147,15 +155,15 @@ def _metric_means(node_dir: Path) -> dict[str, float]:
     }
 
 
-def _peer_names(run_dir: Path, nodes: int) -> dict[str, str]:
+def _peer_names(run_dir: Path, roles: dict[int, str]) -> dict[str, str]:
     """Peer id -> role, from each node's identity file."""
     from protocol.identity import Identity
 
     out = {}
-    for i in range(nodes):
+    for i, role in roles.items():
         key = run_dir / f"node{i}" / "identity.key"
         if key.is_file():
-            out[Identity.load(key).peer_id] = ROLES.get(i, f"node{i}")
+            out[Identity.load(key).peer_id] = role
     return out
 
 
@@ -166,25 +174,32 @@ def _stats(values: list[float]) -> str:
     return f"{statistics.fmean(values):+.3f} ± {sd:.3f}"
 
 
+def _roles(work: Path, nodes: int) -> dict[int, tuple[str, str]]:
+    path = work / "roles.json"
+    known = {int(i): tuple(r) for i, r in json.loads(path.read_text()).items()} if path.is_file() else ROLES
+    return {i: known.get(i, (f"node{i}", "")) for i in range(nodes)}
+
+
 def collect(work: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The experiment and one row per (configuration, seed, node) with two or more evaluations."""
     import yaml
 
     mapping = yaml.safe_load((work / "experiment.yaml").read_text())
+    names = {i: r[0] for i, r in _roles(work, mapping["nodes"]).items()}
     fam = mapping["node"]["tasks"]["families"][0]["name"]
     rows = []
     for name in CONFIGS:
         for seed_dir in sorted((work / name).glob("seed*")):
             seed = int(seed_dir.name.removeprefix("seed"))
-            roles = _peer_names(seed_dir, mapping["nodes"])
+            peers = _peer_names(seed_dir, names)
             for i in range(mapping["nodes"]):
                 evals = _evals(seed_dir / f"node{i}")
                 if len(evals) < 2:
                     continue
                 first, last = evals[0]["families"][fam], evals[-1]["families"][fam]
                 m = _metric_means(seed_dir / f"node{i}")
-                m["senders"] = {roles.get(k, k[:8]): v for k, v in m["senders"].items()}
-                rows.append({"config": name, "seed": seed, "node": i, "role": ROLES.get(i, f"node{i}"),
+                m["senders"] = {peers.get(k, k[:8]): v for k, v in m["senders"].items()}
+                rows.append({"config": name, "seed": seed, "node": i, "role": names[i],
                              "steps": evals[-1]["step"], "curve": [(e["step"], e["families"][fam]) for e in evals],
                              "before": first, "after": last, **m})  # fmt: skip
     return mapping, rows
@@ -209,10 +224,10 @@ def report(args: argparse.Namespace) -> None:
         "",
         f"Machine: {machine_info()}. Family `{fam['name']}` `{json.dumps(fam['config'])}`; real `swarm-node join` "
         f"processes over hivemind on 127.0.0.1 (`benchmarks/b10_propagation.py`, experiment in "
-        f"`{work.name}/experiment.yaml`). Nodes: strong = SmolLM2-135M warm-started on the family's training split; "
-        "weak = SmolLM2-135M with a format warm start on another family; tiny = the built-in model. alone = 4 own "
-        "groups a step; share = 2 own + 2 peers'. Held-out items: the family's held-out split, the same at every "
-        "evaluation; exact = share of 8 samples exactly right; baseline = the most common gold answer.",
+        f"`{work.name}/experiment.yaml`). Nodes: "
+        + "; ".join(f"{role} = {what}" for role, what in _roles(work, mapping["nodes"]).values())
+        + ". alone = 4 own groups a step; share = 2 own + 2 peers'. Held-out items: the family's held-out split, the "
+        "same at every evaluation; exact = share of 8 samples exactly right; baseline = the most common gold answer.",
         "",
         "| node | config | seed | steps | exact before -> after | greedy | pass@8 | format | peer tokens | "
         "peer IS weight | trained on |",
@@ -249,11 +264,15 @@ def report(args: argparse.Namespace) -> None:
             continue
         a, s = alone["accuracy"], share["accuracy"]
         ma, ms = statistics.fmean(a), statistics.fmean(s)
-        spread = 2 * max(statistics.stdev(a) if len(a) > 1 else 0.0, statistics.stdev(s) if len(s) > 1 else 0.0)
-        ratio = f"{ms / ma:.2f}x" if ma > 0 else "n/a (no gain alone)"
+        ratio = f"{ms / ma:.2f}x" if ma > 0 else "n/a: no gain alone"
+        if min(len(a), len(s)) < 2:
+            verdict = "not judged (one seed, no spread)"
+        else:
+            spread = 2 * max(statistics.stdev(a), statistics.stdev(s))
+            verdict = f"{'beyond' if abs(ms - ma) > spread else 'within'} 2 sd of the seeds ({spread:.3f})"
         lines.append(
             f"- {role}: exact gain with the peer {ms:+.3f} against {ma:+.3f} alone ({ratio}); the difference "
-            f"{ms - ma:+.3f} is {'beyond' if abs(ms - ma) > spread else 'within'} 2 sd of the seeds ({spread:.3f})."
+            f"{ms - ma:+.3f} is {verdict}."
         )
     text = "\n".join(lines) + "\n"
     print(text)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from protocol.identity import Identity
@@ -72,3 +73,25 @@ def test_report_says_within_the_spread(tmp_path: Path) -> None:
     text = _report(work, tmp_path / "out")
     assert "- weak: exact gain with the peer +0.057 against +0.040 alone (1.42x)" in text
     assert "is within 2 sd" in text
+
+
+@pytest.mark.network
+@pytest.mark.timeout(900)
+def test_quick_mode_runs_real_processes_and_resumes(tmp_path: Path) -> None:
+    # Two tiny-model `swarm-node join` processes over hivemind, both configurations, then the report; a second
+    # `run` finds every (configuration, seed) finished and starts nothing.
+    script = [sys.executable, str(ROOT / "benchmarks" / "b10_propagation.py")]
+    where = ["--quick", "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")]
+    subprocess.run([*script, "run", "--seeds", "0", *where], check=True, cwd=ROOT, capture_output=True)
+    again = subprocess.run(
+        [*script, "run", "--seeds", "0", *where], check=True, cwd=ROOT, capture_output=True, text=True
+    )
+    assert again.stderr.count(": done") == 2, again.stderr
+    subprocess.run([*script, "report", *where], check=True, cwd=ROOT, capture_output=True)
+    text = (tmp_path / "out" / "b10_propagation_quick.md").read_text()
+    for role in ("tiny-a", "tiny-b"):
+        for config in ("alone", "share"):
+            assert f"| {role} | {config} | 0 | 2 |" in text
+    data = json.loads((tmp_path / "out" / "b10_propagation_quick.json").read_text())
+    alone = [r for r in data["rows"] if r["config"] == "alone"]
+    assert alone and all(r["peer_token_share"] == 0.0 and not r["senders"] for r in alone)  # 4/0: no peer data
