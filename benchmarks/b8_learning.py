@@ -276,11 +276,13 @@ def report(args: argparse.Namespace) -> None:
         f"memory` per seed): `{json.dumps(cfg, sort_keys=True)}`. Held-out items: questions of the held-out split "
         "(never trained on), the same items at every evaluation. exact: the share of the 8 samples (temperature "
         "1) whose answer is exactly right; in format: the same among answers given as `<answer>...</answer>`; "
-        "baseline: always answering the family's most common gold answer; reward: partial credit (not evidence).",
+        "baseline: always answering the family's most common gold answer; reward: partial credit (not evidence); "
+        "top answer: the most common sampled answer after training and its share of the samples (a collapse onto "
+        "one answer shows here).",
         "",
         "| seed | family | steps | exact before -> after | greedy | in format | pass@1 | pass@8 | format | reward "
-        "| baseline |",
-        "|---:|---|---:|---|---|---|---|---|---|---|---:|",
+        "| baseline | top answer after |",
+        "|---:|---|---:|---|---|---|---|---|---|---|---:|---|",
     ]
 
     def arrow(r: dict, k: str) -> str:
@@ -290,7 +292,8 @@ def report(args: argparse.Namespace) -> None:
         lines.append(
             f"| {r['seed']} | {r['family']} | {r['steps']} | {arrow(r, 'accuracy')} | {arrow(r, 'greedy')} | "
             f"{arrow(r, 'in_format')} | {arrow(r, 'pass1')} | {arrow(r, 'pass8')} | {arrow(r, 'format')} | "
-            f"{arrow(r, 'reward')} | {r['after']['baseline']:.3f} |"
+            f"{arrow(r, 'reward')} | {r['after']['baseline']:.3f} | {r['after']['top_answer']!r} "
+            f"({r['after']['top_share'] or 0:.2f}) |"
         )
     lines += ["", "Gains over seeds (after - before; mean ± sd):", ""]
     lines += ["| family | seeds | " + " | ".join(keys[:-1]) + " |", "|---|---:|" + "---|" * (len(keys) - 1)]

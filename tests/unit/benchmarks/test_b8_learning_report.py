@@ -58,6 +58,7 @@ def test_report_states_gain_spread_baseline_and_pass_at_8(tmp_path: Path) -> Non
     text = _report(work, tmp_path / "out")
     assert "| 0 | products | 100 | 0.100 -> 0.300 |" in text
     assert "| 1 | products | 100 | 0.120 -> 0.310 |" in text
+    assert all(line.endswith("| 0.100 | '7' (0.20) |") for line in text.splitlines() if line.startswith("| 1 |"))
     # in format: accuracy / format rate (0.10 / 0.5 before)
     assert "0.200 -> 0.300" in text
     assert "- products: exact gain +0.203, beyond 2 sd" in text
