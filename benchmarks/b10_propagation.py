@@ -108,6 +108,25 @@ def _done(run_dir: Path, nodes: int, steps: int) -> bool:
     return all((e := _evals(run_dir / f"node{i}")) and e[-1]["step"] >= steps for i in range(nodes))
 
 
+def prebuild(sim: Any) -> None:
+    """Build (or find cached) every node's warm-started model here, on all cores, before the nodes start: inside a
+    node it would run on the node's one thread and hold up the bootstrap past its start-up timeout."""
+    from node.model.policy import load_policy
+
+    seen = set()
+    for index in range(sim.nodes):
+        cfg = sim.node_config(sim.configurations[0].name, index, sim.seeds[0])
+        if cfg.model.warm_start is None:
+            continue
+        key = cfg.model.model_dump_json()
+        if key in seen:
+            continue
+        seen.add(key)
+        print(f"node {index}: building or finding its warm start ({cfg.model.warm_start.examples} examples)",
+              file=sys.stderr, flush=True)  # fmt: skip
+        load_policy(cfg.model)  # builds into the model cache, where the node's own load_policy finds it
+
+
 def run(args: argparse.Namespace) -> None:
     """Run every (configuration, seed) not finished yet; an interrupted pair resumes from its checkpoints."""
     import yaml
@@ -128,6 +147,7 @@ def run(args: argparse.Namespace) -> None:
     roles = QUICK_ROLES if args.quick else ROLES
     (work / "roles.json").write_text(json.dumps({str(i): list(r) for i, r in roles.items()}))
     sim = SimConfig.model_validate(mapping)
+    prebuild(sim)
     for name in CONFIGS:
         for seed in args.seeds:
             run_dir = work / name / f"seed{seed}"
