@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.b8_learning import CANDIDATES, families_of  # noqa: E402
+from benchmarks.b8_learning import CANDIDATES, families_of, read_evals  # noqa: E402
 from benchmarks.common.machine import machine_info  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -97,15 +97,8 @@ def sim_mapping(args: argparse.Namespace) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _evals(node_dir: Path) -> list[dict[str, Any]]:
-    path = node_dir / "eval.jsonl"
-    if not path.is_file():
-        return []
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-
-
 def _done(run_dir: Path, nodes: int, steps: int) -> bool:
-    return all((e := _evals(run_dir / f"node{i}")) and e[-1]["step"] >= steps for i in range(nodes))
+    return all((e := read_evals(run_dir / f"node{i}")) and e[-1]["step"] >= steps for i in range(nodes))
 
 
 def prebuild(sim: Any) -> None:
@@ -213,7 +206,7 @@ def collect(work: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
             seed = int(seed_dir.name.removeprefix("seed"))
             peers = _peer_names(seed_dir, names)
             for i in range(mapping["nodes"]):
-                evals = _evals(seed_dir / f"node{i}")
+                evals = read_evals(seed_dir / f"node{i}")
                 if len(evals) < 2:
                     continue
                 first, last = evals[0]["families"][fam], evals[-1]["families"][fam]
@@ -305,29 +298,20 @@ def report(args: argparse.Namespace) -> None:
 
 
 def _plot(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
+    from benchmarks.common.plots import save_step_panels
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    roles = list(dict.fromkeys(r["role"] for r in rows))
-    fig, axes = plt.subplots(1, len(roles), figsize=(5 * len(roles), 3.6), squeeze=False)
-    for ax, role in zip(axes[0], roles, strict=True):
+    def draw(ax: Any, role: str) -> None:
         for r in [r for r in rows if r["role"] == role]:
             steps = [s for s, _ in r["curve"]]
             color = "C0" if r["config"] == "alone" else "C1"
-            ax.plot(steps, [f["greedy_accuracy"] for _, f in r["curve"]], "-", color=color, alpha=0.7,
-                    label=f"{r['config']} greedy" if r["seed"] == rows[0]["seed"] else None)  # fmt: skip
-            ax.plot(steps, [f["pass_at_8"] for _, f in r["curve"]], ":", color=color, alpha=0.7,
-                    label=f"{r['config']} pass@8" if r["seed"] == rows[0]["seed"] else None)  # fmt: skip
+            first = r["seed"] == rows[0]["seed"]
+            for key, style, label in (("greedy_accuracy", "-", "greedy"), ("pass_at_8", ":", "pass@8")):
+                ax.plot(steps, [f[key] for _, f in r["curve"]], style, color=color, alpha=0.7,
+                        label=f"{r['config']} {label}" if first else None)  # fmt: skip
         ax.axhline(rows[0]["after"]["majority_baseline"], color="grey", lw=0.8, label="majority baseline")
-        ax.set_title(role)
-        ax.set_xlabel("step")
-        ax.set_ylim(0, 1)
-    axes[0][0].set_ylabel("held-out exact: greedy (solid), pass@8 (dotted)")
-    axes[0][-1].legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+
+    roles = list(dict.fromkeys(r["role"] for r in rows))
+    save_step_panels(path, roles, draw, "held-out exact: greedy (solid), pass@8 (dotted)")
 
 
 def main() -> None:

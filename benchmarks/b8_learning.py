@@ -204,7 +204,7 @@ def _exe() -> list[str]:
     return [exe] if exe else [sys.executable, "-m", "node.cli.app"]
 
 
-def _evals(run_dir: Path) -> list[dict[str, Any]]:
+def read_evals(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / "eval.jsonl"
     if not path.is_file():
         return []
@@ -224,7 +224,7 @@ def run(args: argparse.Namespace) -> None:
     config.write_text(yaml.safe_dump(cfg))
     for seed in args.seeds:
         run_dir = args.work / f"seed{seed}"
-        evals = _evals(run_dir)
+        evals = read_evals(run_dir)
         if evals and evals[-1]["step"] >= args.steps:
             print(f"seed {seed}: done ({len(evals)} evaluations)", file=sys.stderr)
             continue
@@ -250,7 +250,7 @@ def report(args: argparse.Namespace) -> None:
         raise SystemExit(f"{args.work} holds no runs (no node.yaml): run `b8_learning.py run` first")
     cfg = yaml.safe_load((args.work / "node.yaml").read_text())
     runs = {
-        int(d.name.removeprefix("seed")): _evals(d)
+        int(d.name.removeprefix("seed")): read_evals(d)
         for d in sorted(args.work.glob("seed*"))
         if d.is_dir() and d.name.removeprefix("seed").isdigit()
     }
@@ -321,27 +321,18 @@ def report(args: argparse.Namespace) -> None:
 
 
 def _plot(runs: dict[int, list[dict[str, Any]]], path: Path) -> None:
-    import matplotlib
+    from benchmarks.common.plots import save_step_panels
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    families = list(next(iter(runs.values()))[0]["families"])
-    fig, axes = plt.subplots(1, len(families), figsize=(5 * len(families), 3.6), squeeze=False)
-    for ax, fam in zip(axes[0], families, strict=True):
+    def draw(ax: Any, fam: str) -> None:
         for seed, evals in sorted(runs.items()):
             steps = [e["step"] for e in evals]
             for key, style in (("accuracy", "-"), ("greedy_accuracy", "--"), ("pass_at_8", ":")):
                 ax.plot(steps, [e["families"][fam][key] for e in evals], style, color=f"C{seed}",
                         label=f"seed {seed} {key}")  # fmt: skip
         ax.axhline(evals[0]["families"][fam]["majority_baseline"], color="grey", lw=0.8, label="majority baseline")
-        ax.set_title(fam)
-        ax.set_xlabel("step")
-        ax.set_ylim(0, 1)
-    axes[0][0].set_ylabel("held-out exact (solid), greedy (dashed), pass@8 (dotted)")
-    axes[0][-1].legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+
+    families = list(next(iter(runs.values()))[0]["families"])
+    save_step_panels(path, families, draw, "held-out exact (solid), greedy (dashed), pass@8 (dotted)")
 
 
 def main() -> None:

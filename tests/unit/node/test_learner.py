@@ -108,13 +108,19 @@ def test_kl_reference_only_with_beta():
     assert m1["kl"] > 0
 
 
-def test_is_weights_applied_to_behaviour_logprobs():
+def _batch_and_logprobs() -> tuple[Learner, list[TrainSample], torch.Tensor]:
+    """A learner (IS cap 1) on a fresh tiny model, four samples, and the model's logprobs of them ``(4, T)``."""
     model = tiny_model()
     lrn = learner(model, is_cap=1.0)
     batch = samples(4)
     b = lrn._collate(batch)
     with torch.no_grad():
         logp = completion_logprobs(model, b.input_ids, b.attention_mask, b.prompt_lens, b.completion_lens)
+    return lrn, batch, logp
+
+
+def test_is_weights_applied_to_behaviour_logprobs():
+    lrn, batch, logp = _batch_and_logprobs()
     # Local sample 0: behaviour logprobs 1 nat above ours on every token -> w = e^-1.
     s0 = batch[0]
     s0.behaviour_logprobs = [v + 1.0 for v in logp[0, : len(s0.completion_ids)].tolist()]
@@ -175,12 +181,7 @@ def test_untrusted_hints_are_sanitised():
 def test_on_policy_float_noise_is_not_counted_as_truncation():
     # Behaviour logprobs equal to the learner's up to float noise (as on a purely on-policy step): a cap of 1
     # changes no weight, so no token may count as truncated; a real gap (2 nats) must count.
-    model = tiny_model()
-    lrn = learner(model, is_cap=1.0)
-    batch = samples(4)
-    b = lrn._collate(batch)
-    with torch.no_grad():
-        logp = completion_logprobs(model, b.input_ids, b.attention_mask, b.prompt_lens, b.completion_lens)
+    lrn, batch, logp = _batch_and_logprobs()
     g = torch.Generator().manual_seed(0)
     for i, s in enumerate(batch):
         n = len(s.completion_ids)
@@ -195,12 +196,7 @@ def test_on_policy_float_noise_is_not_counted_as_truncation():
 def test_external_token_share_and_weight_are_reported():
     # Two of four samples are a peer's, one with a hint 0.5 nat above our mean (w = e^-0.5), one without (w = 1):
     # the metrics give their share of the tokens and their mean weight, own samples left out of the mean.
-    model = tiny_model()
-    lrn = learner(model, is_cap=1.0)
-    batch = samples(4)
-    b = lrn._collate(batch)
-    with torch.no_grad():
-        logp = completion_logprobs(model, b.input_ids, b.attention_mask, b.prompt_lens, b.completion_lens)
+    _, batch, logp = _batch_and_logprobs()
     n1, n2 = len(batch[1].completion_ids), len(batch[2].completion_ids)
     batch[1].external, batch[1].behaviour_logprob_mean = True, float(logp[1, :n1].mean()) + 0.5
     batch[2].external = True
