@@ -17,11 +17,15 @@ publishing in both. Every node evaluates on the same held-out items of F (proble
     python benchmarks/b10_propagation.py run --seeds 0 1 2          # resumable: finished (config, seed) pairs are kept
     python benchmarks/b10_propagation.py run --seeds 0 --quick      # 2 steps, the tiny model only: a smoke run
     python benchmarks/b10_propagation.py report
+    python benchmarks/b10_propagation.py run --population homogeneous   # three format-warm SmolLM2 nodes (SAPO row)
 
 The report (``benchmarks/results/b10_propagation.md``, plot beside it): per node, configuration and seed, held-out
 exact accuracy (sampled, greedy, pass@8) before and after; each node's gain with the peer against its gain alone
 (mean ± sd over seeds); the peer tokens' share of its batches and their mean importance weight; who it trained on.
 Target: the weak node's gain with the peer >= 2x its gain alone, beyond the spread.
+
+``--population homogeneous`` runs the same two configurations with three identical nodes (the weak node's model):
+the paper's homogeneous SAPO row at a budget this machine affords (``b10_homogeneous.md``).
 """
 
 from __future__ import annotations
@@ -43,14 +47,25 @@ from benchmarks.common.machine import machine_info  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 WORK = Path(os.environ.get("RL_SWARM_BENCH_DIR", Path.home() / ".cache" / "rl-swarm" / "bench")) / "b10_propagation"
-#: Node index -> (role, what it is); ``--quick`` runs two tiny-model nodes under the first two roles' names.
-ROLES = {
-    0: ("strong", "SmolLM2-135M warm-started on the family's training split"),
-    1: ("weak", "SmolLM2-135M with a format warm start on another family"),
-    2: ("tiny", "the built-in model, another tokenizer"),
+#: Node index -> (role, what it is), by population; ``--quick`` runs two tiny-model nodes.
+POPULATIONS = {
+    "propagation": {
+        0: ("strong", "SmolLM2-135M warm-started on the family's training split"),
+        1: ("weak", "SmolLM2-135M with a format warm start on another family"),
+        2: ("tiny", "the built-in model, another tokenizer"),
+    },
+    "homogeneous": {i: (f"smol-{i}", "SmolLM2-135M with a format warm start on another family") for i in range(3)},
+    "quick": {0: ("tiny-a", "the built-in model"), 1: ("tiny-b", "the built-in model")},
 }
-QUICK_ROLES = {0: ("tiny-a", "the built-in model"), 1: ("tiny-b", "the built-in model")}
 CONFIGS = {"alone": (4, 0), "share": (2, 2)}
+
+
+def population(args: argparse.Namespace) -> str:
+    return "quick" if args.quick else args.population
+
+
+def work_dir(args: argparse.Namespace) -> Path:
+    return args.work if population(args) == "propagation" else args.work / population(args)
 
 
 def sim_mapping(args: argparse.Namespace) -> dict[str, Any]:
@@ -59,17 +74,17 @@ def sim_mapping(args: argparse.Namespace) -> dict[str, Any]:
     smol = {"name": "smollm2-135m", "device": "cpu"}
     strong_warm = {"families": family, "examples": args.strong_examples}
     format_warm = {"families": families_of([args.format_family]), "examples": args.format_examples}
-    overrides: dict[int, dict[str, Any]] = {
-        0: {"model": {**smol, "warm_start": strong_warm}, "rollout": {"engine": args.engine}},
-        1: {"model": {**smol, "warm_start": format_warm}, "rollout": {"engine": args.engine}},
-        2: {"model": {"name": "builtin:tiny"}, "rollout": {"engine": "transformers"}},
-    }
-    nodes = 3
-    if args.quick:  # the tiny model alone, twice: the plumbing, not the result
-        overrides = {0: overrides[2], 1: overrides[2]}
-        nodes = 2
+    strong = {"model": {**smol, "warm_start": strong_warm}, "rollout": {"engine": args.engine}}
+    weak = {"model": {**smol, "warm_start": format_warm}, "rollout": {"engine": args.engine}}
+    tiny = {"model": {"name": "builtin:tiny"}, "rollout": {"engine": "transformers"}}
+    overrides = {
+        "propagation": {0: strong, 1: weak, 2: tiny},
+        "homogeneous": {0: weak, 1: weak, 2: weak},
+        "quick": {0: tiny, 1: tiny},  # the plumbing, not the result
+    }[population(args)]
+    nodes = len(overrides)
     return {
-        "name": "b10-propagation",
+        "name": f"b10-{population(args)}",
         "mode": "multiprocess",
         "nodes": nodes,
         "steps": 2 if args.quick else args.steps,
@@ -127,7 +142,7 @@ def run(args: argparse.Namespace) -> None:
     from sim.config import SimConfig
     from sim.multiproc import run_seed_multiprocess
 
-    work = args.work / "quick" if args.quick else args.work
+    work = work_dir(args)
     mapping = sim_mapping(args)
     work.mkdir(parents=True, exist_ok=True)
     cfg_file = work / "experiment.yaml"
@@ -137,7 +152,7 @@ def run(args: argparse.Namespace) -> None:
             raise SystemExit(f"{cfg_file} holds another experiment: use another --work, or remove it to start over")
         mapping["seeds"] = sorted(set(old["seeds"]) | set(mapping["seeds"]))
     cfg_file.write_text(yaml.safe_dump(mapping, sort_keys=False))
-    roles = QUICK_ROLES if args.quick else ROLES
+    roles = POPULATIONS[population(args)]
     (work / "roles.json").write_text(json.dumps({str(i): list(r) for i, r in roles.items()}))
     sim = SimConfig.model_validate(mapping)
     prebuild(sim)
@@ -189,7 +204,7 @@ def _stats(values: list[float]) -> str:
 
 def _roles(work: Path, nodes: int) -> dict[int, tuple[str, str]]:
     path = work / "roles.json"
-    known = {int(i): tuple(r) for i, r in json.loads(path.read_text()).items()} if path.is_file() else ROLES
+    known = {int(i): tuple(r) for i, r in json.loads(path.read_text()).items()} if path.is_file() else {}
     return {i: known.get(i, (f"node{i}", "")) for i in range(nodes)}
 
 
@@ -219,7 +234,7 @@ def collect(work: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 
 
 def report(args: argparse.Namespace) -> None:
-    work = args.work / "quick" if args.quick else args.work
+    work = work_dir(args)
     if not (work / "experiment.yaml").is_file():
         raise SystemExit(f"{work} holds no experiment (no experiment.yaml): run `b10_propagation.py run` first")
     mapping, rows = collect(work)
@@ -233,7 +248,9 @@ def report(args: argparse.Namespace) -> None:
     fam = mapping["node"]["tasks"]["families"][0]
     keys = [("accuracy", "exact"), ("greedy_accuracy", "greedy"), ("pass_at_8", "pass@8"), ("format_rate", "format")]
     lines = [
-        "# B10 propagation: a weak node with and without a strong peer",
+        "# B10 propagation: a weak node with and without a strong peer"
+        if mapping["name"] == "b10-propagation"
+        else f"# B10 {mapping['name'].removeprefix('b10-')}: nodes with and without their peers' rollouts",
         "",
         f"Machine: {machine_info()}. Family `{fam['name']}` `{json.dumps(fam['config'])}`; real `swarm-node join` "
         f"processes over hivemind on 127.0.0.1 (`benchmarks/b10_propagation.py`, experiment in "
@@ -242,9 +259,9 @@ def report(args: argparse.Namespace) -> None:
         + ". alone = 4 own groups a step; share = 2 own + 2 peers'. Held-out items: the family's held-out split, the "
         "same at every evaluation; exact = share of 8 samples exactly right; baseline = the most common gold answer.",
         "",
-        "| node | config | seed | steps | exact before -> after | greedy | pass@8 | format | peer tokens | "
+        "| node | config | seed | steps | exact before -> after | greedy | pass@8 | format | own exact | peer tokens | "
         "peer IS weight | trained on |",
-        "|---|---|---:|---:|---|---|---|---|---:|---:|---|",
+        "|---|---|---:|---:|---|---|---|---|---:|---:|---:|---|",
     ]
     for r in sorted(rows, key=lambda r: (r["node"], r["config"], r["seed"])):
         b, a = r["before"], r["after"]
@@ -252,7 +269,7 @@ def report(args: argparse.Namespace) -> None:
         senders = ", ".join(f"{k} {v}" for k, v in sorted(r["senders"].items())) or "-"
         lines.append(
             f"| {r['role']} | {r['config']} | {r['seed']} | {r['steps']} | " + " | ".join(cells)
-            + f" | {r['peer_token_share']:.2f} | {r['peer_is_weight']:.3f} | {senders} |"
+            + f" | {r['own_exact']:.3f} | {r['peer_token_share']:.2f} | {r['peer_is_weight']:.3f} | {senders} |"
         )  # fmt: skip
     lines += [
         "",
@@ -291,7 +308,9 @@ def report(args: argparse.Namespace) -> None:
     print(text)
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
-    stem = "b10_propagation_quick" if args.quick else "b10_propagation"
+    stem = {"propagation": "b10_propagation", "homogeneous": "b10_homogeneous", "quick": "b10_propagation_quick"}[
+        population(args)
+    ]
     (out / f"{stem}.md").write_text(text)
     (out / f"{stem}.json").write_text(json.dumps({"experiment": mapping, "rows": rows}, indent=1))
     _plot(rows, out / f"{stem}.png")
@@ -322,6 +341,10 @@ def main() -> None:
         p.add_argument("--work", type=Path, default=WORK)
         p.add_argument("--out", type=Path, default=RESULTS)
         p.add_argument("--quick", action="store_true", help="2 steps of two tiny-model nodes (a smoke run)")
+        p.add_argument(
+            "--population", choices=["propagation", "homogeneous"], default="propagation",
+            help="strong + weak + tiny (B10), or three identical SmolLM2 nodes (the homogeneous SAPO row)",
+        )  # fmt: skip
     r = sub.choices["run"]
     r.add_argument("--family", choices=sorted(CANDIDATES), default="basic_arithmetic")
     r.add_argument("--format-family", choices=sorted(CANDIDATES), default="spell_backward")

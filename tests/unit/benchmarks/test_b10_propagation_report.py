@@ -37,8 +37,10 @@ def _node(d: Path, before: float, after: float, shares: list[float], weight: flo
 def _experiment(tmp_path: Path, weak_alone: list[float], weak_share: list[float]) -> Path:
     work = tmp_path / "work"
     work.mkdir()
-    mapping = {"nodes": 2, "node": {"tasks": {"families": [{"name": "basic_arithmetic", "config": {"max_terms": 2}}]}}}
+    family = {"name": "basic_arithmetic", "config": {"max_terms": 2}}
+    mapping = {"name": "b10-propagation", "nodes": 2, "node": {"tasks": {"families": [family]}}}
     (work / "experiment.yaml").write_text(yaml.safe_dump(mapping))
+    (work / "roles.json").write_text(json.dumps({"0": ["strong", "warm-started"], "1": ["weak", "format only"]}))
     for seed, (ga, gs) in enumerate(zip(weak_alone, weak_share, strict=True)):
         for config, gain, shares in (("alone", ga, [0.0, 0.0]), ("share", gs, [0.4, 0.6])):
             run = work / config / f"seed{seed}"
@@ -62,7 +64,7 @@ def test_report_compares_gain_with_the_peer_to_gain_alone(tmp_path: Path) -> Non
     assert "is beyond 2 sd of the seeds" in text
     # the peer's share of the tokens (mean over steps) and its mean IS weight; the sender named by role
     row = next(line for line in text.splitlines() if line.startswith("| weak | share | 0 |"))
-    assert row.endswith("| 0.50 | 0.800 | strong 6 |"), row
+    assert row.endswith("| 0.300 | 0.50 | 0.800 | strong 6 |"), row  # own exact: the mean of exact_mean
     alone = next(line for line in text.splitlines() if line.startswith("| weak | alone | 0 |"))
     assert alone.endswith("| 0.00 | nan | - |"), alone
     assert (tmp_path / "out" / "b10_propagation.png").stat().st_size > 0
