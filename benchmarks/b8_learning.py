@@ -316,8 +316,42 @@ def report(args: argparse.Namespace) -> None:
                 f"after {'above' if above else 'not above'} the majority baseline in every seed; pass@8 "
                 f"{'did not fall' if p8 >= 0 else 'fell'} ({p8:+.3f})."
             )
+    stock = _stock_line(args.stock, cfg)
+    if stock:
+        lines += [
+            "",
+            "After training against the stock model on the same items (`b8_learning_probe_stock.md`: its own style, "
+            "with working-out, no warm start), mean over seeds:",
+            "",
+            "| family | exact stock / after | greedy stock / after | pass@8 stock / after |",
+            "|---|---|---|---|",
+        ]
+        for fam, st in stock.items():
+            after = [r["after"] for r in rows if r["family"] == fam]
+            if after:
+                cells = [
+                    f"{st[k]:.3f} / {statistics.fmean(a[k] for a in after):.3f}"
+                    for k in ("accuracy", "greedy", "pass8")
+                ]
+                lines.append(f"| {fam} | " + " | ".join(cells) + " |")
     _write(args.out, "b8_learning", lines, {"config": cfg, "runs": runs})
     _plot(runs, args.out / "b8_learning.png")
+
+
+def _stock_line(path: Path, cfg: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """The stock model's rows (``probe --stem b8_learning_probe_stock``) by family, if it probed the run's families
+    with the same settings and number of items; else nothing."""
+    if not path.is_file():
+        return {}
+    probe = json.loads(path.read_text())
+    pc = probe["config"]
+
+    def key(c: dict[str, Any]) -> tuple:
+        fams = [(f["name"], f.get("config", {})) for f in c.get("tasks", {}).get("families", [])]
+        return fams, c.get("eval", {}).get("items_per_family"), c.get("rollout", {}).get("max_new_tokens")
+
+    same = key(pc) == key(cfg) and bool(key(cfg)[0])
+    return {r["family"]: r for r in probe["rows"]} if same else {}
 
 
 def _plot(runs: dict[int, list[dict[str, Any]]], path: Path) -> None:
@@ -350,6 +384,10 @@ def main() -> None:
         p.add_argument("--warm-start", nargs="+", choices=sorted(CANDIDATES), help="format warm-start families")
         p.add_argument("--warm-examples", type=int, default=512)
     sub.choices["probe"].add_argument("--stem", help="result file name (default b8_learning_probe)")
+    sub.choices["report"].add_argument(
+        "--stock", type=Path, default=RESULTS / "b8_learning_probe_stock.json",
+        help="the stock model's probe on the same items (left out if it differs)",
+    )  # fmt: skip
     sub.choices["run"].add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     sub.choices["run"].add_argument("--steps", type=int, default=100)
     sub.choices["run"].add_argument("--eval-every", type=int, default=25)

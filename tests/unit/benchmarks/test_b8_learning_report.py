@@ -39,7 +39,7 @@ def _work(tmp_path: Path, before_after: list[tuple[float, float]], pass8_after: 
     return work
 
 
-def _report(work: Path, out: Path) -> str:
+def _report(work: Path, out: Path, *extra: str) -> str:
     cmd = [
         sys.executable,
         str(ROOT / "benchmarks" / "b8_learning.py"),
@@ -48,6 +48,7 @@ def _report(work: Path, out: Path) -> str:
         str(work),
         "--out",
         str(out),
+        *extra,
     ]
     subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, text=True)
     return (out / "b8_learning.md").read_text()
@@ -84,3 +85,18 @@ def test_report_leaves_out_unfinished_seeds_and_names_a_loss(tmp_path: Path) -> 
     text = _report(work, tmp_path / "out")
     assert "| 7 |" not in text
     assert "- products: exact loss -0.195, beyond 2 sd" in text
+
+
+def test_report_sets_the_stock_model_beside_the_trained_one(tmp_path: Path) -> None:
+    work = _work(tmp_path, [(0.10, 0.30), (0.12, 0.32)], pass8_after=0.6)
+    node = {"tasks": {"families": [{"name": "products", "config": {"max_digits": 1}}]},
+            "eval": {"items_per_family": 48}, "rollout": {"max_new_tokens": 64}}  # fmt: skip
+    (work / "node.yaml").write_text(yaml.safe_dump(node))
+    stock = tmp_path / "stock.json"
+    row = {"family": "products", "accuracy": 0.05, "greedy": 0.2, "pass8": 0.25}
+    stock.write_text(json.dumps({"config": node, "rows": [row]}))
+    text = _report(work, tmp_path / "out", "--stock", str(stock))
+    assert "| products | 0.050 / 0.310 | 0.200 / 0.300 | 0.250 / 0.600 |" in text
+    other = {**node, "eval": {"items_per_family": 16}}  # probed on other items: not a line for these runs
+    stock.write_text(json.dumps({"config": other, "rows": [row]}))
+    assert "stock / after" not in _report(work, tmp_path / "out2", "--stock", str(stock))
