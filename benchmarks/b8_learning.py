@@ -335,7 +335,7 @@ def report(args: argparse.Namespace) -> None:
                 ]
                 lines.append(f"| {fam} | " + " | ".join(cells) + " |")
     _write(args.out, "b8_learning", lines, {"config": cfg, "runs": runs})
-    _plot(runs, args.out / "b8_learning.png")
+    _plot(runs, args.out / "b8_learning.png", stock)
 
 
 def _stock_line(path: Path, cfg: dict[str, Any]) -> dict[str, dict[str, float]]:
@@ -354,7 +354,7 @@ def _stock_line(path: Path, cfg: dict[str, Any]) -> dict[str, dict[str, float]]:
     return {r["family"]: r for r in probe["rows"]} if same else {}
 
 
-def _plot(runs: dict[int, list[dict[str, Any]]], path: Path) -> None:
+def _plot(runs: dict[int, list[dict[str, Any]]], path: Path, stock: dict[str, dict[str, float]]) -> None:
     from benchmarks.common.plots import save_step_panels
 
     def draw(ax: Any, fam: str) -> None:
@@ -364,6 +364,9 @@ def _plot(runs: dict[int, list[dict[str, Any]]], path: Path) -> None:
                 ax.plot(steps, [e["families"][fam][key] for e in evals], style, color=f"C{seed}",
                         label=f"seed {seed} {key}")  # fmt: skip
         ax.axhline(evals[0]["families"][fam]["majority_baseline"], color="grey", lw=0.8, label="majority baseline")
+        if fam in stock:
+            ax.axhline(stock[fam]["greedy"], color="black", ls="--", lw=0.8, label="stock model, greedy")
+            ax.axhline(stock[fam]["pass8"], color="black", ls=":", lw=0.8, label="stock model, pass@8")
 
     families = list(next(iter(runs.values()))[0]["families"])
     save_step_panels(path, families, draw, "held-out exact (solid), greedy (dashed), pass@8 (dotted)")
