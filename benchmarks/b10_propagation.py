@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.b8_learning import CANDIDATES, families_of, read_evals  # noqa: E402
+from benchmarks.b8_learning import CANDIDATES, families_of, mean_sd, read_evals  # noqa: E402
 from benchmarks.common.machine import machine_info  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -195,13 +195,6 @@ def _peer_names(run_dir: Path, roles: dict[int, str]) -> dict[str, str]:
     return out
 
 
-def _stats(values: list[float]) -> str:
-    if not values:
-        return "n/a"
-    sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.fmean(values):+.3f} ± {sd:.3f}"
-
-
 def _roles(work: Path, nodes: int) -> dict[int, tuple[str, str]]:
     path = work / "roles.json"
     known = {int(i): tuple(r) for i, r in json.loads(path.read_text()).items()} if path.is_file() else {}
@@ -286,7 +279,8 @@ def report(args: argparse.Namespace) -> None:
                 continue
             g = {k: [r["after"][k] - r["before"][k] for r in sel] for k, _ in keys}
             gains[(role, name)] = g
-            lines.append(f"| {role} | {name} | {len(sel)} | " + " | ".join(_stats(g[k]) for k, _ in keys) + " |")
+            cells = " | ".join(mean_sd(g[k], signed=True) for k, _ in keys)
+            lines.append(f"| {role} | {name} | {len(sel)} | {cells} |")
     lines += [""]
     for role in dict.fromkeys(r["role"] for r in rows):
         alone, share = gains.get((role, "alone")), gains.get((role, "share"))

@@ -237,11 +237,12 @@ def run(args: argparse.Namespace) -> None:
             subprocess.run(cmd, check=True, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
 
 
-def _stats(values: list[float]) -> str:
+def mean_sd(values: list[float], *, signed: bool = False) -> str:
+    """``mean ± sd`` over seeds (sd 0 for one value; ``n/a`` for none); ``signed`` writes the mean's sign (gains)."""
     if not values:
         return "n/a"
     sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.fmean(values):.3f} ± {sd:.3f}"
+    return f"{statistics.fmean(values):{'+' if signed else ''}.3f} ± {sd:.3f}"
 
 
 def report(args: argparse.Namespace) -> None:
@@ -302,7 +303,7 @@ def report(args: argparse.Namespace) -> None:
         fr = [r for r in rows if r["family"] == fam]
         gains = {k: [r["after"][k] - r["before"][k] for r in fr] for k in keys[:-1]}
         summary[fam] = {k: v for k, v in gains.items()}
-        lines.append(f"| {fam} | {len(fr)} | " + " | ".join(_stats(gains[k]) for k in keys[:-1]) + " |")
+        lines.append(f"| {fam} | {len(fr)} | " + " | ".join(mean_sd(gains[k]) for k in keys[:-1]) + " |")
     for fam, g in summary.items():
         acc = g["accuracy"]
         if len(acc) > 1:
