@@ -35,6 +35,7 @@ import json
 import os
 import statistics
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -71,12 +72,16 @@ def work_dir(args: argparse.Namespace) -> Path:
 def sim_mapping(args: argparse.Namespace) -> dict[str, Any]:
     """The experiment as a ``swarm-sim`` configuration (multiprocess mode), written to the work dir."""
     family = families_of([args.family])
-    smol = {"name": "smollm2-135m", "device": "cpu"}
+    smol = {"name": "smollm2-135m", "device": args.device}
+    tiny_model = {"name": "builtin:tiny"}
+    if args.device != "cpu":  # float32 as on the CPU: bf16 weights without fp32 master copies drop small updates
+        smol["dtype"] = "float32"
+        tiny_model = {**tiny_model, "device": args.device, "dtype": "float32"}
     strong_warm = {"families": family, "examples": args.strong_examples}
     format_warm = {"families": families_of([args.format_family]), "examples": args.format_examples}
     strong = {"model": {**smol, "warm_start": strong_warm}, "rollout": {"engine": args.engine}}
     weak = {"model": {**smol, "warm_start": format_warm}, "rollout": {"engine": args.engine}}
-    tiny = {"model": {"name": "builtin:tiny"}, "rollout": {"engine": "transformers"}}
+    tiny = {"model": tiny_model, "rollout": {"engine": "transformers"}}
     overrides = {
         "propagation": {0: strong, 1: weak, 2: tiny},
         "homogeneous": {0: weak, 1: weak, 2: weak},
@@ -117,22 +122,30 @@ def _done(run_dir: Path, nodes: int, steps: int) -> bool:
 
 
 def prebuild(sim: Any) -> None:
-    """Build (or find cached) every node's warm-started model here, on all cores, before the nodes start: inside a
-    node it would run on the node's one thread and hold up the bootstrap past its start-up timeout."""
+    """Build (or find cached) every node's model here, on all cores, before the nodes start: inside a node a warm
+    start would run on the node's one thread and hold up the bootstrap past its start-up timeout, and runs side by
+    side (``--jobs``) would each wait on one build. The models are freed again (a GPU's memory goes to the nodes)."""
+    import gc
+
+    import torch
+
     from node.model.policy import load_policy
 
     seen = set()
     for index in range(sim.nodes):
         cfg = sim.node_config(sim.configurations[0].name, index, sim.seeds[0])
-        if cfg.model.warm_start is None:
-            continue
         key = cfg.model.model_dump_json()
         if key in seen:
             continue
         seen.add(key)
-        print(f"node {index}: building or finding its warm start ({cfg.model.warm_start.examples} examples)",
-              file=sys.stderr, flush=True)  # fmt: skip
-        load_policy(cfg.model)  # builds into the model cache, where the node's own load_policy finds it
+        warm = cfg.model.warm_start
+        what = f"its warm start ({warm.examples} examples)" if warm is not None else f"{cfg.model.name}"
+        print(f"node {index}: building or finding {what}", file=sys.stderr, flush=True)
+        policy = load_policy(cfg.model)  # builds into the model cache, where the node's own load_policy finds it
+        del policy
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
 
 def run(args: argparse.Namespace) -> None:
@@ -156,19 +169,33 @@ def run(args: argparse.Namespace) -> None:
     (work / "roles.json").write_text(json.dumps({str(i): list(r) for i, r in roles.items()}))
     sim = SimConfig.model_validate(mapping)
     prebuild(sim)
-    for name in CONFIGS:
-        for seed in args.seeds:
+    pending = []
+    for seed in args.seeds:  # seed by seed, both configurations: a budget cut short still leaves paired runs
+        for name in CONFIGS:
             run_dir = work / name / f"seed{seed}"
             if _done(run_dir, sim.nodes, sim.steps):
                 print(f"{name} seed {seed}: done", file=sys.stderr)
                 continue
-            print(f"{name} seed {seed}: running {sim.nodes} nodes to step {sim.steps} in {run_dir}", file=sys.stderr)
-            run_seed_multiprocess(sim, name, seed, work)
+            pending.append((name, seed))
+
+    def one(pair: tuple[str, int]) -> None:
+        name, seed = pair
+        print(f"{name} seed {seed}: running {sim.nodes} nodes to step {sim.steps} in {work / name}", file=sys.stderr)
+        run_seed_multiprocess(sim, name, seed, work)
+        print(f"{name} seed {seed}: finished", file=sys.stderr, flush=True)
+
+    # --jobs > 1 runs (configuration, seed) pairs side by side (a GPU machine with cores to spare); their nodes find
+    # each other only through their own bootstrap, so runs do not mix.
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for future in [pool.submit(one, pair) for pair in pending]:
+            future.result()
 
 
-def _metric_means(node_dir: Path) -> dict[str, float]:
-    """Means over the node's steps of what peers' data weighed in its updates (steps with a learner update)."""
+def _metric_means(node_dir: Path, until: float = float("inf")) -> dict[str, float]:
+    """Means over the node's steps (up to ``until``) of what peers' data weighed in its updates (steps with a
+    learner update)."""
     rows = [json.loads(x) for x in (node_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    rows = [r for r in rows if r.get("step", 0) <= until]
     trained = [r for r in rows if "external_token_share" in r]
     ext = [r for r in trained if r.get("external_token_share", 0) > 0]
     senders: dict[str, int] = {}
@@ -201,8 +228,9 @@ def _roles(work: Path, nodes: int) -> dict[int, tuple[str, str]]:
     return {i: known.get(i, (f"node{i}", "")) for i in range(nodes)}
 
 
-def collect(work: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The experiment and one row per (configuration, seed, node) with two or more evaluations."""
+def collect(work: Path, until: float = float("inf")) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The experiment and one row per (configuration, seed, node) with two or more evaluations (those at steps up to
+    ``until``: a budget cut short, as on a lent GPU, is reported at a step every run reached)."""
     import yaml
 
     mapping = yaml.safe_load((work / "experiment.yaml").read_text())
@@ -214,11 +242,11 @@ def collect(work: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
             seed = int(seed_dir.name.removeprefix("seed"))
             peers = _peer_names(seed_dir, names)
             for i in range(mapping["nodes"]):
-                evals = read_evals(seed_dir / f"node{i}")
+                evals = [e for e in read_evals(seed_dir / f"node{i}") if e["step"] <= until]
                 if len(evals) < 2:
                     continue
                 first, last = evals[0]["families"][fam], evals[-1]["families"][fam]
-                m = _metric_means(seed_dir / f"node{i}")
+                m = _metric_means(seed_dir / f"node{i}", until)
                 m["senders"] = {peers.get(k, k[:8]): v for k, v in m["senders"].items()}
                 rows.append({"config": name, "seed": seed, "node": i, "role": names[i],
                              "steps": evals[-1]["step"], "curve": [(e["step"], e["families"][fam]) for e in evals],
@@ -230,7 +258,7 @@ def report(args: argparse.Namespace) -> None:
     work = work_dir(args)
     if not (work / "experiment.yaml").is_file():
         raise SystemExit(f"{work} holds no experiment (no experiment.yaml): run `b10_propagation.py run` first")
-    mapping, rows = collect(work)
+    mapping, rows = collect(work, args.until if args.until is not None else float("inf"))
     if not rows:
         raise SystemExit(f"no node with two evaluations under {work}")
     last = max(r["steps"] for r in rows)
@@ -245,7 +273,8 @@ def report(args: argparse.Namespace) -> None:
         if mapping["name"] == "b10-propagation"
         else f"# B10 {mapping['name'].removeprefix('b10-')}: nodes with and without their peers' rollouts",
         "",
-        f"Machine: {machine_info()}. Family `{fam['name']}` `{json.dumps(fam['config'])}`; real `swarm-node join` "
+        f"Machine: {args.machine or machine_info()}. Family `{fam['name']}` `{json.dumps(fam['config'])}`; real "
+        "`swarm-node join` "
         f"processes over hivemind on 127.0.0.1 (`benchmarks/b10_propagation.py`, experiment in "
         f"`{work.name}/experiment.yaml`). Nodes: "
         + "; ".join(f"{role} = {what}" for role, what in _roles(work, mapping["nodes"]).values())
@@ -302,9 +331,9 @@ def report(args: argparse.Namespace) -> None:
     print(text)
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
-    stem = {"propagation": "b10_propagation", "homogeneous": "b10_homogeneous", "quick": "b10_propagation_quick"}[
-        population(args)
-    ]
+    stem = args.stem or {
+        "propagation": "b10_propagation", "homogeneous": "b10_homogeneous", "quick": "b10_propagation_quick"
+    }[population(args)]  # fmt: skip
     (out / f"{stem}.md").write_text(text)
     (out / f"{stem}.json").write_text(json.dumps({"experiment": mapping, "rows": rows}, indent=1))
     _plot(rows, out / f"{stem}.png")
@@ -339,12 +368,17 @@ def main() -> None:
             "--population", choices=["propagation", "homogeneous"], default="propagation",
             help="strong + weak + tiny (B10), or three identical SmolLM2 nodes (the homogeneous SAPO row)",
         )  # fmt: skip
+    sub.choices["report"].add_argument("--stem", help="the results files' name (default: by population)")
+    sub.choices["report"].add_argument("--until", type=int, help="report evaluations up to this step only")
+    sub.choices["report"].add_argument("--machine", help="where the runs ran, when not here (runs fetched from a GPU)")
     r = sub.choices["run"]
     r.add_argument("--family", choices=sorted(CANDIDATES), default="basic_arithmetic")
     r.add_argument("--format-family", choices=sorted(CANDIDATES), default="spell_backward")
     r.add_argument("--strong-examples", type=int, default=2048, help="the strong peer's warm-start examples")
     r.add_argument("--format-examples", type=int, default=512, help="the weak node's format warm-start examples")
     r.add_argument("--engine", choices=["vllm", "transformers"], default="vllm")
+    r.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="the SmolLM2 nodes' device")
+    r.add_argument("--jobs", type=int, default=1, help="(configuration, seed) pairs run at once")
     r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     r.add_argument("--steps", type=int, default=60)
     r.add_argument("--eval-every", type=int, default=20)

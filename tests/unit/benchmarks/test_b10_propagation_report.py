@@ -24,8 +24,8 @@ def _family(acc: float) -> dict:
 def _node(d: Path, before: float, after: float, shares: list[float], weight: float, senders: dict[str, int]) -> str:
     d.mkdir(parents=True)
     peer = Identity.load_or_create(d / "identity.key").peer_id
-    evals = [{"step": 0, "families": {"basic_arithmetic": _family(before)}},
-             {"step": 60, "families": {"basic_arithmetic": _family(after)}}]  # fmt: skip
+    evals = [{"step": step, "families": {"basic_arithmetic": _family(acc)}}
+             for step, acc in ((0, before), (30, (before + after) / 2), (60, after))]  # fmt: skip
     (d / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
     rows = [{"step": i + 1, "exact_mean": 0.3, "external_token_share": s,
              "external_is_weight_mean": weight if s else 0.0, "external_by_sender": senders if s else {}}
@@ -49,9 +49,9 @@ def _experiment(tmp_path: Path, weak_alone: list[float], weak_share: list[float]
     return work
 
 
-def _report(work: Path, out: Path) -> str:
+def _report(work: Path, out: Path, *extra: str) -> str:
     cmd = [sys.executable, str(ROOT / "benchmarks" / "b10_propagation.py"), "report", "--work", str(work),
-           "--out", str(out)]  # fmt: skip
+           "--out", str(out), *extra]  # fmt: skip
     subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, text=True)
     return (out / "b10_propagation.md").read_text()
 
@@ -75,6 +75,19 @@ def test_report_says_within_the_spread(tmp_path: Path) -> None:
     text = _report(work, tmp_path / "out")
     assert "- weak: exact gain with the peer +0.057 against +0.040 alone (1.42x)" in text
     assert "is within 2 sd" in text
+
+
+def test_a_budget_cut_short_is_reported_at_a_step_every_run_reached(tmp_path: Path) -> None:
+    work = _experiment(tmp_path, weak_alone=[0.02, 0.03, 0.01], weak_share=[0.20, 0.22, 0.18])
+    cut = work / "share" / "seed2" / "node1" / "eval.jsonl"  # this run stopped before its last evaluation
+    cut.write_text("".join(cut.read_text().splitlines(keepends=True)[:2]))
+    text = _report(work, tmp_path / "out")
+    assert "| weak | share | 2 | 60 |" not in text  # left out, not averaged with finished runs
+    assert "| weak | share | 2 | +0.210 ± 0.014 |" in text  # the two finished seeds
+    text = _report(work, tmp_path / "out", "--until", "30", "--machine", "a lent GPU")
+    assert text.count("| weak | share | 2 | 30 | 0.100 -> 0.190 |") == 1  # every run, at step 30
+    assert "| weak | share | 3 | +0.100 ± 0.010 |" in text
+    assert "Machine: a lent GPU." in text
 
 
 @pytest.mark.network
