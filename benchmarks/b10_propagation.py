@@ -35,7 +35,6 @@ import json
 import os
 import statistics
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +42,16 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.b8_learning import CANDIDATES, families_of, mean_sd, read_evals  # noqa: E402
+from benchmarks.b8_learning import CANDIDATES, families_of, mean_sd  # noqa: E402
 from benchmarks.common.machine import machine_info  # noqa: E402
+from benchmarks.common.multirun import (  # noqa: E402
+    peer_names,
+    prebuild,
+    prepare,
+    read_evals,
+    roles_of,
+    run_pending,
+)
 
 RESULTS = ROOT / "benchmarks" / "results"
 WORK = Path(os.environ.get("RL_SWARM_BENCH_DIR", Path.home() / ".cache" / "rl-swarm" / "bench")) / "b10_propagation"
@@ -117,78 +124,13 @@ def sim_mapping(args: argparse.Namespace) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _done(run_dir: Path, nodes: int, steps: int) -> bool:
-    return all((e := read_evals(run_dir / f"node{i}")) and e[-1]["step"] >= steps for i in range(nodes))
-
-
-def prebuild(sim: Any) -> None:
-    """Build (or find cached) every node's model here, on all cores, before the nodes start: inside a node a warm
-    start would run on the node's one thread and hold up the bootstrap past its start-up timeout, and runs side by
-    side (``--jobs``) would each wait on one build. The models are freed again (a GPU's memory goes to the nodes)."""
-    import gc
-
-    import torch
-
-    from node.model.policy import load_policy
-
-    seen = set()
-    for index in range(sim.nodes):
-        cfg = sim.node_config(sim.configurations[0].name, index, sim.seeds[0])
-        key = cfg.model.model_dump_json()
-        if key in seen:
-            continue
-        seen.add(key)
-        warm = cfg.model.warm_start
-        what = f"its warm start ({warm.examples} examples)" if warm is not None else f"{cfg.model.name}"
-        print(f"node {index}: building or finding {what}", file=sys.stderr, flush=True)
-        policy = load_policy(cfg.model)  # builds into the model cache, where the node's own load_policy finds it
-        del policy
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-
-
 def run(args: argparse.Namespace) -> None:
     """Run every (configuration, seed) not finished yet; an interrupted pair resumes from its checkpoints."""
-    import yaml
-
-    from sim.config import SimConfig
-    from sim.multiproc import run_seed_multiprocess
-
+    roles = {str(i): list(r) for i, r in POPULATIONS[population(args)].items()}
     work = work_dir(args)
-    mapping = sim_mapping(args)
-    work.mkdir(parents=True, exist_ok=True)
-    cfg_file = work / "experiment.yaml"
-    if cfg_file.is_file():
-        old = yaml.safe_load(cfg_file.read_text())
-        if {k: v for k, v in old.items() if k != "seeds"} != {k: v for k, v in mapping.items() if k != "seeds"}:
-            raise SystemExit(f"{cfg_file} holds another experiment: use another --work, or remove it to start over")
-        mapping["seeds"] = sorted(set(old["seeds"]) | set(mapping["seeds"]))
-    cfg_file.write_text(yaml.safe_dump(mapping, sort_keys=False))
-    roles = POPULATIONS[population(args)]
-    (work / "roles.json").write_text(json.dumps({str(i): list(r) for i, r in roles.items()}))
-    sim = SimConfig.model_validate(mapping)
+    sim = prepare(work, sim_mapping(args), roles)
     prebuild(sim)
-    pending = []
-    for seed in args.seeds:  # seed by seed, both configurations: a budget cut short still leaves paired runs
-        for name in CONFIGS:
-            run_dir = work / name / f"seed{seed}"
-            if _done(run_dir, sim.nodes, sim.steps):
-                print(f"{name} seed {seed}: done", file=sys.stderr)
-                continue
-            pending.append((name, seed))
-
-    def one(pair: tuple[str, int]) -> None:
-        name, seed = pair
-        print(f"{name} seed {seed}: running {sim.nodes} nodes to step {sim.steps} in {work / name}", file=sys.stderr)
-        run_seed_multiprocess(sim, name, seed, work)
-        print(f"{name} seed {seed}: finished", file=sys.stderr, flush=True)
-
-    # --jobs > 1 runs (configuration, seed) pairs side by side (a GPU machine with cores to spare); their nodes find
-    # each other only through their own bootstrap, so runs do not mix.
-    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        for future in [pool.submit(one, pair) for pair in pending]:
-            future.result()
+    run_pending(sim, work, list(CONFIGS), args.seeds, args.jobs)
 
 
 def _metric_means(node_dir: Path, until: float = float("inf")) -> dict[str, float]:
@@ -210,37 +152,19 @@ def _metric_means(node_dir: Path, until: float = float("inf")) -> dict[str, floa
     }
 
 
-def _peer_names(run_dir: Path, roles: dict[int, str]) -> dict[str, str]:
-    """Peer id -> role, from each node's identity file."""
-    from protocol.identity import Identity
-
-    out = {}
-    for i, role in roles.items():
-        key = run_dir / f"node{i}" / "identity.key"
-        if key.is_file():
-            out[Identity.load(key).peer_id] = role
-    return out
-
-
-def _roles(work: Path, nodes: int) -> dict[int, tuple[str, str]]:
-    path = work / "roles.json"
-    known = {int(i): tuple(r) for i, r in json.loads(path.read_text()).items()} if path.is_file() else {}
-    return {i: known.get(i, (f"node{i}", "")) for i in range(nodes)}
-
-
 def collect(work: Path, until: float = float("inf")) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The experiment and one row per (configuration, seed, node) with two or more evaluations (those at steps up to
     ``until``: a budget cut short, as on a lent GPU, is reported at a step every run reached)."""
     import yaml
 
     mapping = yaml.safe_load((work / "experiment.yaml").read_text())
-    names = {i: r[0] for i, r in _roles(work, mapping["nodes"]).items()}
+    names = {i: r[0] for i, r in roles_of(work, mapping["nodes"]).items()}
     fam = mapping["node"]["tasks"]["families"][0]["name"]
     rows = []
     for name in CONFIGS:
         for seed_dir in sorted((work / name).glob("seed*")):
             seed = int(seed_dir.name.removeprefix("seed"))
-            peers = _peer_names(seed_dir, names)
+            peers = peer_names(seed_dir, names)
             for i in range(mapping["nodes"]):
                 evals = [e for e in read_evals(seed_dir / f"node{i}") if e["step"] <= until]
                 if len(evals) < 2:
@@ -277,7 +201,7 @@ def report(args: argparse.Namespace) -> None:
         "`swarm-node join` "
         f"processes over hivemind on 127.0.0.1 (`benchmarks/b10_propagation.py`, experiment in "
         f"`{work.name}/experiment.yaml`). Nodes: "
-        + "; ".join(f"{role} = {what}" for role, what in _roles(work, mapping["nodes"]).values())
+        + "; ".join(f"{role} = {what}" for role, what in roles_of(work, mapping["nodes"]).values())
         + ". alone = 4 own groups a step; share = 2 own + 2 peers'. Held-out items: the family's held-out split, the "
         "same at every evaluation; exact = share of 8 samples exactly right; baseline = the most common gold answer.",
         "",

@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common.machine import machine_info  # noqa: E402
+from benchmarks.common.multirun import read_evals  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 WORK = Path(os.environ.get("RL_SWARM_BENCH_DIR", Path.home() / ".cache" / "rl-swarm" / "bench")) / "b8_learning"
@@ -202,13 +203,6 @@ def _write(out: Path, stem: str, lines: list[str], data: dict[str, Any]) -> None
 def _exe() -> list[str]:
     exe = shutil.which("swarm-node")
     return [exe] if exe else [sys.executable, "-m", "node.cli.app"]
-
-
-def read_evals(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "eval.jsonl"
-    if not path.is_file():
-        return []
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
 def run(args: argparse.Namespace) -> None:

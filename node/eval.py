@@ -22,7 +22,9 @@ temperature and one greedy completion:
   single best guess);
 * ``format_rate``: the share of sampled completions that state an answer in the ``<answer>`` format at all;
 * ``mean_length``: mean sampled completion length in tokens;
-* ``n``: the number of items.
+* ``n``: the number of items;
+* ``correct``: per item, in item order, how many of its sampled completions were exact (pairwise comparisons of
+  policies on the same items: win rates under the verifier, as B6's real-model section computes them).
 
 Headline ``accuracy``, ``reward``, ``pass_at_1``, ``pass_at_8`` and ``greedy_accuracy`` are unweighted means over
 families; ``at_or_below_baseline`` lists the families whose accuracy does not beat their majority baseline.
@@ -74,6 +76,7 @@ class FamilyResult:
     top_answer_share: float = 0.0
     pass_at_1: float = 0.0
     pass_at_8: float | None = None
+    correct: list[int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -90,6 +93,7 @@ class FamilyResult:
             "format_rate": self.format_rate,
             "mean_length": self.mean_length,
             "n": self.n,
+            "correct": self.correct,
         }
 
 
@@ -146,6 +150,7 @@ def score_family(
         format_rate=_mean([float(a is not None) for a in flat_answers]),
         mean_length=_mean([float(x) for x in lengths or []]),
         n=len(items),
+        correct=[sum(e) for e in exact],
     )
 
 

@@ -89,6 +89,7 @@ def independent_scores(
         "pass_at_8": sum(pass_k(len(r), sum(r), 8) for r in right) / len(right) if len(right[0]) >= 8 else None,
         "format_rate": len(given) / len(all_answers),
         "n": len(items),
+        "correct": [sum(r) for r in right],
     }
     if greedy is not None:
         out["greedy_accuracy"] = sum(own_extract(t) == i.answer for i, t in zip(items, greedy, strict=True)) / len(
@@ -150,6 +151,8 @@ def check_against_independent(tasks: TaskSource, evaluator: Evaluator, engine: R
         for key, value in want.items():
             if value is None:
                 assert got[key] is None, (fam, key)
+            elif isinstance(value, list):
+                assert got[key] == value, (fam, key)
             else:
                 assert got[key] == pytest.approx(value, abs=1e-12), (fam, key, got[key], value)
         assert (fam in result["at_or_below_baseline"]) == (want["accuracy"] <= want["majority_baseline"])

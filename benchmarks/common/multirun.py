@@ -1,0 +1,124 @@
+"""Shared by the real-process experiment drivers (B10, B6's real-model section): one experiment = a ``swarm-sim``
+multiprocess configuration in a work directory, run as (configuration, seed) pairs of real ``swarm-node join``
+processes, resumable and optionally side by side.
+
+* :func:`prepare` writes ``experiment.yaml`` (refusing a work directory that holds another experiment, merging the
+  seeds of one that holds this one) and ``roles.json`` (node index -> role and description);
+* :func:`prebuild` builds every node's model once, before any node starts;
+* :func:`run_pending` runs the pairs not finished yet, seed by seed.
+
+Imports the node and the simulator only inside the functions, so a report needs neither torch nor hivemind loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+
+def read_evals(node_dir: Path) -> list[dict[str, Any]]:
+    """A node's held-out evaluations (``eval.jsonl``), oldest first; [] when it has none."""
+    path = node_dir / "eval.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def prepare(work: Path, mapping: dict[str, Any], roles: dict[str, list[str]]) -> Any:
+    """Write the experiment (``mapping``, a ``swarm-sim`` configuration) and the nodes' roles to ``work``; returns
+    the validated :class:`sim.config.SimConfig`. A work directory holding another experiment is refused."""
+    import yaml
+
+    from sim.config import SimConfig
+
+    work.mkdir(parents=True, exist_ok=True)
+    cfg_file = work / "experiment.yaml"
+    if cfg_file.is_file():
+        old = yaml.safe_load(cfg_file.read_text())
+        if {k: v for k, v in old.items() if k != "seeds"} != {k: v for k, v in mapping.items() if k != "seeds"}:
+            raise SystemExit(f"{cfg_file} holds another experiment: use another --work, or remove it to start over")
+        mapping = {**mapping, "seeds": sorted(set(old["seeds"]) | set(mapping["seeds"]))}
+    cfg_file.write_text(yaml.safe_dump(mapping, sort_keys=False))
+    (work / "roles.json").write_text(json.dumps(roles))
+    return SimConfig.model_validate(mapping)
+
+
+def roles_of(work: Path, nodes: int) -> dict[int, tuple[str, str]]:
+    """Node index -> (role, description), from ``roles.json`` (``node<i>`` where it names none)."""
+    path = work / "roles.json"
+    known = {int(i): tuple(r) for i, r in json.loads(path.read_text()).items()} if path.is_file() else {}
+    return {i: known.get(i, (f"node{i}", "")) for i in range(nodes)}
+
+
+def peer_names(run_dir: Path, roles: dict[int, str]) -> dict[str, str]:
+    """Peer id -> role, from each node's identity file in ``run_dir``."""
+    from protocol.identity import Identity
+
+    out = {}
+    for i, role in roles.items():
+        key = run_dir / f"node{i}" / "identity.key"
+        if key.is_file():
+            out[Identity.load(key).peer_id] = role
+    return out
+
+
+def done(run_dir: Path, nodes: int, steps: int) -> bool:
+    """Whether every node of the run evaluated at its last step."""
+    return all((e := read_evals(run_dir / f"node{i}")) and e[-1]["step"] >= steps for i in range(nodes))
+
+
+def prebuild(sim: Any) -> None:
+    """Build (or find cached) every node's model here, on all cores, before the nodes start: inside a node a warm
+    start would run on the node's one thread and hold up the bootstrap past its start-up timeout, and runs side by
+    side would each wait on one build. The models are freed again (a GPU's memory goes to the nodes)."""
+    import gc
+
+    import torch
+
+    from node.model.policy import load_policy
+
+    seen = set()
+    for config in sim.configurations:
+        for index in range(sim.nodes):
+            cfg = sim.node_config(config.name, index, sim.seeds[0])
+            key = cfg.model.model_dump_json()
+            if key in seen:
+                continue
+            seen.add(key)
+            warm = cfg.model.warm_start
+            what = f"its warm start ({warm.examples} examples)" if warm is not None else cfg.model.name
+            print(f"node {index}: building or finding {what}", file=sys.stderr, flush=True)
+            policy = load_policy(cfg.model)  # builds into the model cache, where the node's own load_policy finds it
+            del policy
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+
+
+def run_pending(sim: Any, work: Path, configs: list[str], seeds: list[int], jobs: int = 1) -> None:
+    """Run every (configuration, seed) pair whose nodes have not all evaluated at ``sim.steps``, seed by seed (a
+    budget cut short still leaves every configuration of the first seeds); an interrupted pair resumes from its
+    checkpoints. ``jobs`` > 1 runs pairs side by side (a GPU machine with cores to spare): each pair's nodes find
+    each other only through their own bootstrap, so runs do not mix."""
+    from sim.multiproc import run_seed_multiprocess
+
+    pending = []
+    for seed in seeds:
+        for name in configs:
+            if done(work / name / f"seed{seed}", sim.nodes, sim.steps):
+                print(f"{name} seed {seed}: done", file=sys.stderr)
+            else:
+                pending.append((name, seed))
+
+    def one(pair: tuple[str, int]) -> None:
+        name, seed = pair
+        print(f"{name} seed {seed}: running {sim.nodes} nodes to step {sim.steps}", file=sys.stderr, flush=True)
+        run_seed_multiprocess(sim, name, seed, work)
+        print(f"{name} seed {seed}: finished", file=sys.stderr, flush=True)
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        for future in [pool.submit(one, pair) for pair in pending]:
+            future.result()
