@@ -1,0 +1,287 @@
+"""B6 on real models: MNPO on a SmolLM2 population against DPO and GRPO, on held-out problems.
+
+Three real ``swarm-node join`` processes over hivemind on 127.0.0.1 (``sim.multiproc``), each SmolLM2-135M with B8's
+format warm start (it states answers as ``<answer>...</answer>``, so what moves is the answer), on one family's
+training split. Arms (the experiment's configurations), all at one generation budget of 32 completions a step:
+
+* ``grpo``: GRPO on the node's own groups (4 prompts x 8), no MNPO;
+* ``dpo``: DPO against the reference (n = 2), MNPO's phase only, 8 shared prompts x 4 responses a step;
+* ``td_mnpo``: the MNPO loss against the node's own past policy versions (TD-MNPO);
+* ``ht_mnpo``: the MNPO loss against the peers as players, from their signed ``scores`` records (HT-MNPO);
+* ``grpo_mnpo``: GRPO on even steps, HT-MNPO on odd steps (32 completions a step either way).
+
+The preference oracle is the task's verifier (``mnpo.oracle: verifiable``): a response beats another when its
+reward is higher; a tie makes no pair. Every node evaluates on the same held-out items (problems no node trained on).
+
+    python benchmarks/b6_real.py run --seeds 0 1 2        # resumable, seed by seed
+    python benchmarks/b6_real.py run --quick --seeds 0    # 2 steps of two tiny-model nodes, two arms: a smoke run
+    python benchmarks/b6_real.py report
+
+The report (``benchmarks/results/b6_real.md``, plot beside it), per arm, mean ± sd over seeds of the arm's nodes'
+mean: held-out exact gain (sampled), greedy and pass@8 gains; the win rate against the league (every arm's final
+policies of the same seed) under the oracle, from the per-item exact counts of the final evaluations; and the
+empirical duality gap of the arm's population (how much the league's best policy beats it). MNPO's metrics (pairs a
+step, opponents covering a pair) say what limited it. Target: MNPO's held-out exact gain beats DPO's beyond 2 sd.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.b8_learning import CANDIDATES, families_of, mean_sd  # noqa: E402
+from benchmarks.common.machine import machine_info  # noqa: E402
+from benchmarks.common.multirun import prebuild, prepare, read_evals, run_pending  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+WORK = Path(os.environ.get("RL_SWARM_BENCH_DIR", Path.home() / ".cache" / "rl-swarm" / "bench")) / "b6_real"
+#: Arm -> (node overrides, description). MNPO's phase: 8 shared prompts x 4 responses = GRPO's 4 x 8.
+ARMS: dict[str, tuple[dict[str, Any], str]] = {
+    "grpo": ({"mnpo": {"schedule": "off"}}, "GRPO on own groups, no MNPO"),
+    "dpo": ({"mnpo": {"schedule": "only", "opponents": "none", "loss": "dpo"}}, "DPO against the reference (n = 2)"),
+    "td_mnpo": ({"mnpo": {"schedule": "only", "opponents": "history"}}, "MNPO against own past versions"),
+    "ht_mnpo": ({"mnpo": {"schedule": "only", "opponents": "peers"}}, "MNPO against the peers (scores records)"),
+    "grpo_mnpo": ({"mnpo": {"schedule": "alternate", "opponents": "peers"}}, "GRPO and HT-MNPO steps alternating"),
+}
+QUICK_ARMS = ["dpo", "ht_mnpo"]
+
+
+def arms_of(args: argparse.Namespace) -> list[str]:
+    return QUICK_ARMS if args.quick else list(ARMS)
+
+
+def work_dir(args: argparse.Namespace) -> Path:
+    return args.work / "quick" if args.quick else args.work
+
+
+def sim_mapping(args: argparse.Namespace) -> dict[str, Any]:
+    """The experiment as a ``swarm-sim`` configuration (multiprocess mode)."""
+    family = families_of([args.family])
+    if args.quick:
+        model: dict[str, Any] = {"name": "builtin:tiny"}
+        engine = "transformers"
+    else:
+        warm = {"families": families_of([args.format_family]), "examples": args.format_examples}
+        model = {"name": "smollm2-135m", "device": args.device, "warm_start": warm}
+        engine = args.engine
+    if args.device != "cpu":  # float32 as on the CPU: bf16 weights without fp32 master copies drop small updates
+        model = {**model, "device": args.device, "dtype": "float32"}
+    nodes = 2 if args.quick else 3
+    return {
+        "name": "b6-real",
+        "mode": "multiprocess",
+        "nodes": nodes,
+        "steps": 2 if args.quick else args.steps,
+        "seeds": list(args.seeds),
+        "torch_threads": 1,
+        "node": {
+            "swarm_id": "b6-real",
+            "model": model,
+            "tasks": {"families": family},
+            "rollout": {"engine": engine, "prompts_per_step": 4, "group_size": 8,
+                        "max_new_tokens": args.max_new_tokens},
+            "sapo": {"local_groups": 4, "external_groups": 0},
+            "mnpo": {"prompts_per_window": 8, "responses_per_prompt": 4, "pairs_per_step": 16, "eta": args.eta,
+                     "ratio": 0.5, "dpo_beta": args.dpo_beta, "max_opponents": 4, "history": 4},
+            "eval": {
+                "every_steps": 1 if args.quick else args.eval_every,
+                "items_per_family": 4 if args.quick else args.items, "samples": 8, "greedy": True,
+            },
+            "checkpoint": {"every": 10, "keep": 1},
+        },
+        "configurations": [
+            {"name": arm, "description": ARMS[arm][1], "node": ARMS[arm][0]} for arm in arms_of(args)
+        ],
+        "multiprocess": {"startup_timeout_s": 1800, "run_timeout_s": 86_400},
+    }  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> None:
+    """Run every (arm, seed) not finished yet; an interrupted pair resumes from its checkpoints."""
+    work, mapping = work_dir(args), sim_mapping(args)
+    roles = {str(i): [f"player{i}", str(mapping["node"]["model"]["name"])] for i in range(mapping["nodes"])}
+    sim = prepare(work, mapping, roles)
+    prebuild(sim)
+    run_pending(sim, work, arms_of(args), args.seeds, args.jobs)
+
+
+# ---------------------------------------------------------------------------------------------- the oracle's game
+
+
+def win_rate(a: list[int], b: list[int], samples: int) -> float:
+    """P(a's response beats b's) under the verifier, per item from exact counts out of ``samples``, a tie (both
+    right or both wrong) counting one half; the mean over items."""
+    total = 0.0
+    for ca, cb in zip(a, b, strict=True):
+        pa, pb = ca / samples, cb / samples
+        total += pa * (1 - pb) + 0.5 * (pa * pb + (1 - pa) * (1 - pb))
+    return total / len(a)
+
+
+def league_stats(finals: dict[tuple[str, int], list[int]], samples: int) -> dict[str, dict[str, float]]:
+    """Per arm, from the final per-item exact counts of every (arm, node) of one seed (the league): the arm's mean
+    win rate against every other league member, and the empirical duality gap of its population sigma (uniform over
+    its nodes): ``2 max_pi P(pi beats sigma) - 1`` over the league's policies, 0 when none beats it."""
+    out: dict[str, dict[str, float]] = {}
+    for arm in dict.fromkeys(a for a, _ in finals):
+        mine = [k for k in finals if k[0] == arm]
+        wins = [win_rate(finals[k], finals[o], samples) for k in mine for o in finals if o != k]
+        best = max(
+            statistics.fmean(win_rate(finals[p], finals[k], samples) for k in mine) for p in finals
+        )  # a member of sigma itself is a candidate: the gap is never below 0
+        out[arm] = {"win_league": statistics.fmean(wins) if wins else float("nan"), "gap": max(0.0, 2 * best - 1)}
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- the report
+
+
+def _node_metrics(node_dir: Path) -> dict[str, float]:
+    rows = [json.loads(x) for x in (node_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    mnpo = [r for r in rows if "mnpo_pairs" in r]
+    mean = lambda key: statistics.fmean(r.get(key, 0.0) for r in mnpo) if mnpo else float("nan")  # noqa: E731
+    return {"mnpo_steps": len(mnpo), "pairs": mean("mnpo_pairs"), "covered": mean("mnpo_covered_frac"),
+            "peer_opponents": mean("mnpo_peer_opponents")}  # fmt: skip
+
+
+def collect(work: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The experiment and one row per (arm, seed) whose every node evaluated at the last step."""
+    import yaml
+
+    mapping = yaml.safe_load((work / "experiment.yaml").read_text())
+    fam = mapping["node"]["tasks"]["families"][0]["name"]
+    samples = mapping["node"]["eval"]["samples"]
+    rows = []
+    for seed in sorted(mapping["seeds"]):
+        finals: dict[tuple[str, int], list[int]] = {}
+        per_arm = {}
+        for conf in mapping["configurations"]:
+            arm, run_dir = conf["name"], work / conf["name"] / f"seed{seed}"
+            evals = [read_evals(run_dir / f"node{i}") for i in range(mapping["nodes"])]
+            if not all(e and e[-1]["step"] >= mapping["steps"] and len(e) > 1 for e in evals):
+                continue
+            nodes = []
+            for i, e in enumerate(evals):
+                first, last = e[0]["families"][fam], e[-1]["families"][fam]
+                finals[(arm, i)] = last["correct"]
+                nodes.append({"node": i, "before": first, "after": last, **_node_metrics(run_dir / f"node{i}")})
+            per_arm[arm] = nodes
+        league = league_stats(finals, samples) if finals else {}
+        for arm, nodes in per_arm.items():
+            gain = {k: statistics.fmean(n["after"][k] - n["before"][k] for n in nodes)
+                    for k in ("accuracy", "greedy_accuracy", "pass_at_8")}  # fmt: skip
+            rows.append({"arm": arm, "seed": seed, "nodes": nodes, "gain": gain, **league[arm],
+                         "league_size": len(finals), "baseline": nodes[0]["after"]["majority_baseline"]})  # fmt: skip
+    return mapping, rows
+
+
+def report(args: argparse.Namespace) -> None:
+    work = work_dir(args)
+    if not (work / "experiment.yaml").is_file():
+        raise SystemExit(f"{work} holds no experiment (no experiment.yaml): run `b6_real.py run` first")
+    mapping, rows = collect(work)
+    if not rows:
+        raise SystemExit(f"no finished (arm, seed) under {work}")
+    fam = mapping["node"]["tasks"]["families"][0]
+    arms = list(dict.fromkeys(r["arm"] for r in rows))
+    lines = [
+        "# B6 on real models: MNPO, DPO and GRPO on a SmolLM2 population",
+        "",
+        f"Machine: {args.machine or machine_info()}. Family `{fam['name']}` `{json.dumps(fam['config'])}`; "
+        f"{mapping['nodes']} real `swarm-node join` processes per arm over hivemind on 127.0.0.1 "
+        f"(`benchmarks/b6_real.py`, experiment in `{work.name}/experiment.yaml`), {mapping['steps']} steps, "
+        f"model `{mapping['node']['model']['name']}`. Oracle: the verifier (higher reward wins; a tie makes no pair). "
+        "Held-out items: the family's held-out split, the same for every node; exact = share of 8 samples exactly "
+        f"right; majority baseline {rows[0]['baseline']:.3f}.",
+        "",
+        "Per arm, mean ± sd over seeds of the mean over its nodes. Win rate vs league: against every other final "
+        "policy of the same seed (all arms), a tie counting one half. Gap: the empirical duality gap of the arm's "
+        "population, 2 max P(league policy beats it) - 1 (0: nothing in the league beats it).",
+        "",
+        "| arm | seeds | exact gain | greedy gain | pass@8 gain | win rate vs league | gap | MNPO pairs / step | "
+        "covered by an opponent |",
+        "|---|---:|---|---|---|---|---|---:|---:|",
+    ]
+    for arm in arms:
+        sel = [r for r in rows if r["arm"] == arm]
+        cells = [
+            mean_sd([r["gain"][k] for r in sel], signed=True) for k in ("accuracy", "greedy_accuracy", "pass_at_8")
+        ]
+        cells += [mean_sd([r[k] for r in sel]) for k in ("win_league", "gap")]
+        nodes = [n for r in sel for n in r["nodes"] if n["mnpo_steps"]]
+        mnpo = "- | -"
+        if nodes:
+            pairs, covered = (statistics.fmean(n[k] for n in nodes) for k in ("pairs", "covered"))
+            mnpo = f"{pairs:.1f} | {covered:.2f}"
+        lines.append(f"| {arm} | {len(sel)} | " + " | ".join(cells) + f" | {mnpo} |")
+    lines += ["", "Per node (exact before -> after; greedy; pass@8):", ""]
+    for r in rows:
+        cells = "; ".join(
+            f"{n['before']['accuracy']:.3f} -> {n['after']['accuracy']:.3f}, "
+            f"{n['before']['greedy_accuracy']:.3f} -> {n['after']['greedy_accuracy']:.3f}, "
+            f"{n['before']['pass_at_8']:.3f} -> {n['after']['pass_at_8']:.3f}"
+            for n in r["nodes"]
+        )
+        lines.append(f"- {r['arm']} seed {r['seed']}: {cells}")
+    lines += [""]
+    dpo = [r["gain"]["accuracy"] for r in rows if r["arm"] == "dpo"]
+    for arm in [a for a in arms if "mnpo" in a]:
+        mine = [r["gain"]["accuracy"] for r in rows if r["arm"] == arm]
+        if not dpo:
+            break
+        diff = statistics.fmean(mine) - statistics.fmean(dpo)
+        if min(len(mine), len(dpo)) < 2:
+            verdict = "not judged (one seed, no spread)"
+        else:
+            spread = 2 * max(statistics.stdev(mine), statistics.stdev(dpo))
+            verdict = f"{'beyond' if abs(diff) > spread else 'within'} 2 sd of the seeds ({spread:.3f})"
+        lines.append(f"- {arm}: exact gain {statistics.fmean(mine):+.3f} against DPO's {statistics.fmean(dpo):+.3f}; "
+                     f"the difference {diff:+.3f} is {verdict}.")  # fmt: skip
+    text = "\n".join(lines) + "\n"
+    print(text)
+    stem = args.stem or ("b6_real_quick" if args.quick else "b6_real")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{stem}.md").write_text(text)
+    (args.out / f"{stem}.json").write_text(json.dumps({"experiment": mapping, "rows": rows}, indent=1))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name in ("run", "report"):
+        p = sub.add_parser(name)
+        p.add_argument("--work", type=Path, default=WORK)
+        p.add_argument("--out", type=Path, default=RESULTS)
+        p.add_argument("--quick", action="store_true", help="2 steps of two tiny-model nodes, two arms (a smoke run)")
+    rep = sub.choices["report"]
+    rep.add_argument("--stem", help="the results files' name (default b6_real, or b6_real_quick)")
+    rep.add_argument("--machine", help="where the runs ran, when not here (runs fetched from a GPU)")
+    r = sub.choices["run"]
+    r.add_argument("--family", choices=sorted(CANDIDATES), default="basic_arithmetic")
+    r.add_argument("--format-family", choices=sorted(CANDIDATES), default="spell_backward")
+    r.add_argument("--format-examples", type=int, default=512, help="the nodes' format warm-start examples")
+    r.add_argument("--engine", choices=["vllm", "transformers"], default="vllm")
+    r.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    r.add_argument("--jobs", type=int, default=1, help="(arm, seed) pairs run at once")
+    r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    r.add_argument("--steps", type=int, default=60)
+    r.add_argument("--eval-every", type=int, default=20)
+    r.add_argument("--items", type=int, default=48)
+    r.add_argument("--max-new-tokens", type=int, default=64)
+    r.add_argument("--eta", type=float, default=0.5, help="MNPO step size (target margin 1/(2 eta))")
+    r.add_argument("--dpo-beta", type=float, default=1.0)
+    args = ap.parse_args()
+    {"run": run, "report": report}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""B6's real-model section: win rates under the verifier from per-item exact counts, the empirical duality gap, the
+report's per-arm gains and verdict against DPO, and a smoke run of real processes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from benchmarks.b6_real import league_stats, win_rate
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_win_rate_counts_a_tie_as_one_half() -> None:
+    # item 1: a always right, b never: a wins; item 2: both always wrong: a tie
+    assert win_rate([8, 0], [0, 0], 8) == pytest.approx(0.75)
+    assert win_rate([4], [4], 8) == pytest.approx(0.5)  # the same policy: one half
+    assert win_rate([2, 6], [5, 1], 8) + win_rate([5, 1], [2, 6], 8) == pytest.approx(1.0)
+
+
+def test_league_win_rate_and_gap_by_hand() -> None:
+    finals = {("x", 0): [8, 8], ("x", 1): [0, 0], ("y", 0): [4, 4]}
+    got = league_stats(finals, 8)
+    # x0 beats x1 always (1) and y0 3/4 of the time; x1 beats x0 never and y0 1/4: x's mean is one half
+    assert got["x"]["win_league"] == pytest.approx(0.5)
+    assert got["y"]["win_league"] == pytest.approx(0.5)
+    # the best response to x's mixture {x0, x1} is x0 (0.5 against itself, 1 against x1): gap 2 * 0.75 - 1
+    assert got["x"]["gap"] == pytest.approx(0.5)
+    assert got["y"]["gap"] == pytest.approx(0.5)  # x0 beats y0 3/4 of the time
+    assert league_stats({("z", 0): [3, 5]}, 8)["z"]["gap"] == pytest.approx(0.0)  # alone in its league
+
+
+def _write_node(d: Path, before: float, after: float, correct: list[int], mnpo: bool) -> None:
+    d.mkdir(parents=True)
+    fam = lambda acc, c: {"accuracy": acc, "greedy_accuracy": acc, "pass_at_8": min(1.0, 2 * acc),  # noqa: E731
+                          "majority_baseline": 0.125, "correct": c}  # fmt: skip
+    evals = [{"step": 0, "families": {"basic_arithmetic": fam(before, [0] * len(correct))}},
+             {"step": 4, "families": {"basic_arithmetic": fam(after, correct)}}]  # fmt: skip
+    (d / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+    row = {"step": 4, **({"mnpo_pairs": 12.0, "mnpo_covered_frac": 0.5, "mnpo_peer_opponents": 1.0} if mnpo else {})}
+    (d / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+
+
+def test_report_compares_mnpo_with_dpo(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    family = {"name": "basic_arithmetic", "config": {"max_terms": 2}}
+    arms = {"dpo": [0.02, 0.04, 0.03], "ht_mnpo": [0.20, 0.22, 0.18]}
+    mapping = {"name": "b6-real", "nodes": 2, "steps": 4, "seeds": [0, 1, 2],
+               "node": {"model": {"name": "smollm2-135m"}, "tasks": {"families": [family]}, "eval": {"samples": 8}},
+               "configurations": [{"name": a} for a in arms]}  # fmt: skip
+    (work / "experiment.yaml").write_text(yaml.safe_dump(mapping))
+    for arm, gains in arms.items():
+        for seed, g in enumerate(gains):
+            for i in range(2):
+                correct = [8, 8] if arm == "ht_mnpo" else [0, 0]
+                _write_node(work / arm / f"seed{seed}" / f"node{i}", 0.1, 0.1 + g, correct, mnpo=True)
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "b6_real.py"), "report", "--work", str(work), "--out", str(out)]
+    subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True)
+    text = (out / "b6_real.md").read_text()
+    # ht_mnpo's nodes are always right on both items, dpo's never: 3/4 against the league (one other ht node at
+    # one half, two dpo nodes at 1), and dpo's population is beaten by ht's policies every time (gap 1)
+    assert "| ht_mnpo | 3 | +0.200 ± 0.020 | +0.200 ± 0.020 | +0.400 ± 0.040 | 0.833 ± 0.000 | 0.000 ± 0.000 |" in text
+    assert "| dpo | 3 | +0.030 ± 0.010 |" in text and "| 0.167 ± 0.000 | 1.000 ± 0.000 | 12.0 | 0.50 |" in text
+    assert "- ht_mnpo: exact gain +0.200 against DPO's +0.030; the difference +0.170 is beyond 2 sd" in text
+
+
+@pytest.mark.network
+@pytest.mark.timeout(900)
+def test_quick_mode_runs_real_processes(tmp_path: Path) -> None:
+    # Two tiny-model `swarm-node join` processes per arm (DPO and HT-MNPO) over hivemind, 2 steps, then the report:
+    # HT-MNPO's pairs are covered by peers' scores records, DPO's by no opponent.
+    script = [sys.executable, str(ROOT / "benchmarks" / "b6_real.py")]
+    where = ["--quick", "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")]
+    subprocess.run([*script, "run", "--seeds", "0", *where], check=True, cwd=ROOT, capture_output=True)
+    subprocess.run([*script, "report", *where], check=True, cwd=ROOT, capture_output=True)
+    data = json.loads((tmp_path / "out" / "b6_real_quick.json").read_text())
+    by_arm = {r["arm"]: r for r in data["rows"]}
+    assert set(by_arm) == {"dpo", "ht_mnpo"}
+    for arm, row in by_arm.items():
+        assert len(row["nodes"]) == 2 and row["league_size"] == 4, arm
+        assert all(n["mnpo_steps"] == 2 and n["pairs"] > 0 for n in row["nodes"]), arm
+        assert all(len(n["after"]["correct"]) == 4 for n in row["nodes"]), arm
+    assert all(n["covered"] == 0.0 for n in by_arm["dpo"]["nodes"])
+    assert any(n["covered"] > 0.0 and n["peer_opponents"] > 0.0 for n in by_arm["ht_mnpo"]["nodes"])
