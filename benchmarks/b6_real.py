@@ -10,8 +10,10 @@ training split. Arms (the experiment's configurations), all at one generation bu
 * ``ht_mnpo``: the MNPO loss against the peers as players, from their signed ``scores`` records (HT-MNPO);
 * ``grpo_mnpo``: GRPO on even steps, HT-MNPO on odd steps (32 completions a step either way).
 
-The preference oracle is the task's verifier (``mnpo.oracle: verifiable``): a response beats another when its
-reward is higher; a tie makes no pair. Every node evaluates on the same held-out items (problems no node trained on).
+The preference oracle is the task's verifier, exact answer first (``mnpo.oracle: {type: verifiable, rank: exact}``):
+a right answer beats a wrong one; between two equally right (or wrong) ones, an answer in the format beats none, then
+the shorter text wins; equal on all three makes no pair. Partial credit never decides. Every node evaluates on the
+same held-out items (problems no node trained on).
 
     python benchmarks/b6_real.py run --seeds 0 1 2        # resumable, seed by seed
     python benchmarks/b6_real.py run --quick --seeds 0    # 2 steps of two tiny-model nodes, two arms: a smoke run
@@ -91,7 +93,8 @@ def sim_mapping(args: argparse.Namespace) -> dict[str, Any]:
                         "max_new_tokens": args.max_new_tokens},
             "sapo": {"local_groups": 4, "external_groups": 0},
             "mnpo": {"prompts_per_window": 8, "responses_per_prompt": 4, "pairs_per_step": 16, "eta": args.eta,
-                     "ratio": 0.5, "dpo_beta": args.dpo_beta, "max_opponents": 4, "history": 4},
+                     "ratio": 0.5, "dpo_beta": args.dpo_beta, "max_opponents": 4, "history": 4,
+                     "oracle": {"type": "verifiable", "rank": "exact"}},
             "eval": {
                 "every_steps": 1 if args.quick else args.eval_every,
                 "items_per_family": 4 if args.quick else args.items, "samples": 8, "greedy": True,
@@ -199,7 +202,8 @@ def report(args: argparse.Namespace) -> None:
         f"Machine: {args.machine or machine_info()}. Family `{fam['name']}` `{json.dumps(fam['config'])}`; "
         f"{mapping['nodes']} real `swarm-node join` processes per arm over hivemind on 127.0.0.1 "
         f"(`benchmarks/b6_real.py`, experiment in `{work.name}/experiment.yaml`), {mapping['steps']} steps, "
-        f"model `{mapping['node']['model']['name']}`. Oracle: the verifier (higher reward wins; a tie makes no pair). "
+        f"model `{mapping['node']['model']['name']}`. Oracle: the verifier, exact first, then format, then "
+        "the shorter text (equal on all three: no pair). "
         "Held-out items: the family's held-out split, the same for every node; exact = share of 8 samples exactly "
         f"right; majority baseline {rows[0]['baseline']:.3f}.",
         "",

@@ -273,7 +273,12 @@ class VerifiableOracleConfig(StrictModel):
 
     type: Literal["verifiable"] = "verifiable"
     margin: float = Field(default=0.0, ge=0, le=1)
-    """A pair needs ``reward(y_w) - reward(y_l) > margin`` (rewards are in [0, 1])."""
+    """A pair needs ``reward(y_w) - reward(y_l) > margin`` (rewards are in [0, 1]; ``rank: reward`` only)."""
+    rank: Literal["reward", "exact"] = "reward"
+    """``reward``: the verifier's reward, partial credit included. ``exact``: exactly right first (the extracted
+    answer equals the gold one), then, between two responses equally right or wrong, one that states an answer in the
+    ``<answer>`` format beats one that does not, then the shorter text wins (in characters); equal on all three is a
+    tie (no pair). Partial credit never decides a pair."""
 
 
 class RewardModelOracleConfig(StrictModel):

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from node.config import OracleConfig, RewardModelOracleConfig, VerifiableOracleConfig
+from node.tasks import extract_answer, is_exact
 from protocol.errors import SwarmError
 from protocol.types import TaskRef
 
@@ -69,17 +70,39 @@ class PointwiseOracle(PreferenceOracle):
 class VerifiableOracle(PointwiseOracle):
     """The verifier's reward in [0, 1]: a pair only where rewards differ by more than ``margin``.
 
+    ``rank="exact"`` ranks instead by (exactly right, answer in the format, shorter text), lexicographically: partial
+    credit never decides a pair, and ties between two right (or two wrong) answers are broken by format, then length
+    (``VerifiableOracleConfig.rank``).
+
     ``tasks`` is a :class:`node.tasks.TaskSource` (or anything with ``materialize`` and ``score``): prompts are
     regenerated from their refs and every text is scored locally; a peer's reward hint is never used.
     """
 
-    def __init__(self, tasks: Any, margin: float = 0.0) -> None:
+    def __init__(self, tasks: Any, margin: float = 0.0, rank: str = "reward") -> None:
         super().__init__(margin)
         self.tasks = tasks
+        self.rank = rank
 
     def scores(self, task: TaskRef, texts: Sequence[str]) -> list[float]:
         item = self.tasks.materialize(task)
         return [float(self.tasks.score(item, t)) for t in texts]
+
+    def pairs(self, task: TaskRef, texts: Sequence[str], rng: random.Random) -> list[tuple[int, int]]:
+        if self.rank == "reward":
+            return super().pairs(task, texts, rng)
+        item = self.tasks.materialize(task)
+        keys = []
+        for t in texts:
+            answer = extract_answer(t)
+            keys.append((is_exact(item, answer, float(self.tasks.score(item, t))), answer is not None, -len(t)))
+        out = []
+        for i in range(len(texts)):
+            for j in range(i + 1, len(texts)):
+                if keys[i] > keys[j]:
+                    out.append((i, j))
+                elif keys[j] > keys[i]:
+                    out.append((j, i))
+        return out
 
 
 class RewardModelOracle(PointwiseOracle):
@@ -276,7 +299,7 @@ def build_oracle(
 ) -> PreferenceOracle:
     """The oracle a node's ``mnpo.oracle`` config names."""
     if isinstance(cfg, VerifiableOracleConfig):
-        return VerifiableOracle(tasks, margin=cfg.margin)
+        return VerifiableOracle(tasks, margin=cfg.margin, rank=cfg.rank)
     if isinstance(cfg, RewardModelOracleConfig):
         return RewardModelOracle(
             cfg.model,

@@ -36,11 +36,45 @@ def test_verifiable_pairs_only_where_rewards_differ():
     assert VerifiableOracle(FakeTasks(), margin=0.6).pairs(T, ["4", "3", "x"], random.Random(0)) == [(0, 2)]
 
 
+class GoldTasks:
+    """An item with gold answer "4"; partial credit 0.5 for "3", as a lenient verifier might give."""
+
+    class Item:
+        answer = "4"
+
+    def materialize(self, ref):
+        return self.Item()
+
+    def score(self, item, text):
+        from node.tasks import extract_answer
+
+        return {"4": 1.0, "3": 0.5}.get(extract_answer(text) or "", 0.0)
+
+
+def test_exact_rank_puts_right_first_then_format_then_length():
+    o = VerifiableOracle(GoldTasks(), rank="exact")
+    texts = [
+        "<answer>4</answer>",  # 0: right, short
+        "so <answer>4</answer>",  # 1: right, longer
+        "<answer>3</answer>",  # 2: wrong (partial credit does not count), formatted
+        "4",  # 3: no answer in the format
+        "<answer>5</answer>",  # 4: wrong, formatted, as long as 2: a tie with it
+    ]
+    pairs = set(o.pairs(T, texts, random.Random(0)))
+    assert pairs == {(0, 1), (0, 2), (0, 3), (0, 4), (1, 2), (1, 3), (1, 4), (2, 3), (4, 3)}
+    assert (2, 4) not in pairs and (4, 2) not in pairs  # equal on all three keys: no pair
+    # the reward rank would let partial credit decide "3" over "5", and say nothing between the two right answers
+    by_reward = set(VerifiableOracle(GoldTasks()).pairs(T, texts, random.Random(0)))
+    assert (2, 4) in by_reward and (0, 1) not in by_reward
+
+
 def test_build_oracle_from_config():
     from node.config import VerifiableOracleConfig
 
     o = build_oracle(VerifiableOracleConfig(margin=0.1), FakeTasks(), prompt_of=str, device="cpu")
-    assert isinstance(o, VerifiableOracle) and o.margin == 0.1
+    assert isinstance(o, VerifiableOracle) and o.margin == 0.1 and o.rank == "reward"
+    o = build_oracle(VerifiableOracleConfig(rank="exact"), FakeTasks(), prompt_of=str, device="cpu")
+    assert isinstance(o, VerifiableOracle) and o.rank == "exact"
 
 
 @pytest.fixture(scope="module")
