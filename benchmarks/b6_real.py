@@ -19,10 +19,13 @@ same held-out items (problems no node trained on).
     python benchmarks/b6_real.py run --quick --seeds 0    # 2 steps of two tiny-model nodes, two arms: a smoke run
     python benchmarks/b6_real.py report
 
-The report (``benchmarks/results/b6_real.md``, plot beside it), per arm, mean ± sd over seeds of the arm's nodes'
-mean: held-out exact gain (sampled), greedy and pass@8 gains; the win rate against the league (every arm's final
-policies of the same seed) under the oracle, from the per-item exact counts of the final evaluations; and the
-empirical duality gap of the arm's population (how much the league's best policy beats it). MNPO's metrics (pairs a
+The report (``benchmarks/results/b6_real.md``), per arm, mean ± sd over seeds of the arm's nodes' mean: held-out
+exact gain (sampled), greedy and pass@8 gains; the win rate against the league (every arm's final policies of the
+same seed) when only exactness is judged, from the per-item exact counts of the final evaluations; and the empirical
+duality gap of the arm's population (how much the league's best policy beats it). Exactness is a transitive
+judge: the win rate is then ``1/2 + (accuracy - opponent's accuracy) / 2`` and the gap the league's best accuracy
+minus the arm's, which the report says. A verifier cannot show MNPO's edge on non-transitive preferences; what it can
+show is whether MNPO's loss and opponents learn more from the same completions than DPO's. MNPO's metrics (pairs a
 step, opponents covering a pair) say what limited it. Target: MNPO's held-out exact gain beats DPO's beyond 2 sd.
 """
 
@@ -121,8 +124,9 @@ def run(args: argparse.Namespace) -> None:
 
 
 def win_rate(a: list[int], b: list[int], samples: int) -> float:
-    """P(a's response beats b's) under the verifier, per item from exact counts out of ``samples``, a tie (both
-    right or both wrong) counting one half; the mean over items."""
+    """P(a's response beats b's) when only exactness is judged, per item from exact counts out of ``samples``, a tie
+    (both right or both wrong) counting one half; the mean over items. With such a judge this equals
+    ``1/2 + (accuracy_a - accuracy_b) / 2``: it is linear in each item."""
     total = 0.0
     for ca, cb in zip(a, b, strict=True):
         pa, pb = ca / samples, cb / samples
@@ -175,14 +179,18 @@ def collect(work: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
             nodes = []
             for i, e in enumerate(evals):
                 first, last = e[0]["families"][fam], e[-1]["families"][fam]
-                finals[(arm, i)] = last["correct"]
+                if last.get("correct") is not None:  # evaluations recorded before per-item counts have none
+                    finals[(arm, i)] = last["correct"]
                 nodes.append({"node": i, "before": first, "after": last, **_node_metrics(run_dir / f"node{i}")})
             per_arm[arm] = nodes
-        league = league_stats(finals, samples) if finals else {}
+        # the league is every arm's final policies of this seed: judged only when all arms finished, with counts
+        complete = len(finals) == len(mapping["configurations"]) * mapping["nodes"]
+        league = league_stats(finals, samples) if complete else {}
+        nan = {"win_league": float("nan"), "gap": float("nan")}
         for arm, nodes in per_arm.items():
             gain = {k: statistics.fmean(n["after"][k] - n["before"][k] for n in nodes)
                     for k in ("accuracy", "greedy_accuracy", "pass_at_8")}  # fmt: skip
-            rows.append({"arm": arm, "seed": seed, "nodes": nodes, "gain": gain, **league[arm],
+            rows.append({"arm": arm, "seed": seed, "nodes": nodes, "gain": gain, **league.get(arm, nan),
                          "league_size": len(finals), "baseline": nodes[0]["after"]["majority_baseline"]})  # fmt: skip
     return mapping, rows
 
@@ -196,6 +204,7 @@ def report(args: argparse.Namespace) -> None:
         raise SystemExit(f"no finished (arm, seed) under {work}")
     fam = mapping["node"]["tasks"]["families"][0]
     arms = list(dict.fromkeys(r["arm"] for r in rows))
+    baseline = "n/a" if rows[0]["baseline"] is None else f"{rows[0]['baseline']:.3f}"
     lines = [
         "# B6 on real models: MNPO, DPO and GRPO on a SmolLM2 population",
         "",
@@ -205,11 +214,13 @@ def report(args: argparse.Namespace) -> None:
         f"model `{mapping['node']['model']['name']}`. Oracle: the verifier, exact first, then format, then "
         "the shorter text (equal on all three: no pair). "
         "Held-out items: the family's held-out split, the same for every node; exact = share of 8 samples exactly "
-        f"right; majority baseline {rows[0]['baseline']:.3f}.",
+        f"right; majority baseline {baseline}.",
         "",
         "Per arm, mean ± sd over seeds of the mean over its nodes. Win rate vs league: against every other final "
-        "policy of the same seed (all arms), a tie counting one half. Gap: the empirical duality gap of the arm's "
-        "population, 2 max P(league policy beats it) - 1 (0: nothing in the league beats it).",
+        "policy of the same seed (all arms; seeds where every arm finished), judged on exactness alone, a tie "
+        "counting one half. Gap: the empirical duality gap of the arm's population, 2 max P(league policy beats it) "
+        "- 1 (0: nothing in the league beats it). Exactness is transitive, so these two say the same as accuracy: "
+        "win rate = 1/2 + (accuracy - the league's) / 2, gap = the league's best accuracy - the arm's.",
         "",
         "| arm | seeds | exact gain | greedy gain | pass@8 gain | win rate vs league | gap | MNPO pairs / step | "
         "covered by an opponent |",
@@ -220,7 +231,7 @@ def report(args: argparse.Namespace) -> None:
         cells = [
             mean_sd([r["gain"][k] for r in sel], signed=True) for k in ("accuracy", "greedy_accuracy", "pass_at_8")
         ]
-        cells += [mean_sd([r[k] for r in sel]) for k in ("win_league", "gap")]
+        cells += [mean_sd([r[k] for r in sel if r[k] == r[k]]) for k in ("win_league", "gap")]  # nan: no league
         nodes = [n for r in sel for n in r["nodes"] if n["mnpo_steps"]]
         mnpo = "- | -"
         if nodes:

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import json
 import sys
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -102,8 +103,9 @@ def run_pending(sim: Any, work: Path, configs: list[str], seeds: list[int], jobs
     """Run every (configuration, seed) pair whose nodes have not all evaluated at ``sim.steps``, seed by seed (a
     budget cut short still leaves every configuration of the first seeds); an interrupted pair resumes from its
     checkpoints. ``jobs`` > 1 runs pairs side by side (a GPU machine with cores to spare): each pair's nodes find
-    each other only through their own bootstrap, so runs do not mix."""
-    from sim.multiproc import run_seed_multiprocess
+    each other only through their own bootstrap, so runs do not mix. A failed pair or an interrupt (Ctrl-C, or SIGINT
+    from ``timeout -s INT``) stops every running pair's nodes and starts no more."""
+    from sim.multiproc import MultiprocessError, run_seed_multiprocess
 
     pending = []
     for seed in seeds:
@@ -112,13 +114,31 @@ def run_pending(sim: Any, work: Path, configs: list[str], seeds: list[int], jobs
                 print(f"{name} seed {seed}: done", file=sys.stderr)
             else:
                 pending.append((name, seed))
+    stop = threading.Event()
+
+    def check(_: int) -> None:
+        if stop.is_set():
+            raise MultiprocessError("stopped: another run failed or the driver was interrupted")
 
     def one(pair: tuple[str, int]) -> None:
         name, seed = pair
+        if stop.is_set():
+            return
         print(f"{name} seed {seed}: running {sim.nodes} nodes to step {sim.steps}", file=sys.stderr, flush=True)
-        run_seed_multiprocess(sim, name, seed, work)
+        run_seed_multiprocess(sim, name, seed, work, on_step=check)  # its finally stops the nodes
         print(f"{name} seed {seed}: finished", file=sys.stderr, flush=True)
 
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        for future in [pool.submit(one, pair) for pair in pending]:
+    if jobs <= 1:
+        for pair in pending:
+            one(pair)
+        return
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    futures = [pool.submit(one, pair) for pair in pending]
+    try:
+        for future in as_completed(futures):
             future.result()
+    except BaseException:
+        stop.set()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)

