@@ -120,7 +120,8 @@ def sim_mapping(args: argparse.Namespace) -> dict[str, Any]:
             for name, (local, ext) in CONFIGS.items()
         ],
         "heterogeneity": {"node_overrides": overrides},
-        "multiprocess": {"startup_timeout_s": 1800, "run_timeout_s": 86_400},
+        "multiprocess": {"startup_timeout_s": 1800, "run_timeout_s": 86_400,
+                         **({"linger_s": 60} if args.quick else {})},  # a tiny node 0 outpaces node 1's start
     }  # fmt: skip
 
 

@@ -107,7 +107,8 @@ def sim_mapping(args: argparse.Namespace) -> dict[str, Any]:
         "configurations": [
             {"name": arm, "description": ARMS[arm][1], "node": ARMS[arm][0]} for arm in arms_of(args)
         ],
-        "multiprocess": {"startup_timeout_s": 1800, "run_timeout_s": 86_400},
+        "multiprocess": {"startup_timeout_s": 1800, "run_timeout_s": 86_400,
+                         **({"linger_s": 60} if args.quick else {})},  # a tiny node 0 outpaces node 1's start
     }  # fmt: skip
 
 
@@ -170,7 +171,7 @@ def collect(work: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     rows = []
     for seed in sorted(mapping["seeds"]):
         finals: dict[tuple[str, int], list[int]] = {}
-        per_arm = {}
+        per_arm, curves = {}, {}
         for conf in mapping["configurations"]:
             arm, run_dir = conf["name"], work / conf["name"] / f"seed{seed}"
             evals = [read_evals(run_dir / f"node{i}") for i in range(mapping["nodes"])]
@@ -182,7 +183,7 @@ def collect(work: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
                 if last.get("correct") is not None:  # evaluations recorded before per-item counts have none
                     finals[(arm, i)] = last["correct"]
                 nodes.append({"node": i, "before": first, "after": last, **_node_metrics(run_dir / f"node{i}")})
-            per_arm[arm] = nodes
+            per_arm[arm], curves[arm] = nodes, evals
         # the league is every arm's final policies of this seed: judged only when all arms finished, with counts
         complete = len(finals) == len(mapping["configurations"]) * mapping["nodes"]
         league = league_stats(finals, samples) if complete else {}
@@ -190,7 +191,12 @@ def collect(work: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         for arm, nodes in per_arm.items():
             gain = {k: statistics.fmean(n["after"][k] - n["before"][k] for n in nodes)
                     for k in ("accuracy", "greedy_accuracy", "pass_at_8")}  # fmt: skip
-            rows.append({"arm": arm, "seed": seed, "nodes": nodes, "gain": gain, **league.get(arm, nan),
+            by_step = [{e["step"]: e["families"][fam] for e in ev} for ev in curves[arm]]
+            steps = sorted(set.intersection(*(set(b) for b in by_step)))
+            curve = [
+                (t, *(statistics.fmean(b[t][k] for b in by_step) for k in ("accuracy", "pass_at_8"))) for t in steps
+            ]  # (step, mean exact, mean pass@8) over the arm's nodes
+            rows.append({"arm": arm, "seed": seed, "nodes": nodes, "gain": gain, "curve": curve, **league.get(arm, nan),
                          "league_size": len(finals), "baseline": nodes[0]["after"]["majority_baseline"]})  # fmt: skip
     return mapping, rows
 
@@ -267,6 +273,25 @@ def report(args: argparse.Namespace) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{stem}.md").write_text(text)
     (args.out / f"{stem}.json").write_text(json.dumps({"experiment": mapping, "rows": rows}, indent=1))
+    _plot(rows, args.out / f"{stem}.png")
+
+
+def _plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Held-out exact (sampled) and pass@8 over steps, the mean of each arm's nodes, one line per (arm, seed)."""
+    from benchmarks.common.plots import save_step_panels
+
+    arms = list(dict.fromkeys(r["arm"] for r in rows))
+    panels = {"held-out exact (sampled)": 1, "held-out pass@8": 2}
+
+    def draw(ax: Any, title: str) -> None:
+        for r in rows:
+            color = f"C{arms.index(r['arm'])}"
+            first = r["seed"] == min(x["seed"] for x in rows if x["arm"] == r["arm"])
+            ax.plot([c[0] for c in r["curve"]], [c[panels[title]] for c in r["curve"]], color=color, alpha=0.7,
+                    label=r["arm"] if first else None)  # fmt: skip
+        ax.axhline(rows[0]["baseline"] or 0.0, color="grey", lw=0.8, label="majority baseline")
+
+    save_step_panels(path, list(panels), draw, "mean over the arm's nodes")
 
 
 def main() -> None:

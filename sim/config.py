@@ -221,6 +221,9 @@ class MultiprocessConfig(StrictModel):
     """How long all nodes may take to finish ``steps`` steps before they are terminated."""
     stagger_s: float = Field(default=0.5, ge=0, le=60)
     """Pause between starting two nodes (they load a model each)."""
+    linger_s: float = Field(default=0.0, ge=0, le=3600)
+    """How long the bootstrap node (node 0) stays in the swarm after its last step (``swarm-node join --linger``), so
+    nodes still starting can join through it: a fast model can finish a short run before a slow peer is up."""
     extra_args: list[str] = Field(default_factory=list)
     """Extra command-line arguments for every ``swarm-node join``."""
 

@@ -33,6 +33,8 @@ logger = logging.getLogger(__name__)
 
 #: The line ``swarm-node join`` prints for each address it listens on.
 LISTEN_RE = re.compile(r"listening on (/ip4/127\.0\.0\.1/tcp/\d+/p2p/\w+)")
+#: The line ``swarm-node join --linger`` prints when it has finished training and stays in the swarm.
+LINGER_LINE = "staying in the swarm"
 
 
 class MultiprocessError(SwarmError):
@@ -48,6 +50,7 @@ class NodeProcess:
     run_dir: Path
     addresses: list[str] = field(default_factory=list)
     address_seen: threading.Event = field(default_factory=threading.Event)
+    lingering: threading.Event = field(default_factory=threading.Event)  # done training, staying up (--linger)
     _reader: threading.Thread | None = None
 
     @property
@@ -67,6 +70,8 @@ class NodeProcess:
                     if m:
                         self.addresses.append(m.group(1))
                         self.address_seen.set()
+                    elif line.startswith(LINGER_LINE):
+                        self.lingering.set()
 
         self._reader = threading.Thread(target=pump, name=f"node{self.index}-stdout", daemon=True)
         self._reader.start()
@@ -146,7 +151,8 @@ def run_seed_multiprocess(
             cfg_file = node_dir / "input.yaml"
             cfg_file.write_text(yaml.safe_dump(mapping, sort_keys=False))
             peers = procs[0].addresses[:1] if procs else []
-            procs.append(_start(i, node_command(cfg_file, node_dir, sim.steps, peers, mp.extra_args), node_dir, env))
+            extra = [*mp.extra_args, *(["--linger", str(mp.linger_s)] if i == 0 and mp.linger_s else [])]
+            procs.append(_start(i, node_command(cfg_file, node_dir, sim.steps, peers, extra), node_dir, env))
             if i == 0:
                 deadline = time.monotonic() + mp.startup_timeout_s
                 while not procs[0].address_seen.wait(0.2):
@@ -164,7 +170,14 @@ def run_seed_multiprocess(
             elif mp.stagger_s:
                 time.sleep(mp.stagger_s)
         deadline = time.monotonic() + mp.run_timeout_s
-        for p in procs:
+        # A lingering bootstrap node is waited for last and let go as soon as every other node has finished and it
+        # has finished training (SIGTERM ends its linger; it exits 0).
+        for p in procs[1:] + procs[:1] if mp.linger_s else procs:
+            if p.index == 0 and mp.linger_s:
+                while p.proc.poll() is None and not p.lingering.wait(0.5) and time.monotonic() < deadline:
+                    pass
+                if p.proc.poll() is None and p.lingering.is_set():
+                    p.proc.terminate()
             try:
                 while True:
                     left = max(0.0, deadline - time.monotonic())

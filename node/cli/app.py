@@ -50,6 +50,15 @@ def join(
             "command after a crash finishes the job).",
         ),
     ] = None,
+    linger: Annotated[
+        float,
+        typer.Option(
+            "--linger",
+            min=0,
+            help="After --max-steps, stay in the swarm this many seconds (Ctrl-C leaves sooner), so peers still "
+            "joining through this node or fetching its records find it.",
+        ),
+    ] = 0.0,
     config: Annotated[Path | None, typer.Option("--config", help="Node config YAML (see configs/node/).")] = None,
     overrides: Annotated[
         list[str] | None, typer.Option("--set", help="Override a config field: section.field=value (repeatable).")
@@ -91,6 +100,7 @@ def join(
             identity_path=identity,
             max_steps=max_steps,
             resume=resume,
+            linger_s=linger,
         )
     except SwarmError as e:
         fail(str(e))

@@ -94,7 +94,9 @@ async def _in_daemon_thread(fn, *args):  # type: ignore[no-untyped-def]
     return await fut
 
 
-async def _join(cfg: NodeConfig, run_dir: Path, identity_path: Path, max_steps: int | None, resume: bool) -> int:
+async def _join(
+    cfg: NodeConfig, run_dir: Path, identity_path: Path, max_steps: int | None, resume: bool, linger_s: float = 0.0
+) -> int:
     from node.runtime import Node, build_parts
     from protocol.channel import open_channel
     from protocol.identity import Identity
@@ -139,6 +141,10 @@ async def _join(cfg: NodeConfig, run_dir: Path, identity_path: Path, max_steps: 
             f"stopped at step {node.step}: reward_mean {final.get('reward_mean', 0.0):.3f}, "
             f"peers {final.get('peers', 0)}, metrics in {node.metrics_path}"
         )
+        if linger_s > 0 and not stop.is_set():
+            _say(f"staying in the swarm {linger_s:g} s more (--linger), not training; Ctrl-C leaves now")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=linger_s)
         return 0
     except asyncio.CancelledError:
         if hits["n"] == 0:
@@ -175,8 +181,10 @@ def run_join(
     identity_path: Path | None,
     max_steps: int | None,
     resume: bool,
+    linger_s: float = 0.0,
 ) -> int:
-    """Validate everything that can be validated before starting anything, then run the node to the end."""
+    """Validate everything that can be validated before starting anything, then run the node to the end (and
+    ``linger_s`` seconds beyond ``max_steps``, still in the swarm)."""
     from node.cli.preflight import check_model_name, check_output_dir, check_peers, check_trackers, make_output_dir
 
     cfg = resolve_config(config_path, overrides, peers=peers, host=host, port=port)
@@ -198,7 +206,8 @@ def run_join(
         _say(f"{run_dir} is already at step {done} >= --max-steps {max_steps} (a total); nothing to do")
         return 0
     write_resolved(cfg, run_dir)
-    return asyncio.run(_join(cfg, run_dir, identity_path or run_dir / "identity.key", max_steps, resume))
+    key = identity_path or run_dir / "identity.key"
+    return asyncio.run(_join(cfg, run_dir, key, max_steps, resume, linger_s))
 
 
 def exit_process(code: int) -> None:

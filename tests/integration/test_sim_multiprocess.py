@@ -29,7 +29,8 @@ def test_three_processes_share_rollouts(tmp_path):
                 "eval": {"items_per_family": 4},
             },
             "configurations": [{"name": "2-2"}],
-            "multiprocess": {"startup_timeout_s": 240, "run_timeout_s": 720},
+            # node 0 stays up after its last step until the others finish: on a loaded machine it can finish first
+            "multiprocess": {"startup_timeout_s": 240, "run_timeout_s": 720, "linger_s": 120},
         }
     )
     run_dir = run_seed_multiprocess(cfg, "2-2", 0, tmp_path)

@@ -72,6 +72,10 @@ def test_report_compares_mnpo_with_dpo(tmp_path: Path) -> None:
         "| dpo | 3 | +0.030 ± 0.010 | +0.030 ± 0.010 | +0.060 ± 0.020 | 0.167 ± 0.000 | 1.000 ± 0.000 | 12.0 |" in text
     )
     assert "- ht_mnpo: exact gain +0.200 against DPO's +0.030; the difference +0.170 is beyond 2 sd" in text
+    rows = json.loads((out / "b6_real.json").read_text())["rows"]
+    ht0 = next(r for r in rows if r["arm"] == "ht_mnpo" and r["seed"] == 0)
+    assert ht0["curve"] == [[0, 0.1, 0.2], [4, pytest.approx(0.3), pytest.approx(0.6)]]  # mean over its nodes
+    assert (out / "b6_real.png").stat().st_size > 0
 
 
 @pytest.mark.network
@@ -90,5 +94,8 @@ def test_quick_mode_runs_real_processes(tmp_path: Path) -> None:
         assert len(row["nodes"]) == 2 and row["league_size"] == 4, arm
         assert all(n["mnpo_steps"] == 2 and n["pairs"] > 0 for n in row["nodes"]), arm
         assert all(len(n["after"]["correct"]) == 4 for n in row["nodes"]), arm
+    for arm in by_arm:  # the bootstrap node stayed up after its last step (--linger) until its peer had finished
+        log = (tmp_path / "work" / "quick" / arm / "seed0" / "node0" / "stdout.log").read_text()
+        assert "staying in the swarm 60 s more (--linger)" in log, log[-500:]
     assert all(n["covered"] == 0.0 for n in by_arm["dpo"]["nodes"])
     assert any(n["covered"] > 0.0 and n["peer_opponents"] > 0.0 for n in by_arm["ht_mnpo"]["nodes"])
