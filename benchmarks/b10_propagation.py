@@ -45,6 +45,7 @@ if str(ROOT) not in sys.path:
 from benchmarks.b8_learning import CANDIDATES, families_of, mean_sd  # noqa: E402
 from benchmarks.common.machine import machine_info  # noqa: E402
 from benchmarks.common.multirun import (  # noqa: E402
+    experiment_cli,
     peer_names,
     prebuild,
     prepare,
@@ -282,33 +283,15 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    for name in ("run", "report"):
-        p = sub.add_parser(name)
-        p.add_argument("--work", type=Path, default=WORK)
-        p.add_argument("--out", type=Path, default=RESULTS)
-        p.add_argument("--quick", action="store_true", help="2 steps of two tiny-model nodes (a smoke run)")
+    quick = "2 steps of two tiny-model nodes (a smoke run)"
+    ap, r, rep = experiment_cli(__doc__ or "", WORK, RESULTS, quick, list(CANDIDATES))
+    for p in (r, rep):
         p.add_argument(
             "--population", choices=["propagation", "homogeneous"], default="propagation",
             help="strong + weak + tiny (B10), or three identical SmolLM2 nodes (the homogeneous SAPO row)",
         )  # fmt: skip
-    sub.choices["report"].add_argument("--stem", help="the results files' name (default: by population)")
-    sub.choices["report"].add_argument("--until", type=int, help="report evaluations up to this step only")
-    sub.choices["report"].add_argument("--machine", help="where the runs ran, when not here (runs fetched from a GPU)")
-    r = sub.choices["run"]
-    r.add_argument("--family", choices=sorted(CANDIDATES), default="basic_arithmetic")
-    r.add_argument("--format-family", choices=sorted(CANDIDATES), default="spell_backward")
+    rep.add_argument("--until", type=int, help="report evaluations up to this step only")
     r.add_argument("--strong-examples", type=int, default=2048, help="the strong peer's warm-start examples")
-    r.add_argument("--format-examples", type=int, default=512, help="the weak node's format warm-start examples")
-    r.add_argument("--engine", choices=["vllm", "transformers"], default="vllm")
-    r.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="the SmolLM2 nodes' device")
-    r.add_argument("--jobs", type=int, default=1, help="(configuration, seed) pairs run at once")
-    r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    r.add_argument("--steps", type=int, default=60)
-    r.add_argument("--eval-every", type=int, default=20)
-    r.add_argument("--items", type=int, default=48)
-    r.add_argument("--max-new-tokens", type=int, default=64)
     args = ap.parse_args()
     {"run": run, "report": report}[args.cmd](args)
 

@@ -45,7 +45,7 @@ if str(ROOT) not in sys.path:
 
 from benchmarks.b8_learning import CANDIDATES, families_of, mean_sd  # noqa: E402
 from benchmarks.common.machine import machine_info  # noqa: E402
-from benchmarks.common.multirun import prebuild, prepare, read_evals, run_pending  # noqa: E402
+from benchmarks.common.multirun import experiment_cli, prebuild, prepare, read_evals, run_pending  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 WORK = Path(os.environ.get("RL_SWARM_BENCH_DIR", Path.home() / ".cache" / "rl-swarm" / "bench")) / "b6_real"
@@ -295,28 +295,8 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    for name in ("run", "report"):
-        p = sub.add_parser(name)
-        p.add_argument("--work", type=Path, default=WORK)
-        p.add_argument("--out", type=Path, default=RESULTS)
-        p.add_argument("--quick", action="store_true", help="2 steps of two tiny-model nodes, two arms (a smoke run)")
-    rep = sub.choices["report"]
-    rep.add_argument("--stem", help="the results files' name (default b6_real, or b6_real_quick)")
-    rep.add_argument("--machine", help="where the runs ran, when not here (runs fetched from a GPU)")
-    r = sub.choices["run"]
-    r.add_argument("--family", choices=sorted(CANDIDATES), default="basic_arithmetic")
-    r.add_argument("--format-family", choices=sorted(CANDIDATES), default="spell_backward")
-    r.add_argument("--format-examples", type=int, default=512, help="the nodes' format warm-start examples")
-    r.add_argument("--engine", choices=["vllm", "transformers"], default="vllm")
-    r.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    r.add_argument("--jobs", type=int, default=1, help="(arm, seed) pairs run at once")
-    r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    r.add_argument("--steps", type=int, default=60)
-    r.add_argument("--eval-every", type=int, default=20)
-    r.add_argument("--items", type=int, default=48)
-    r.add_argument("--max-new-tokens", type=int, default=64)
+    quick = "2 steps of two tiny-model nodes, two arms (a smoke run)"
+    ap, r, _ = experiment_cli(__doc__ or "", WORK, RESULTS, quick, list(CANDIDATES))
     r.add_argument("--eta", type=float, default=0.5, help="MNPO step size (target margin 1/(2 eta))")
     r.add_argument("--dpo-beta", type=float, default=1.0)
     args = ap.parse_args()

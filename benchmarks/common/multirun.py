@@ -142,3 +142,35 @@ def run_pending(sim: Any, work: Path, configs: list[str], seeds: list[int], jobs
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def experiment_cli(doc: str, work: Path, results: Path, quick_help: str, families: list[str]) -> tuple[Any, Any, Any]:
+    """The ``run`` / ``report`` command line shared by the real-process drivers: ``(parser, run, report)``, to which
+    a driver adds its own options. Both take ``--work``, ``--out`` and ``--quick``; ``report`` takes ``--stem`` and
+    ``--machine``; ``run`` the family, the format warm start, the engine and device, ``--jobs``, the seeds and the
+    budget (steps, evaluation cadence and size, completion length)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name in ("run", "report"):
+        p = sub.add_parser(name)
+        p.add_argument("--work", type=Path, default=work)
+        p.add_argument("--out", type=Path, default=results)
+        p.add_argument("--quick", action="store_true", help=quick_help)
+    rep = sub.choices["report"]
+    rep.add_argument("--stem", help="the results files' name (default: by experiment)")
+    rep.add_argument("--machine", help="where the runs ran, when not here (runs fetched from a GPU)")
+    r = sub.choices["run"]
+    r.add_argument("--family", choices=sorted(families), default="basic_arithmetic")
+    r.add_argument("--format-family", choices=sorted(families), default="spell_backward")
+    r.add_argument("--format-examples", type=int, default=512, help="the format warm start's examples")
+    r.add_argument("--engine", choices=["vllm", "transformers"], default="vllm")
+    r.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="the SmolLM2 nodes' device")
+    r.add_argument("--jobs", type=int, default=1, help="(configuration, seed) pairs run at once")
+    r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    r.add_argument("--steps", type=int, default=60)
+    r.add_argument("--eval-every", type=int, default=20)
+    r.add_argument("--items", type=int, default=48)
+    r.add_argument("--max-new-tokens", type=int, default=64)
+    return ap, r, rep
