@@ -99,6 +99,22 @@ def prebuild(sim: Any) -> None:
                 torch.cuda.empty_cache()
 
 
+def _interruptible() -> None:
+    """SIGINT and SIGTERM raise KeyboardInterrupt here, so the nodes are stopped on the way out even when this driver
+    was started in the background by a non-interactive shell (which starts it with SIGINT ignored) or is ended by
+    ``timeout`` or ``kill``."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def run_pending(sim: Any, work: Path, configs: list[str], seeds: list[int], jobs: int = 1) -> None:
     """Run every (configuration, seed) pair whose nodes have not all evaluated at ``sim.steps``, seed by seed (a
     budget cut short still leaves every configuration of the first seeds); an interrupted pair resumes from its
@@ -107,6 +123,7 @@ def run_pending(sim: Any, work: Path, configs: list[str], seeds: list[int], jobs
     from ``timeout -s INT``) stops every running pair's nodes and starts no more."""
     from sim.multiproc import MultiprocessError, run_seed_multiprocess
 
+    _interruptible()
     pending = []
     for seed in seeds:
         for name in configs:
