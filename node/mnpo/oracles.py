@@ -55,16 +55,21 @@ class PointwiseOracle(PreferenceOracle):
 
     def pairs(self, task: TaskRef, texts: Sequence[str], rng: random.Random) -> list[tuple[int, int]]:
         s = self.scores(task, texts)
-        out = []
-        for i in range(len(texts)):
-            for j in range(i + 1, len(texts)):
-                if texts[i] == texts[j]:
-                    continue
-                if s[i] - s[j] > self.margin + 1e-12:
-                    out.append((i, j))
-                elif s[j] - s[i] > self.margin + 1e-12:
-                    out.append((j, i))
-        return out
+        return _ordered_pairs(texts, lambda i, j: s[i] - s[j] > self.margin + 1e-12)
+
+
+def _ordered_pairs(texts: Sequence[str], beats: Callable[[int, int], bool]) -> list[tuple[int, int]]:
+    """``(winner, loser)`` for every unordered pair of different texts where ``beats`` says one beats the other."""
+    out = []
+    for i in range(len(texts)):
+        for j in range(i + 1, len(texts)):
+            if texts[i] == texts[j]:
+                continue
+            if beats(i, j):
+                out.append((i, j))
+            elif beats(j, i):
+                out.append((j, i))
+    return out
 
 
 class VerifiableOracle(PointwiseOracle):
@@ -95,14 +100,7 @@ class VerifiableOracle(PointwiseOracle):
         for t in texts:
             answer = extract_answer(t)
             keys.append((is_exact(item, answer, float(self.tasks.score(item, t))), answer is not None, -len(t)))
-        out = []
-        for i in range(len(texts)):
-            for j in range(i + 1, len(texts)):
-                if keys[i] > keys[j]:
-                    out.append((i, j))
-                elif keys[j] > keys[i]:
-                    out.append((j, i))
-        return out
+        return _ordered_pairs(texts, lambda i, j: keys[i] > keys[j])
 
 
 class RewardModelOracle(PointwiseOracle):
