@@ -255,6 +255,16 @@ class SapoConfig(StrictModel):
     peer_importance_weights: bool = True
     """Weight peers' completions by the truncated importance ratio min(pi_old / pi_behaviour, C) from the
     sender's behaviour-logprob hint; ``false`` trains on them with weight 1 (an ablation)."""
+    peer_advantage: Literal["group", "receiver"] = "group"
+    """How peers' completions are credited. ``group`` (SAPO as written): group-relative, like own groups; peers'
+    groups with equal rewards are not pooled. ``receiver``: a peer's completion that this node's verifier scores
+    1.0 gets advantage ``1 - b``, ``b`` this node's own recent solve rate on the task's family, and every other
+    peer completion none; peers' groups without a solved completion are not pooled. A stronger peer's all-right
+    groups, which carry nothing group-relative, then teach a node that does not solve the task, and a weaker
+    peer's wrong answers never push this node's policy (``swarm.sapo.SolveRates``)."""
+    publish_solved: bool = False
+    """Also publish own groups whose every completion scored 1.0. They carry no group-relative advantage (``group``
+    receivers drop them) and are the most useful kind to a ``receiver`` node that does not solve the task."""
 
     @model_validator(mode="after")
     def _some_groups(self) -> SapoConfig:

@@ -39,10 +39,10 @@ from node.tasks import TaskItem, extract_answer, is_exact
 from node.telemetry.metrics import JsonlWriter, LiveView, truncate_after_step
 from node.telemetry.trackers import open_metrics
 from protocol.channel import Channel
-from protocol.types import Group, RolloutBatch, TaskRef
+from protocol.types import Envelope, Group, RolloutBatch, TaskRef
 from swarm.evals import EVAL as _EVAL  # noqa: F401  (registers "eval": nodes store and relay it, never train on it)
 from swarm.pool import RolloutPool, rollout_stats
-from swarm.sapo import SapoSampler, ingest_rollouts
+from swarm.sapo import SapoSampler, SolveRates, ingest_rollouts
 from swarm.scores import SCORES as _SCORES  # noqa: F401  (registers the MNPO "scores" record kind)
 
 if TYPE_CHECKING:
@@ -122,6 +122,10 @@ class Node:
         self.channel = channel
         self.name = name
         self.step = 0
+        #: ``sapo.peer_advantage: receiver``: peers' solved completions are credited against this node's own
+        #: solve rate per family (``swarm.sapo.SolveRates``), updated from its own groups every step.
+        self.receiver = cfg.sapo.peer_advantage == "receiver"
+        self.solve_rates = SolveRates()
         self.pool = RolloutPool(cfg.sapo.pool_size, cfg.sapo.max_age_steps, protect_steps=cfg.sapo.establish_steps)
         self.sampler = SapoSampler(
             cfg.sapo.local_groups,
@@ -132,6 +136,7 @@ class Node:
             newcomer_share=cfg.sapo.newcomer_share,
             establish_steps=cfg.sapo.establish_steps,
             keep_zero_advantage=cfg.sapo.keep_zero_advantage,
+            useful=SolveRates.teaches if self.receiver else None,
         )
         self.samples = SampleBuilder(
             self.policy,
@@ -139,6 +144,7 @@ class Node:
             max_new_tokens=cfg.rollout.max_new_tokens,
             advantages=lambda rewards: advantages_for(cfg.learner, rewards),
             peer_importance_weights=cfg.sapo.peer_importance_weights,
+            peer_advantages=self.solve_rates.advantages if self.receiver else None,
         )
         self.ingest_counts: Counter[str] = Counter()
         self.totals: Counter[str] = Counter()
@@ -397,7 +403,7 @@ class Node:
 
     async def publish(self, own: OwnRollouts) -> None:
         """Sign and publish these groups' informative ones now (peers drop zero-advantage groups anyway)."""
-        await self.publish_groups(own.informative() + self.phase.take_groups())
+        await self.publish_groups(own.informative(solved=self.cfg.sapo.publish_solved) + self.phase.take_groups())
 
     def _take_outbox(self) -> list[Group]:
         """Pop the oldest queued groups that fit in one record (half the size cap, to leave room for headers)."""
@@ -418,7 +424,7 @@ class Node:
         A slow network never blocks a step: while a publish is in flight, groups wait in the outbox (bounded;
         the oldest are dropped first and counted).
         """
-        self._outbox.extend(own.informative())
+        self._outbox.extend(own.informative(solved=self.cfg.sapo.publish_solved))
         self._outbox.extend(self.phase.take_groups())
         excess = len(self._outbox) - self.cfg.runtime.max_outbox_groups
         if excess > 0:
@@ -458,21 +464,24 @@ class Node:
             self.totals["poll_errors"] += 1
             logger.warning("poll failed: %s", e)
             return 0
-        accepted = 0
-        for env in envelopes:
-            self._peer_last_step[env.sender] = self.step
-            self.phase.ingest(env)
-            if env.kind != "rollouts":
-                continue
-            counts = ingest_rollouts(self.pool, env, self.score_external, self.step)
-            self.ingest_counts.update(counts)
-            accepted += counts.get("accepted", 0)
+        accepted = sum(self.ingest(env) for env in envelopes)
         # Follow the peers whose groups proved useful (not merely the latest senders: a sybil flood is recent).
         trusted = self.pool.trusted(self.channel.transport_follow_limit, self.step)
         self.channel.follow(trusted or None)
         with contextlib.suppress(Exception):
             self._peers = list(await self.channel.peers())
         return accepted
+
+    def ingest(self, env: Envelope) -> int:
+        """Take one validated peer record: the MNPO phase sees every kind; rollouts are re-scored and pooled.
+        Returns how many groups were accepted."""
+        self._peer_last_step[env.sender] = self.step
+        self.phase.ingest(env)
+        if env.kind != "rollouts":
+            return 0
+        counts = ingest_rollouts(self.pool, env, self.score_external, self.step, receiver=self.receiver)
+        self.ingest_counts.update(counts)
+        return counts.get("accepted", 0)
 
     def recent_peers(self) -> int:
         """Distinct peers whose valid records arrived within the pool's age window (``sapo.max_age_steps``).
@@ -488,6 +497,7 @@ class Node:
     def make_batch(self, own: OwnRollouts) -> TrainBatch:
         """SAPO's batch for this step (own groups plus peers' pooled ones) as learner samples. On the event loop:
         the pool is also fed there, by :meth:`sync`."""
+        self.solve_rates.update(own.groups)
         sapo = self.sampler.sample(self.pool, self.step, own.groups)
         return TrainBatch(sapo, self.samples.build(sapo, own.generations))
 
@@ -547,6 +557,7 @@ class Node:
             "exact_mean": sum(own.exact) / len(own.exact) if own.exact else 0.0,
             **rollout_stats(own.groups),
             **batch.sapo.metrics(),
+            **(self.solve_rates.metrics() if self.receiver else {}),
             "peers": self.recent_peers(),
             "connections": len(self._peers),
             # the record peer ids (SPEC 1) this node follows at its next poll (SPEC 7.4, 11), most wanted first

@@ -19,6 +19,8 @@ logger = logging.getLogger(__name__)
 
 #: The ``source`` of groups this node generated itself.
 SELF = "self"
+#: A completion the verifier gave the full score (1.0) is *solved*; the tolerance absorbs float round-off.
+SOLVED = 1.0 - 1e-9
 
 
 def _spread(rewards: tuple[float, ...]) -> float:
@@ -52,6 +54,12 @@ class PooledGroup:
     def informative(self) -> bool:
         """False when all rewards are equal: the group has zero advantage and teaches nothing."""
         return len(self.rewards) >= 2 and _spread(self.rewards) > 1e-9
+
+    @property
+    def solved(self) -> bool:
+        """Every completion got the full score: no spread, so nothing for GRPO, but a receiver that does not solve
+        the task itself learns from it (``sapo.peer_advantage: receiver``, :class:`swarm.sapo.SolveRates`)."""
+        return bool(self.rewards) and min(self.rewards) >= SOLVED
 
     @property
     def reward_mean(self) -> float:
@@ -120,7 +128,7 @@ class RolloutPool:
         if item.key in self._groups:
             return False
         self._groups[item.key] = item
-        if not item.local and item.informative:
+        if not item.local and (item.informative or item.solved):
             stats = self._sources.pop(item.source, None) or [0, -1]
             if stats[1] != item.step:
                 stats[0] += 1

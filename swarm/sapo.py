@@ -22,7 +22,7 @@ from typing import Any
 
 from protocol.errors import SwarmError
 from protocol.types import Envelope, RolloutBatch, TaskRef
-from swarm.pool import PooledGroup, RolloutPool
+from swarm.pool import SOLVED, PooledGroup, RolloutPool
 
 logger = logging.getLogger(__name__)
 
@@ -44,12 +44,14 @@ def ingest_rollouts(
     *,
     min_completions: int = 2,
     max_completions: int = 256,
+    receiver: bool = False,
 ) -> Counter[str]:
     """Re-score a validated peer record's groups locally and add them to the pool.
 
     Returns outcome counts: ``accepted``, ``duplicate``, ``bad_group_size``, ``task_rejected`` (the scorer
     refused the TaskRef), ``score_error`` (anything else the scorer raised), ``zero_advantage`` (all local
-    rewards equal, e.g. forged rewards on wrong answers). Never raises: a peer's data cannot crash the node.
+    rewards equal, e.g. forged rewards on wrong answers; with ``receiver``, no completion solved: nothing a
+    receiver-credited learner would train on). Never raises: a peer's data cannot crash the node.
     """
     counts: Counter[str] = Counter()
     batch = envelope.payload
@@ -78,7 +80,7 @@ def ingest_rollouts(
         if len(rewards) != n or not all(isinstance(r, float | int) and math.isfinite(r) for r in rewards):
             counts["score_error"] += 1
             continue
-        if len(set(rewards)) < 2:
+        if not (any(r >= SOLVED for r in rewards) if receiver else len(set(rewards)) >= 2):
             # Nothing to learn (honest senders publish informative groups only): refusing it here keeps a
             # validly signed flood of wrong answers from evicting honest groups out of the bounded pool.
             counts["zero_advantage"] += 1
@@ -96,6 +98,54 @@ def ingest_rollouts(
         )
         counts["accepted" if added else "duplicate"] += 1
     return counts
+
+
+class SolveRates:
+    """A receiver's own solve rate per task family, the baseline of ``sapo.peer_advantage: receiver``.
+
+    GRPO credits a completion against the other completions of its group, that is, against the *sender's* skill. A
+    stronger peer's group that is all right carries nothing that way (its senders do not even publish it), and
+    the right answers of a nearly solved one share most tokens with its one wrong answer, so their gradients cancel
+    there. What a receiver can learn from a peer's right answer depends on how often the receiver gets that kind of
+    task right itself. So a peer completion the receiver's verifier scores 1.0 is credited ``1 - b``, ``b`` the
+    share of the receiver's own recent completions on that family scored 1.0 (an exponential moving average over
+    its own groups, ``decay`` per group; 0 before its first group), and every other peer completion 0: a weaker
+    peer's wrong answers never push the receiver's policy, and a peer's right answer on a family the receiver has
+    mastered teaches nothing.
+    """
+
+    def __init__(self, decay: float = 0.95) -> None:
+        if not 0.0 <= decay < 1.0:
+            raise ValueError("decay must be in [0, 1)")
+        self.decay = decay
+        self._rates: dict[str, float] = {}
+
+    def update(self, groups: Sequence[PooledGroup]) -> None:
+        """Fold in this step's own groups (peers' are skipped)."""
+        for g in groups:
+            if not g.local or not g.rewards:
+                continue
+            solved = sum(1 for r in g.rewards if r >= SOLVED) / len(g.rewards)
+            family = g.group.task.family
+            old = self._rates.get(family)
+            self._rates[family] = solved if old is None else self.decay * old + (1.0 - self.decay) * solved
+
+    def rate(self, family: str) -> float:
+        """``b``: this node's own recent solve rate on ``family`` (0 before it generated any)."""
+        return self._rates.get(family, 0.0)
+
+    def advantages(self, group: PooledGroup) -> list[float]:
+        """A peer group's advantages for this receiver: ``1 - b`` for each solved completion, else 0."""
+        credit = 1.0 - self.rate(group.group.task.family)
+        return [credit if r >= SOLVED else 0.0 for r in group.rewards]
+
+    @staticmethod
+    def teaches(group: PooledGroup) -> bool:
+        """Whether a peer group can carry receiver credit at all (one completion solved)."""
+        return any(r >= SOLVED for r in group.rewards)
+
+    def metrics(self) -> dict[str, float]:
+        return {f"receiver_baseline_{family}": round(rate, 4) for family, rate in sorted(self._rates.items())}
 
 
 @dataclass
@@ -163,6 +213,8 @@ class SapoSampler:
       ``max_age_steps``, the credit refills to ``s``. There is then no established peer whose share the credit
       protects, and without the refill a node whose peers all publish rarely (slow real-model nodes beside a fast
       one) would train on one newcomer group and then never again, since nobody becomes established;
+    * ``useful``: which peers' groups are candidates (default: informative ones; a receiver-credited learner
+      passes :meth:`SolveRates.teaches`);
     * ``keep_zero_advantage``: own groups are not filtered (zero-advantage ones fill the local slots after the
       informative ones), as in a plain GRPO trainer; they add no gradient but dilute the token-mean loss.
     """
@@ -178,6 +230,7 @@ class SapoSampler:
         newcomer_share: float = 0.25,
         establish_steps: int = 3,
         keep_zero_advantage: bool = False,
+        useful: Callable[[PooledGroup], bool] | None = None,
     ) -> None:
         if local_groups < 0 or external_groups < 0 or local_groups + external_groups == 0:
             raise ValueError("need local_groups + external_groups >= 1, both non-negative")
@@ -191,6 +244,9 @@ class SapoSampler:
         self.newcomer_share = newcomer_share
         self.establish_steps = establish_steps
         self.keep_zero_advantage = keep_zero_advantage
+        #: Which peers' groups may fill the external slots: informative ones (GRPO credit), or, for a
+        #: receiver-credited learner, those with a solved completion (:meth:`SolveRates.teaches`).
+        self.useful: Callable[[PooledGroup], bool] = useful or (lambda g: g.informative)
         # At least one slot while the share is positive: with a small J the floor would be 0, and a new honest peer
         # (one whose records all arrived in one poll, say) could then never be trained on.
         slots = math.floor(external_groups * newcomer_share)
@@ -213,7 +269,7 @@ class SapoSampler:
             batch.dropped_local_zero_adv = 0
             informative = informative + [g for g in own if not g.informative]
 
-        candidates = [g for g in pool.fresh(step, local=False, unused_only=True) if g.informative]
+        candidates = [g for g in pool.fresh(step, local=False, unused_only=True) if self.useful(g)]
         batch.external_candidates = len(candidates)
         self.rng.shuffle(candidates)
         newcomers = [g for g in candidates if pool.active_steps(g.source) < self.establish_steps]

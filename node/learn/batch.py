@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from node.seams import BEHAVIOUR_LOGPROB_FLOOR, Generation, PolicyLike, TasksLike, TrainSample
 from protocol.types import TaskRef
+from swarm.pool import PooledGroup
 from swarm.sapo import SapoBatch
 
 #: Behaviour log-prob hints from peers are clamped to this range (per-token mean, nats); the learner clamps
@@ -52,12 +53,16 @@ class SampleBuilder:
         max_new_tokens: int,
         advantages: Callable[[Sequence[float]], list[float]],
         peer_importance_weights: bool = True,
+        peer_advantages: Callable[[PooledGroup], list[float]] | None = None,
     ) -> None:
         self.policy = policy
         self.tasks = tasks
         self.max_new_tokens = max_new_tokens
         self.advantages = advantages
         self.peer_importance_weights = peer_importance_weights
+        #: Credits peers' groups another way than group-relative (``sapo.peer_advantage: receiver``); their
+        #: completions credited 0 are then left out, since they would only dilute the token-mean loss.
+        self.peer_advantages = peer_advantages
 
     def prompt_ids(self, task: TaskRef) -> list[int]:
         """The local prompt tokens of ``task`` (regenerated from its ref, formatted as this policy prompts)."""
@@ -81,7 +86,9 @@ class SampleBuilder:
         samples: list[TrainSample] = []
         own_tokenizer = self.policy.tokenizer_id
         for g in batch.groups:
-            advs = self.advantages(g.rewards)
+            credit = None if g.local else self.peer_advantages
+            receiver = credit is not None
+            advs = credit(g) if credit is not None else self.advantages(g.rewards)
             if g.local:
                 for gen, adv in zip(generations[g.key], advs, strict=True):
                     if gen.token_ids:
@@ -90,6 +97,8 @@ class SampleBuilder:
             prompt_ids = self.prompt_ids(g.group.task)
             use_hint = self.peer_importance_weights and g.tokenizer == own_tokenizer
             for comp, adv in zip(g.group.completions, advs, strict=True):
+                if receiver and adv == 0.0:
+                    continue
                 ids = self.completion_ids(comp.text, comp.finish_reason)
                 if not ids:
                     continue

@@ -50,9 +50,10 @@ class OwnRollouts:
     """Per completion (groups in order): whether its answer is exactly right -- the twin of the partial-credit
     rewards, which rise with half-right strings (empty when no exact check was given)."""
 
-    def informative(self) -> list[Group]:
-        """The groups worth publishing: peers drop zero-advantage groups anyway."""
-        return [g.group for g in self.groups if g.informative]
+    def informative(self, *, solved: bool = False) -> list[Group]:
+        """The groups worth publishing: peers drop zero-advantage groups anyway; with ``solved``, also the groups
+        whose every completion was right (``sapo.publish_solved``)."""
+        return [g.group for g in self.groups if g.informative or (solved and g.solved)]
 
 
 def own_rollouts(

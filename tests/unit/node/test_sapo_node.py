@@ -126,3 +126,70 @@ def test_the_training_reward_is_partial_credit_or_exact_match(tmp_path: Path, ki
     assert tasks.score(item, near) > 0  # reasoning-gym's partial credit for the right digits with the wrong sign
     assert node.reward(item, right) == 1.0
     assert node.reward(item, near) == (0.0 if kind == "exact" else tasks.score(item, near))
+
+
+def _scripted_node(tmp_path: Path, name: str, mode: str, init_p: float):
+    from node.runtime import Node
+    from sim.scripted import build_scripted_parts
+
+    chain = {"name": "chain_sum", "config": {"n": 2}}
+    cfg = NodeConfig.model_validate(
+        {
+            "seed": 3,
+            "tasks": {"families": [chain]},
+            "rollout": {"prompts_per_step": 4, "group_size": 8, "max_new_tokens": 32},
+            "sapo": {"local_groups": 2, "external_groups": 2, "peer_advantage": mode, "publish_solved": True},
+        }
+    )
+    parts = build_scripted_parts(cfg, lr=1.0, init_p=init_p, init_spread=0.0, max_p=0.99, answer_tokens=4)
+    return Node(cfg, tmp_path / f"{mode}-{name}", parts, live=False)
+
+
+@pytest.mark.parametrize("steps", [15])
+def test_a_receiver_credited_node_learns_from_a_strong_peers_solved_groups(tmp_path: Path, steps: int) -> None:
+    """A weak node (1% right) beside a strong peer (85% right: a quarter of its groups are all right): with
+    group-relative credit the weak node gets its peer's mixed groups, whose right answers are credited by how rare
+    they are in that group; with receiver credit it also gets the all-right groups, each right answer worth 1 - b."""
+    from protocol.types import Envelope, RolloutBatch
+
+    def run(mode: str) -> tuple[float, dict[str, float]]:
+        strong = _scripted_node(tmp_path, "strong", mode, 0.85)
+        weak = _scripted_node(tmp_path, "weak", mode, 0.01)
+        trained: dict[str, float] = {"external": 0, "credit": 0.0}
+
+        async def loop() -> None:
+            for seq in range(steps):
+                published = strong.generate().informative(solved=strong.cfg.sapo.publish_solved)
+                batch = RolloutBatch(model="m", policy_version=0, tokenizer="scripted-bytes-v1", groups=tuple(published))
+                weak.ingest(Envelope(1, "rollouts", "swarm", "strong", b"k" * 32, seq, 0, 0.0, batch))
+                own = weak.generate()
+                train = weak.make_batch(own)
+                ext = [s for s in train.samples if s.external]
+                trained["external"] += len(ext)
+                trained["credit"] += sum(s.advantage for s in ext)
+                if mode == "receiver":  # a wrong peer answer is never a training sample there
+                    assert all(s.advantage > 0 for s in ext)
+                weak.learn(train)
+                weak.step += 1
+                strong.step += 1  # the step seeds the node's prompts and samples
+
+        asyncio.run(loop())
+        return weak.policy.model.p("chain_sum"), trained
+
+    p_group, group = run("group")
+    p_receiver, receiver = run("receiver")
+    assert receiver["credit"] > 2 * group["credit"] > 0, (group, receiver)
+    assert p_receiver > 0.5 > p_group, (p_group, p_receiver)
+
+
+def test_publish_solved_adds_all_right_groups_to_what_a_node_publishes(tmp_path: Path) -> None:
+    node = _scripted_node(tmp_path, "strong", "receiver", 0.97)
+    own = node.generate()
+    solved = [g for g in own.groups if g.solved]
+    assert solved, "a 97% node should solve some group outright"
+    assert len(own.informative(solved=True)) == len(own.informative()) + len(solved)
+    assert node.solve_rates.rate("chain_sum") == 0.0  # updated when the batch is made, from the node's own groups
+    node.make_batch(own)
+    assert node.solve_rates.rate("chain_sum") > 0.8
+    with pytest.raises(ValueError, match="peer_advantage"):
+        NodeConfig.model_validate({"sapo": {"peer_advantage": "sender"}})

@@ -7,7 +7,7 @@ import pytest
 from protocol.errors import SwarmError
 from protocol.types import Completion, Envelope, Group, RolloutBatch, TaskRef
 from swarm.pool import SELF, PooledGroup, RolloutPool
-from swarm.sapo import SapoSampler, group_key, ingest_rollouts
+from swarm.sapo import SapoSampler, SolveRates, group_key, ingest_rollouts
 
 
 def _group(index: int, texts: list[str]) -> Group:
@@ -308,3 +308,51 @@ def test_a_flood_of_fresh_identities_cannot_evict_established_peers_from_the_sou
     pool.protect_steps = 1
     pool.add(_pooled("late:g", "late", (0.0, 1.0), 20))
     assert len(pool._sources) == 16
+
+
+# ---------------------------------------------------------------- receiver credit (sapo.peer_advantage: receiver)
+
+
+def _own(key: str, rewards: tuple[float, ...], family: str = "chain_sum") -> PooledGroup:
+    group = Group(TaskRef(family, {"n": 2}, 0, 0), tuple(Completion("x", 1) for _ in rewards))
+    return PooledGroup(key=key, source=SELF, group=group, rewards=rewards, step=0)
+
+
+def test_solve_rates_credit_a_peers_right_answers_against_the_receivers_own_rate():
+    rates = SolveRates(decay=0.5)
+    peer = _pooled("p:1:0", "peer", (1.0, 0.0, 1.0, 0.25))
+    # Before the receiver generated anything on the family, a right answer is worth the most it can be.
+    assert rates.advantages(peer) == [1.0, 0.0, 1.0, 0.0]
+    rates.update([_own("a", (1.0, 0.0, 0.0, 0.0)), peer])  # peers' groups do not move the receiver's rate
+    assert rates.rate("chain_sum") == 0.25
+    rates.update([_own("b", (1.0, 1.0, 1.0, 0.0))])
+    assert rates.rate("chain_sum") == pytest.approx(0.5 * 0.25 + 0.5 * 0.75)
+    assert rates.advantages(peer) == pytest.approx([0.5, 0.0, 0.5, 0.0])
+    assert rates.metrics() == {"receiver_baseline_chain_sum": 0.5}
+    rates.update([_own("c", (1.0,) * 4)] * 60)  # a receiver that solves the family learns nothing from it
+    assert max(rates.advantages(peer)) < 1e-6
+    assert SolveRates.teaches(peer) and not SolveRates.teaches(_pooled("p:1:1", "peer", (0.5, 0.0)))
+    with pytest.raises(ValueError, match="decay"):
+        SolveRates(decay=1.0)
+
+
+def test_receiver_ingest_keeps_all_right_groups_and_drops_groups_without_a_right_answer():
+    env = _envelope("peerA", 3, [_group(5, ["5", "5"]), _group(6, ["1", "2"]), _group(7, ["7", "0"])])
+    group_pool, receiver_pool = RolloutPool(100, 10), RolloutPool(100, 10)
+    assert ingest_rollouts(group_pool, env, _scorer, step=1) == Counter(accepted=1, zero_advantage=2)
+    assert ingest_rollouts(receiver_pool, env, _scorer, step=1, receiver=True) == Counter(
+        accepted=2, zero_advantage=1
+    )
+    assert {g.key for g in receiver_pool} == {group_key("peerA", 3, 0), group_key("peerA", 3, 2)}
+    # An all-right group establishes its sender like an informative one (the sybil budget still applies to it).
+    assert receiver_pool.active_steps("peerA") == 1
+
+
+def test_a_receiver_sampler_takes_groups_with_a_right_answer_only():
+    pool = RolloutPool(100, 10)
+    pool.add(_pooled("a:1:0", "a", (1.0, 1.0)))
+    pool.add(_pooled("b:1:0", "b", (0.5, 0.0)))  # informative, but nothing right in it
+    sampler = SapoSampler(0, 2, max_per_peer=2, newcomer_share=1.0, useful=SolveRates.teaches)
+    assert [g.key for g in sampler.sample(pool, 0, []).external] == ["a:1:0"]
+    group_sampler = SapoSampler(0, 2, max_per_peer=2, newcomer_share=1.0)
+    assert [g.key for g in group_sampler.sample(pool, 0, []).external] == ["b:1:0"]
