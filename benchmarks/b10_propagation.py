@@ -11,8 +11,11 @@ three in both configurations:
 * node 2, a **cross-tokenizer receiver**: the built-in tiny model (another tokenizer; it re-tokenizes peers' text).
 
 Configurations: ``alone`` (every node trains on its own groups only, 4 local / 0 external) and ``share`` (2 local /
-2 external: half of each batch from peers, the SAPO paper's 4/4 at this batch size). The strong node keeps
-publishing in both. Every node evaluates on the same held-out items of F (problems no node trained on).
+2 external: half of each batch from peers, the SAPO paper's 4/4 at this batch size); ``receiver`` (``--configs``)
+is ``share`` with peers' completions credited by the receiver (``sapo.peer_advantage: receiver``: a peer's right
+answer is worth ``1 - b``, ``b`` the receiver's own solve rate, its wrong ones nothing) and all-right groups
+published (``sapo.publish_solved``). The strong node keeps publishing in all. Every node evaluates on the same
+held-out items of F (problems no node trained on).
 
     python benchmarks/b10_propagation.py run --seeds 0 1 2          # resumable: finished (config, seed) pairs are kept
     python benchmarks/b10_propagation.py run --seeds 0 --quick      # 2 steps, the tiny model only: a smoke run
@@ -66,7 +69,16 @@ POPULATIONS = {
     "homogeneous": {i: (f"smol-{i}", "SmolLM2-135M with a format warm start on another family") for i in range(3)},
     "quick": {0: ("tiny-a", "the built-in model"), 1: ("tiny-b", "the built-in model")},
 }
-CONFIGS = {"alone": (4, 0), "share": (2, 2)}
+#: Configuration -> (description, its ``sapo`` settings).
+CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "alone": ("4 own / 0 peers' groups a step", {"local_groups": 4, "external_groups": 0}),
+    "share": ("2 own / 2 peers' groups a step", {"local_groups": 2, "external_groups": 2}),
+    "receiver": (
+        "2 own / 2 peers' groups a step; peers' solved completions credited against the receiver's own solve rate "
+        "(sapo.peer_advantage: receiver), all-right groups published",
+        {"local_groups": 2, "external_groups": 2, "peer_advantage": "receiver", "publish_solved": True},
+    ),
+}
 
 
 def population(args: argparse.Namespace) -> str:
@@ -114,11 +126,8 @@ def sim_mapping(args: argparse.Namespace) -> dict[str, Any]:
             "checkpoint": {"every": 10, "keep": 1},
         },
         "configurations": [
-            {
-                "name": name, "description": f"{local} own / {ext} peers' groups a step",
-                "node": {"sapo": {"local_groups": local, "external_groups": ext}},
-            }
-            for name, (local, ext) in CONFIGS.items()
+            {"name": name, "description": CONFIGS[name][0], "node": {"sapo": CONFIGS[name][1]}}
+            for name in args.configs
         ],
         "heterogeneity": {"node_overrides": overrides},
         "multiprocess": {"startup_timeout_s": 1800, "run_timeout_s": 86_400,
@@ -132,7 +141,7 @@ def run(args: argparse.Namespace) -> None:
     work = work_dir(args)
     sim = prepare(work, sim_mapping(args), roles)
     prebuild(sim)
-    run_pending(sim, work, list(CONFIGS), args.seeds, args.jobs)
+    run_pending(sim, work, list(args.configs), args.seeds, args.jobs)
 
 
 def _metric_means(node_dir: Path, until: float = float("inf")) -> dict[str, float]:
@@ -204,8 +213,10 @@ def report(args: argparse.Namespace) -> None:
         f"processes over hivemind on 127.0.0.1 (`benchmarks/b10_propagation.py`, experiment in "
         f"`{work.name}/experiment.yaml`). Nodes: "
         + "; ".join(f"{role} = {what}" for role, what in roles_of(work, mapping["nodes"]).values())
-        + ". alone = 4 own groups a step; share = 2 own + 2 peers'. Held-out items: the family's held-out split, the "
-        "same at every evaluation; exact = share of 8 samples exactly right; baseline = the most common gold answer.",
+        + ". "
+        + "; ".join(f"{name} = {CONFIGS[name][0]}" for name in CONFIGS if any(r["config"] == name for r in rows))
+        + ". Held-out items: the family's held-out split, the same at every evaluation; exact = share of 8 samples "
+        "exactly right; baseline = the most common gold answer.",
         "",
         "| node | config | seed | steps | exact before -> after | greedy | pass@8 | format | own exact | peer tokens | "
         "peer IS weight | trained on |",
@@ -237,9 +248,9 @@ def report(args: argparse.Namespace) -> None:
             cells = " | ".join(mean_sd(g[k], signed=True) for k, _ in keys)
             lines.append(f"| {role} | {name} | {len(sel)} | {cells} |")
     lines += [""]
-    for role in dict.fromkeys(r["role"] for r in rows):
-        alone, share = gains.get((role, "alone")), gains.get((role, "share"))
-        if not alone or not share:
+    for role, name in [(role, name) for role in dict.fromkeys(r["role"] for r in rows) for name in CONFIGS]:
+        alone, share = gains.get((role, "alone")), gains.get((role, name))
+        if name == "alone" or not alone or not share:
             continue
         a, s = alone["accuracy"], share["accuracy"]
         ma, ms = statistics.fmean(a), statistics.fmean(s)
@@ -250,7 +261,7 @@ def report(args: argparse.Namespace) -> None:
             spread = 2 * max(statistics.stdev(a), statistics.stdev(s))
             verdict = f"{'beyond' if abs(ms - ma) > spread else 'within'} 2 sd of the seeds ({spread:.3f})"
         lines.append(
-            f"- {role}: exact gain with the peer {ms:+.3f} against {ma:+.3f} alone ({ratio}); the difference "
+            f"- {role}, {name}: exact gain {ms:+.3f} against {ma:+.3f} alone ({ratio}); the difference "
             f"{ms - ma:+.3f} is {verdict}."
         )
     text = "\n".join(lines) + "\n"
@@ -271,7 +282,7 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     def draw(ax: Any, role: str) -> None:
         for r in [r for r in rows if r["role"] == role]:
             steps = [s for s, _ in r["curve"]]
-            color = "C0" if r["config"] == "alone" else "C1"
+            color = f"C{list(CONFIGS).index(r['config'])}" if r["config"] in CONFIGS else "C9"
             first = r["seed"] == rows[0]["seed"]
             for key, style, label in (("greedy_accuracy", "-", "greedy"), ("pass_at_8", ":", "pass@8")):
                 ax.plot(steps, [f[key] for _, f in r["curve"]], style, color=color, alpha=0.7,
@@ -292,6 +303,10 @@ def main() -> None:
         )  # fmt: skip
     rep.add_argument("--until", type=int, help="report evaluations up to this step only")
     r.add_argument("--strong-examples", type=int, default=2048, help="the strong peer's warm-start examples")
+    r.add_argument(
+        "--configs", nargs="+", choices=list(CONFIGS), default=["alone", "share"],
+        help="configurations to run (a work dir grows by the ones it lacks)",
+    )  # fmt: skip
     args = ap.parse_args()
     {"run": run, "report": report}[args.cmd](args)
 

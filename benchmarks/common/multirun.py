@@ -30,7 +30,8 @@ def read_evals(node_dir: Path) -> list[dict[str, Any]]:
 
 def prepare(work: Path, mapping: dict[str, Any], roles: dict[str, list[str]]) -> Any:
     """Write the experiment (``mapping``, a ``swarm-sim`` configuration) and the nodes' roles to ``work``; returns
-    the validated :class:`sim.config.SimConfig`. A work directory holding another experiment is refused."""
+    the validated :class:`sim.config.SimConfig`. A work directory holding another experiment is refused; the same
+    experiment with more seeds or more configurations (a configuration of the same name must be the same) grows."""
     import yaml
 
     from sim.config import SimConfig
@@ -39,9 +40,19 @@ def prepare(work: Path, mapping: dict[str, Any], roles: dict[str, list[str]]) ->
     cfg_file = work / "experiment.yaml"
     if cfg_file.is_file():
         old = yaml.safe_load(cfg_file.read_text())
-        if {k: v for k, v in old.items() if k != "seeds"} != {k: v for k, v in mapping.items() if k != "seeds"}:
-            raise SystemExit(f"{cfg_file} holds another experiment: use another --work, or remove it to start over")
-        mapping = {**mapping, "seeds": sorted(set(old["seeds"]) | set(mapping["seeds"]))}
+        grows = ("seeds", "configurations")
+        configs = {c["name"]: c for c in old.get("configurations", [])}
+        clash = [c["name"] for c in mapping["configurations"] if configs.setdefault(c["name"], c) != c]
+        if clash or {k: v for k, v in old.items() if k not in grows} != {
+            k: v for k, v in mapping.items() if k not in grows
+        }:
+            what = f"configuration {clash[0]!r} differs" if clash else "another experiment"
+            raise SystemExit(f"{cfg_file} holds {what}: use another --work, or remove it to start over")
+        mapping = {
+            **mapping,
+            "seeds": sorted(set(old["seeds"]) | set(mapping["seeds"])),
+            "configurations": list(configs.values()),
+        }
     cfg_file.write_text(yaml.safe_dump(mapping, sort_keys=False))
     (work / "roles.json").write_text(json.dumps(roles))
     return SimConfig.model_validate(mapping)

@@ -60,7 +60,7 @@ def test_report_compares_gain_with_the_peer_to_gain_alone(tmp_path: Path) -> Non
     work = _experiment(tmp_path, weak_alone=[0.02, 0.03, 0.01], weak_share=[0.20, 0.22, 0.18])
     text = _report(work, tmp_path / "out")
     assert "| weak | share | 0 | 60 | 0.100 -> 0.300 |" in text
-    assert "- weak: exact gain with the peer +0.200 against +0.020 alone (10.00x)" in text
+    assert "- weak, share: exact gain +0.200 against +0.020 alone (10.00x)" in text
     assert "is beyond 2 sd of the seeds" in text
     # the peer's share of the tokens (mean over steps) and its mean IS weight; the sender named by role
     row = next(line for line in text.splitlines() if line.startswith("| weak | share | 0 |"))
@@ -73,7 +73,7 @@ def test_report_compares_gain_with_the_peer_to_gain_alone(tmp_path: Path) -> Non
 def test_report_says_within_the_spread(tmp_path: Path) -> None:
     work = _experiment(tmp_path, weak_alone=[0.02, 0.10, 0.0], weak_share=[0.0, 0.12, 0.05])
     text = _report(work, tmp_path / "out")
-    assert "- weak: exact gain with the peer +0.057 against +0.040 alone (1.42x)" in text
+    assert "- weak, share: exact gain +0.057 against +0.040 alone (1.42x)" in text
     assert "is within 2 sd" in text
 
 

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 import sim.multiproc
-from benchmarks.common.multirun import run_pending
+from benchmarks.common.multirun import prepare, run_pending
 from sim.multiproc import MultiprocessError
 
 
@@ -49,3 +49,22 @@ def test_a_failed_pair_stops_the_pairs_beside_it(tmp_path: Path, monkeypatch) ->
     with pytest.raises(MultiprocessError, match="exited with code 1"):
         run_pending(SimpleNamespace(nodes=1, steps=5), tmp_path, ["good", "bad"], [0], jobs=2)
     assert stopped == ["good"]
+
+
+def test_a_work_dir_grows_by_seeds_and_configurations_and_refuses_a_changed_one(tmp_path: Path) -> None:
+    import yaml
+
+    def mapping(seeds: list[int], *configs: tuple[str, int]) -> dict:
+        return {
+            "name": "x", "mode": "inprocess", "nodes": 2, "steps": 3, "seeds": seeds,
+            "configurations": [{"name": n, "node": {"sapo": {"local_groups": i}}} for n, i in configs],
+        }  # fmt: skip
+
+    prepare(tmp_path, mapping([0], ("alone", 4)), {})
+    sim = prepare(tmp_path, mapping([1], ("share", 2)), {})
+    assert [c.name for c in sim.configurations] == ["alone", "share"] and sim.seeds == [0, 1]
+    assert yaml.safe_load((tmp_path / "experiment.yaml").read_text())["seeds"] == [0, 1]
+    with pytest.raises(SystemExit, match="configuration 'alone' differs"):
+        prepare(tmp_path, mapping([0], ("alone", 3)), {})
+    with pytest.raises(SystemExit, match="another experiment"):
+        prepare(tmp_path, {**mapping([0], ("alone", 4)), "steps": 9}, {})
