@@ -160,7 +160,9 @@ def test_a_receiver_credited_node_learns_from_a_strong_peers_solved_groups(tmp_p
         async def loop() -> None:
             for seq in range(steps):
                 published = strong.generate().informative(solved=strong.cfg.sapo.publish_solved)
-                batch = RolloutBatch(model="m", policy_version=0, tokenizer="scripted-bytes-v1", groups=tuple(published))
+                batch = RolloutBatch(
+                    model="m", policy_version=0, tokenizer="scripted-bytes-v1", groups=tuple(published)
+                )
                 weak.ingest(Envelope(1, "rollouts", "swarm", "strong", b"k" * 32, seq, 0, 0.0, batch))
                 own = weak.generate()
                 train = weak.make_batch(own)

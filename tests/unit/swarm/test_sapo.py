@@ -340,9 +340,7 @@ def test_receiver_ingest_keeps_all_right_groups_and_drops_groups_without_a_right
     env = _envelope("peerA", 3, [_group(5, ["5", "5"]), _group(6, ["1", "2"]), _group(7, ["7", "0"])])
     group_pool, receiver_pool = RolloutPool(100, 10), RolloutPool(100, 10)
     assert ingest_rollouts(group_pool, env, _scorer, step=1) == Counter(accepted=1, zero_advantage=2)
-    assert ingest_rollouts(receiver_pool, env, _scorer, step=1, receiver=True) == Counter(
-        accepted=2, zero_advantage=1
-    )
+    assert ingest_rollouts(receiver_pool, env, _scorer, step=1, receiver=True) == Counter(accepted=2, zero_advantage=1)
     assert {g.key for g in receiver_pool} == {group_key("peerA", 3, 0), group_key("peerA", 3, 2)}
     # An all-right group establishes its sender like an informative one (the sybil budget still applies to it).
     assert receiver_pool.active_steps("peerA") == 1
