@@ -18,6 +18,7 @@ published (``sapo.publish_solved``). The strong node keeps publishing in all. Ev
 held-out items of F (problems no node trained on).
 
     python benchmarks/b10_propagation.py run --seeds 0 1 2          # resumable: finished (config, seed) pairs are kept
+    python benchmarks/b10_propagation.py run --configs alone share receiver   # the default is alone and share
     python benchmarks/b10_propagation.py run --seeds 0 --quick      # 2 steps, the tiny model only: a smoke run
     python benchmarks/b10_propagation.py report
     python benchmarks/b10_propagation.py run --population homogeneous   # three format-warm SmolLM2 nodes (SAPO row)
