@@ -34,7 +34,9 @@ def _node(d: Path, before: float, after: float, shares: list[float], weight: flo
     return peer
 
 
-def _experiment(tmp_path: Path, weak_alone: list[float], weak_share: list[float]) -> Path:
+def _experiment(
+    tmp_path: Path, weak_alone: list[float], weak_share: list[float], weak_receiver: list[float] | None = None
+) -> Path:
     work = tmp_path / "work"
     work.mkdir()
     family = {"name": "basic_arithmetic", "config": {"max_terms": 2}}
@@ -42,7 +44,10 @@ def _experiment(tmp_path: Path, weak_alone: list[float], weak_share: list[float]
     (work / "experiment.yaml").write_text(yaml.safe_dump(mapping))
     (work / "roles.json").write_text(json.dumps({"0": ["strong", "warm-started"], "1": ["weak", "format only"]}))
     for seed, (ga, gs) in enumerate(zip(weak_alone, weak_share, strict=True)):
-        for config, gain, shares in (("alone", ga, [0.0, 0.0]), ("share", gs, [0.4, 0.6])):
+        runs = [("alone", ga, [0.0, 0.0]), ("share", gs, [0.4, 0.6])]
+        if weak_receiver is not None:
+            runs.append(("receiver", weak_receiver[seed], [0.3, 0.3]))
+        for config, gain, shares in runs:
             run = work / config / f"seed{seed}"
             strong = _node(run / "node0", 0.60, 0.62, shares, 0.9, {})
             _node(run / "node1", 0.10, 0.10 + gain, shares, 0.8, {strong: 3})
@@ -110,3 +115,11 @@ def test_quick_mode_runs_real_processes_and_resumes(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "out" / "b10_propagation_quick.json").read_text())
     alone = [r for r in data["rows"] if r["config"] == "alone"]
     assert alone and all(r["peer_token_share"] == 0.0 and not r["senders"] for r in alone)  # 4/0: no peer data
+
+
+def test_every_configuration_is_compared_with_alone(tmp_path: Path) -> None:
+    work = _experiment(tmp_path, weak_alone=[0.10, 0.12], weak_share=[0.0, 0.02], weak_receiver=[0.30, 0.34])
+    text = _report(work, tmp_path / "out")
+    assert "- weak, share: exact gain +0.010 against +0.110 alone (0.09x)" in text
+    assert "- weak, receiver: exact gain +0.320 against +0.110 alone (2.91x)" in text
+    assert "receiver = 2 own / 2 peers' groups a step; peers' solved completions credited" in text
