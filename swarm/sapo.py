@@ -105,13 +105,13 @@ class SolveRates:
 
     GRPO credits a completion against the other completions of its group, that is, against the *sender's* skill. A
     stronger peer's group that is all right carries nothing that way (its senders do not even publish it), and
-    the right answers of a nearly solved one share most tokens with its one wrong answer, so their gradients cancel
-    there. What a receiver can learn from a peer's right answer depends on how often the receiver gets that kind of
-    task right itself. So a peer completion the receiver's verifier scores 1.0 is credited ``1 - b``, ``b`` the
-    share of the receiver's own recent completions on that family scored 1.0 (an exponential moving average over
-    its own groups, ``decay`` per group; 0 before its first group), and every other peer completion 0: a weaker
-    peer's wrong answers never push the receiver's policy, and a peer's right answer on a family the receiver has
-    mastered teaches nothing.
+    the right and wrong answers of a group with a spread share most of their tokens (94% of the characters in B10),
+    so their gradients cancel there. What a receiver can learn from a peer's right answer depends on how often the
+    receiver gets that kind of task right itself. So a peer completion the receiver's verifier scores 1.0 is
+    credited ``1 - b``, ``b`` the share of the receiver's own recent completions on that family scored 1.0 (an
+    exponential moving average over its own groups, ``decay`` per group; 0 before its first group), and every other
+    peer completion 0: a weaker peer's wrong answers never push the receiver's policy, and a peer's right answer on
+    a family the receiver has mastered teaches nothing.
     """
 
     def __init__(self, decay: float = 0.95) -> None:
