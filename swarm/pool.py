@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from protocol.types import Group
@@ -21,6 +21,11 @@ logger = logging.getLogger(__name__)
 SELF = "self"
 #: A completion the verifier gave the full score (1.0) is *solved*; the tolerance absorbs float round-off.
 SOLVED = 1.0 - 1e-9
+
+
+def any_solved(rewards: Iterable[float]) -> bool:
+    """Whether some completion got the full score (:data:`SOLVED`)."""
+    return any(r >= SOLVED for r in rewards)
 
 
 def _spread(rewards: tuple[float, ...]) -> float:

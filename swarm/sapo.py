@@ -22,7 +22,7 @@ from typing import Any
 
 from protocol.errors import SwarmError
 from protocol.types import Envelope, RolloutBatch, TaskRef
-from swarm.pool import SOLVED, PooledGroup, RolloutPool
+from swarm.pool import SOLVED, PooledGroup, RolloutPool, any_solved
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ def ingest_rollouts(
         if len(rewards) != n or not all(isinstance(r, float | int) and math.isfinite(r) for r in rewards):
             counts["score_error"] += 1
             continue
-        if not (any(r >= SOLVED for r in rewards) if receiver else len(set(rewards)) >= 2):
+        if not (any_solved(rewards) if receiver else len(set(rewards)) >= 2):
             # Nothing to learn (honest senders publish informative groups only): refusing it here keeps a
             # validly signed flood of wrong answers from evicting honest groups out of the bounded pool.
             counts["zero_advantage"] += 1
@@ -142,7 +142,7 @@ class SolveRates:
     @staticmethod
     def teaches(group: PooledGroup) -> bool:
         """Whether a peer group can carry receiver credit at all (one completion solved)."""
-        return any(r >= SOLVED for r in group.rewards)
+        return any_solved(group.rewards)
 
     def metrics(self) -> dict[str, float]:
         return {f"receiver_baseline_{family}": round(rate, 4) for family, rate in sorted(self._rates.items())}
