@@ -56,6 +56,7 @@ from benchmarks.common.multirun import (  # noqa: E402
     read_evals,
     roles_of,
     run_pending,
+    write_results,
 )
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -265,16 +266,11 @@ def report(args: argparse.Namespace) -> None:
             f"- {role}, {name}: exact gain {ms:+.3f} against {ma:+.3f} alone ({ratio}); the difference "
             f"{ms - ma:+.3f} is {verdict}."
         )
-    text = "\n".join(lines) + "\n"
-    print(text)
-    out = args.out
-    out.mkdir(parents=True, exist_ok=True)
     stem = args.stem or {
         "propagation": "b10_propagation", "homogeneous": "b10_homogeneous", "quick": "b10_propagation_quick"
     }[population(args)]  # fmt: skip
-    (out / f"{stem}.md").write_text(text)
-    (out / f"{stem}.json").write_text(json.dumps({"experiment": mapping, "rows": rows}, indent=1))
-    _plot(rows, out / f"{stem}.png")
+    write_results(args.out, stem, "\n".join(lines) + "\n", {"experiment": mapping, "rows": rows})
+    _plot(rows, args.out / f"{stem}.png")
 
 
 def _plot(rows: list[dict[str, Any]], path: Path) -> None:

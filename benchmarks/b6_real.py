@@ -45,7 +45,7 @@ if str(ROOT) not in sys.path:
 
 from benchmarks.b8_learning import CANDIDATES, families_of, mean_sd  # noqa: E402
 from benchmarks.common.machine import machine_info  # noqa: E402
-from benchmarks.common.multirun import experiment_cli, prebuild, prepare, read_evals, run_pending  # noqa: E402
+from benchmarks.common.multirun import experiment_cli, prebuild, prepare, read_evals, run_pending, write_results  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 WORK = Path(os.environ.get("RL_SWARM_BENCH_DIR", Path.home() / ".cache" / "rl-swarm" / "bench")) / "b6_real"
@@ -267,12 +267,8 @@ def report(args: argparse.Namespace) -> None:
             verdict = f"{'beyond' if abs(diff) > spread else 'within'} 2 sd of the seeds ({spread:.3f})"
         lines.append(f"- {arm}: exact gain {statistics.fmean(mine):+.3f} against DPO's {statistics.fmean(dpo):+.3f}; "
                      f"the difference {diff:+.3f} is {verdict}.")  # fmt: skip
-    text = "\n".join(lines) + "\n"
-    print(text)
     stem = args.stem or ("b6_real_quick" if args.quick else "b6_real")
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{stem}.md").write_text(text)
-    (args.out / f"{stem}.json").write_text(json.dumps({"experiment": mapping, "rows": rows}, indent=1))
+    write_results(args.out, stem, "\n".join(lines) + "\n", {"experiment": mapping, "rows": rows})
     _plot(rows, args.out / f"{stem}.png")
 
 

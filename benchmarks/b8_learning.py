@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common.machine import machine_info  # noqa: E402
-from benchmarks.common.multirun import read_evals  # noqa: E402
+from benchmarks.common.multirun import read_evals, write_results  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 WORK = Path(os.environ.get("RL_SWARM_BENCH_DIR", Path.home() / ".cache" / "rl-swarm" / "bench")) / "b8_learning"
@@ -192,12 +192,8 @@ def probe(args: argparse.Namespace) -> None:
 
 
 def _write(out: Path, stem: str, lines: list[str], data: dict[str, Any]) -> None:
-    """Print the Markdown table and write it with the raw data beside it."""
-    text = "\n".join(lines) + "\n"
-    print(text)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.md").write_text(text)
-    (out / f"{stem}.json").write_text(json.dumps(data, indent=1))
+    """Print the Markdown table and write it with the raw data beside it (keeping an earlier hand reading)."""
+    write_results(out, stem, "\n".join(lines) + "\n", data)
 
 
 def _exe() -> list[str]:

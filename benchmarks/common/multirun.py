@@ -5,7 +5,8 @@ processes, resumable and optionally side by side.
 * :func:`prepare` writes ``experiment.yaml`` (refusing a work directory that holds another experiment, merging the
   seeds of one that holds this one) and ``roles.json`` (node index -> role and description);
 * :func:`prebuild` builds every node's model once, before any node starts;
-* :func:`run_pending` runs the pairs not finished yet, seed by seed.
+* :func:`run_pending` runs the pairs not finished yet, seed by seed;
+* :func:`write_results` writes a report beside its data, keeping the hand-written reading of an earlier one.
 
 Imports the node and the simulator only inside the functions, so a report needs neither torch nor hivemind loaded.
 """
@@ -18,6 +19,24 @@ import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
+
+READING = "## Reading"
+
+
+def write_results(out: Path, stem: str, text: str, data: dict[str, Any]) -> None:
+    """Print a generated report and write it as ``<stem>.md``, with its raw data as ``<stem>.json``.
+
+    A hand-written section that an earlier ``<stem>.md`` carries from a ``## Reading`` heading on (what the numbers
+    mean, written after looking at the runs) is kept after the regenerated text, so re-running ``report`` as more
+    seeds land does not erase it; the reading is the author's to update."""
+    print(text)
+    out.mkdir(parents=True, exist_ok=True)
+    md = out / f"{stem}.md"
+    old = md.read_text() if md.is_file() else ""
+    at = old.find(f"\n{READING}")
+    reading = old[at:] if at >= 0 else ""
+    md.write_text(text.rstrip("\n") + "\n" + reading if reading else text)
+    (out / f"{stem}.json").write_text(json.dumps(data, indent=1))
 
 
 def read_evals(node_dir: Path) -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 import sim.multiproc
-from benchmarks.common.multirun import prepare, run_pending
+from benchmarks.common.multirun import prepare, run_pending, write_results
 from sim.multiproc import MultiprocessError
 
 
@@ -68,3 +68,14 @@ def test_a_work_dir_grows_by_seeds_and_configurations_and_refuses_a_changed_one(
         prepare(tmp_path, mapping([0], ("alone", 3)), {})
     with pytest.raises(SystemExit, match="another experiment"):
         prepare(tmp_path, {**mapping([0], ("alone", 4)), "steps": 9}, {})
+
+
+def test_a_regenerated_report_keeps_the_hand_reading_and_replaces_the_rest(tmp_path: Path) -> None:
+    write_results(tmp_path, "b", "# B\n\n| 1 seed |\n", {"rows": [1]})
+    assert (tmp_path / "b.md").read_text() == "# B\n\n| 1 seed |\n"
+    reading = "\n## Reading (by hand)\n\nThe gain is within the spread.\n"
+    (tmp_path / "b.md").write_text((tmp_path / "b.md").read_text() + reading)
+    write_results(tmp_path, "b", "# B\n\n| 3 seeds |\n", {"rows": [1, 2, 3]})
+    text = (tmp_path / "b.md").read_text()
+    assert text == "# B\n\n| 3 seeds |\n" + reading
+    assert json.loads((tmp_path / "b.json").read_text()) == {"rows": [1, 2, 3]}
