@@ -14,7 +14,9 @@ Configurations: ``alone`` (every node trains on its own groups only, 4 local / 0
 2 external: half of each batch from peers, the SAPO paper's 4/4 at this batch size); ``receiver`` (``--configs``)
 is ``share`` with peers' completions credited by the receiver (``sapo.peer_advantage: receiver``: a peer's right
 answer is worth ``1 - b``, ``b`` the receiver's own solve rate, its wrong ones nothing) and all-right groups
-published (``sapo.publish_solved``). The strong node keeps publishing in all. Every node evaluates on the same
+published (``sapo.publish_solved``); ``stronger`` is ``receiver`` taking a peer's group only when it is solved more
+often than the receiver's own rate (``sapo.peer_groups: stronger``, so the strong node stops training on the weaker
+nodes' right answers). The strong node keeps publishing in all. Every node evaluates on the same
 held-out items of F (problems no node trained on).
 
     python benchmarks/b10_propagation.py run --seeds 0 1 2          # resumable: finished (config, seed) pairs are kept
@@ -71,6 +73,8 @@ POPULATIONS = {
     "homogeneous": {i: (f"smol-{i}", "SmolLM2-135M with a format warm start on another family") for i in range(3)},
     "quick": {0: ("tiny-a", "the built-in model"), 1: ("tiny-b", "the built-in model")},
 }
+#: Receiver credit (``sapo.peer_advantage: receiver``), with all-right groups published.
+RECEIVER = {"local_groups": 2, "external_groups": 2, "peer_advantage": "receiver", "publish_solved": True}
 #: Configuration -> (description, its ``sapo`` settings).
 CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "alone": ("4 own / 0 peers' groups a step", {"local_groups": 4, "external_groups": 0}),
@@ -78,7 +82,12 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "receiver": (
         "2 own / 2 peers' groups a step; peers' solved completions credited against the receiver's own solve rate "
         "(sapo.peer_advantage: receiver), all-right groups published",
-        {"local_groups": 2, "external_groups": 2, "peer_advantage": "receiver", "publish_solved": True},
+        RECEIVER,
+    ),
+    "stronger": (
+        "as receiver, but a peer's group only when it solves the task more often than the receiver does "
+        "(sapo.peer_groups: stronger)",
+        {**RECEIVER, "peer_groups": "stronger"},
     ),
 }
 

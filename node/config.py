@@ -265,6 +265,10 @@ class SapoConfig(StrictModel):
     publish_solved: bool = False
     """Also publish own groups whose every completion scored 1.0. They carry no group-relative advantage (``group``
     receivers drop them) and are the most useful kind to a ``receiver`` node that does not solve the task."""
+    peer_groups: Literal["solved", "stronger"] = "solved"
+    """Which peers' groups a ``receiver`` node trains on: ``solved``, those with a completion it scores 1.0;
+    ``stronger``, only those whose share of solved completions is above its own recent solve rate ``b`` on the
+    family, so a node learns from peers that do better than it there and not from weaker ones' right answers."""
 
     @model_validator(mode="after")
     def _some_groups(self) -> SapoConfig:
@@ -275,6 +279,8 @@ class SapoConfig(StrictModel):
             self.external_fraction = None  # resolved: the written config states I and J explicitly
         if self.local_groups + self.external_groups == 0:
             raise ValueError("local_groups + external_groups must be at least 1 (set sapo.local_groups)")
+        if self.peer_groups == "stronger" and self.peer_advantage != "receiver":
+            raise ValueError("sapo.peer_groups: stronger needs sapo.peer_advantage: receiver (a solve-rate baseline)")
         return self
 
 

@@ -125,7 +125,7 @@ class Node:
         #: ``sapo.peer_advantage: receiver``: peers' solved completions are credited against this node's own
         #: solve rate per family (``swarm.sapo.SolveRates``), updated from its own groups every step.
         self.receiver = cfg.sapo.peer_advantage == "receiver"
-        self.solve_rates = SolveRates()
+        self.solve_rates = SolveRates(stronger_only=cfg.sapo.peer_groups == "stronger")
         self.pool = RolloutPool(cfg.sapo.pool_size, cfg.sapo.max_age_steps, protect_steps=cfg.sapo.establish_steps)
         self.sampler = SapoSampler(
             cfg.sapo.local_groups,
@@ -136,7 +136,7 @@ class Node:
             newcomer_share=cfg.sapo.newcomer_share,
             establish_steps=cfg.sapo.establish_steps,
             keep_zero_advantage=cfg.sapo.keep_zero_advantage,
-            useful=SolveRates.teaches if self.receiver else None,
+            useful=self.solve_rates.teaches if self.receiver else None,
         )
         self.samples = SampleBuilder(
             self.policy,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from protocol.types import Group
@@ -26,6 +26,11 @@ SOLVED = 1.0 - 1e-9
 def any_solved(rewards: Iterable[float]) -> bool:
     """Whether some completion got the full score (:data:`SOLVED`)."""
     return any(r >= SOLVED for r in rewards)
+
+
+def solve_share(rewards: Sequence[float]) -> float:
+    """The share of completions that got the full score (0 for none)."""
+    return sum(1 for r in rewards if r >= SOLVED) / len(rewards) if rewards else 0.0
 
 
 def _spread(rewards: tuple[float, ...]) -> float:

@@ -128,7 +128,7 @@ def test_the_training_reward_is_partial_credit_or_exact_match(tmp_path: Path, ki
     assert node.reward(item, near) == (0.0 if kind == "exact" else tasks.score(item, near))
 
 
-def _scripted_node(tmp_path: Path, name: str, mode: str, init_p: float):
+def _scripted_node(tmp_path: Path, name: str, mode: str, init_p: float, **sapo: object):
     from node.runtime import Node
     from sim.scripted import build_scripted_parts
 
@@ -138,7 +138,7 @@ def _scripted_node(tmp_path: Path, name: str, mode: str, init_p: float):
             "seed": 3,
             "tasks": {"families": [chain]},
             "rollout": {"prompts_per_step": 4, "group_size": 8, "max_new_tokens": 32},
-            "sapo": {"local_groups": 2, "external_groups": 2, "peer_advantage": mode, "publish_solved": True},
+            "sapo": {"local_groups": 2, "external_groups": 2, "peer_advantage": mode, "publish_solved": True, **sapo},
         }
     )
     parts = build_scripted_parts(cfg, lr=1.0, init_p=init_p, init_spread=0.0, max_p=0.99, answer_tokens=4)
@@ -195,3 +195,33 @@ def test_publish_solved_adds_all_right_groups_to_what_a_node_publishes(tmp_path:
     assert node.solve_rates.rate("chain_sum") > 0.8
     with pytest.raises(ValueError, match="peer_advantage"):
         NodeConfig.model_validate({"sapo": {"peer_advantage": "sender"}})
+    with pytest.raises(ValueError, match="peer_groups: stronger needs sapo.peer_advantage: receiver"):
+        NodeConfig.model_validate({"sapo": {"peer_groups": "stronger"}})
+
+
+@pytest.mark.parametrize("peer_groups", ["solved", "stronger"])
+def test_peer_groups_stronger_keeps_a_strong_node_off_a_weaker_peers_right_answers(
+    tmp_path: Path, peer_groups: str
+) -> None:
+    from protocol.types import Envelope, RolloutBatch
+
+    strong = _scripted_node(tmp_path, "strong", "receiver", 0.9, peer_groups=peer_groups)
+    weak = _scripted_node(tmp_path, "weak", "receiver", 0.3)
+    trained = []
+
+    async def loop() -> None:
+        for seq in range(6):
+            batch = RolloutBatch(model="m", policy_version=0, tokenizer="scripted-bytes-v1",
+                                 groups=tuple(weak.generate().informative(solved=True)))  # fmt: skip
+            strong.ingest(Envelope(1, "rollouts", "swarm", "weak", b"k" * 32, seq, 0, 0.0, batch))
+            train = strong.make_batch(strong.generate())
+            trained.append(sum(1 for s in train.samples if s.external))
+            weak.step += 1
+            strong.step += 1
+
+    asyncio.run(loop())
+    assert strong.solve_rates.rate("chain_sum") > 0.8
+    if peer_groups == "solved":
+        assert sum(trained[1:]) > 0, trained
+    else:  # from its second step on, its own rate is known and above the weak peer's groups' share
+        assert trained[1:] == [0] * 5, trained

@@ -331,9 +331,24 @@ def test_solve_rates_credit_a_peers_right_answers_against_the_receivers_own_rate
     assert rates.metrics() == {"receiver_baseline_chain_sum": 0.5}
     rates.update([_own("c", (1.0,) * 4)] * 60)  # a receiver that solves the family learns nothing from it
     assert max(rates.advantages(peer)) < 1e-6
-    assert SolveRates.teaches(peer) and not SolveRates.teaches(_pooled("p:1:1", "peer", (0.5, 0.0)))
+    assert rates.teaches(peer) and not rates.teaches(_pooled("p:1:1", "peer", (0.5, 0.0)))
     with pytest.raises(ValueError, match="decay"):
         SolveRates(decay=1.0)
+
+
+def test_stronger_only_takes_a_peer_group_only_when_it_solves_more_often_than_the_receiver():
+    rates = SolveRates(decay=0.5, stronger_only=True)
+    weak, strong = _pooled("w:1:0", "weak", (1.0, 0.0, 0.0, 0.0)), _pooled("s:1:0", "strong", (1.0, 1.0, 1.0, 0.0))
+    assert rates.teaches(weak) and rates.teaches(strong)  # b = 0 before the receiver's first group
+    rates.update([_own("a", (1.0, 1.0, 0.0, 0.0))])  # b = 0.5
+    assert not rates.teaches(weak) and rates.teaches(strong)
+    assert not rates.teaches(_pooled("e:1:0", "even", (1.0, 1.0, 0.0, 0.0)))  # as often as the receiver: not above b
+    # Another family's rate is its own: the receiver has not tried it, so the weak peer's right answer counts there.
+    other = _own("o", (1.0, 0.0, 0.0, 0.0), family="other")
+    assert rates.teaches(PooledGroup(key="o:1:0", source="weak", group=other.group, rewards=other.rewards, step=0))
+    rates.update([_own("b", (1.0,) * 4)] * 10)  # b near 1: only an all-right group is above it, and worth ~0
+    assert not rates.teaches(strong) and rates.teaches(_pooled("p:1:0", "perfect", (1.0,) * 4))
+    assert SolveRates().teaches(weak)  # the default takes any group with a right answer
 
 
 def test_receiver_ingest_keeps_all_right_groups_and_drops_groups_without_a_right_answer():
@@ -350,7 +365,7 @@ def test_a_receiver_sampler_takes_groups_with_a_right_answer_only():
     pool = RolloutPool(100, 10)
     pool.add(_pooled("a:1:0", "a", (1.0, 1.0)))
     pool.add(_pooled("b:1:0", "b", (0.5, 0.0)))  # informative, but nothing right in it
-    sampler = SapoSampler(0, 2, max_per_peer=2, newcomer_share=1.0, useful=SolveRates.teaches)
+    sampler = SapoSampler(0, 2, max_per_peer=2, newcomer_share=1.0, useful=SolveRates().teaches)
     assert [g.key for g in sampler.sample(pool, 0, []).external] == ["a:1:0"]
     group_sampler = SapoSampler(0, 2, max_per_peer=2, newcomer_share=1.0)
     assert [g.key for g in group_sampler.sample(pool, 0, []).external] == ["b:1:0"]
