@@ -227,15 +227,18 @@ def report(args: argparse.Namespace) -> None:
         + ". "
         + "; ".join(f"{name} = {CONFIGS[name][0]}" for name in CONFIGS if any(r["config"] == name for r in rows))
         + ". Held-out items: the family's held-out split, the same at every evaluation; exact = share of 8 samples "
-        "exactly right; baseline = the most common gold answer.",
+        "exactly right; baseline = the most common gold answer; top answer = the share of all samples giving the "
+        "node's most common answer (near 1: collapsed onto one answer).",
         "",
-        "| node | config | seed | steps | exact before -> after | greedy | pass@8 | format | own exact | peer tokens | "
-        "peer IS weight | trained on |",
-        "|---|---|---:|---:|---|---|---|---|---:|---:|---:|---|",
+        "| node | config | seed | steps | exact before -> after | greedy | pass@8 | format | top answer | own exact | "
+        "peer tokens | peer IS weight | trained on |",
+        "|---|---|---:|---:|---|---|---|---|---|---:|---:|---:|---|",
     ]
     for r in sorted(rows, key=lambda r: (r["node"], r["config"], r["seed"])):
         b, a = r["before"], r["after"]
         cells = [f"{b[k]:.3f} -> {a[k]:.3f}" for k, _ in keys]
+        top = [x.get("top_answer_share") for x in (b, a)]  # a collapse onto one answer shows here
+        cells.append(" -> ".join("-" if t is None else f"{t:.2f}" for t in top))
         senders = ", ".join(f"{k} {v}" for k, v in sorted(r["senders"].items())) or "-"
         lines.append(
             f"| {r['role']} | {r['config']} | {r['seed']} | {r['steps']} | " + " | ".join(cells)

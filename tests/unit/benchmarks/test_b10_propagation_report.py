@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def _family(acc: float) -> dict:
     return {"accuracy": acc, "greedy_accuracy": acc + 0.05, "pass_at_8": min(1.0, acc * 2), "format_rate": 0.9,
-            "majority_baseline": 0.125}  # fmt: skip
+            "majority_baseline": 0.125, "top_answer_share": round(0.5 - acc, 3)}  # fmt: skip
 
 
 def _node(d: Path, before: float, after: float, shares: list[float], weight: float, senders: dict[str, int]) -> str:
@@ -65,6 +65,7 @@ def test_report_compares_gain_with_the_peer_to_gain_alone(tmp_path: Path) -> Non
     work = _experiment(tmp_path, weak_alone=[0.02, 0.03, 0.01], weak_share=[0.20, 0.22, 0.18])
     text = _report(work, tmp_path / "out")
     assert "| weak | share | 0 | 60 | 0.100 -> 0.300 |" in text
+    assert "| 0.900 -> 0.900 | 0.40 -> 0.20 |" in text  # format, then the top answer's share before -> after
     assert "- weak, share: exact gain +0.200 against +0.020 alone (10.00x)" in text
     assert "is beyond 2 sd of the seeds" in text
     # the peer's share of the tokens (mean over steps) and its mean IS weight; the sender named by role
