@@ -115,8 +115,9 @@ class SolveRates:
 
     ``stronger_only`` (``sapo.peer_groups: stronger``) also leaves out a peer group whose share of solved
     completions is not above ``b``: the receiver then learns only from peers that solve the family more often than it
-    does itself. Without it a strong node trains on weaker peers' right answers (B10: the strong peer's pass@8 fell
-    0.073 against 0.000 alone over 60 steps); each is right, but sampled from a policy narrower than its own.
+    does itself. Without it a strong node trains on weaker peers' right answers: each is right, but sampled from a
+    policy that solves the family less often than its own (in B10, over 3 seeds, the strong node's held-out level was
+    the same with them as alone).
     """
 
     def __init__(self, decay: float = 0.95, *, stronger_only: bool = False) -> None:
