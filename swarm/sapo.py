@@ -149,9 +149,9 @@ class SolveRates:
     def teaches(self, group: PooledGroup) -> bool:
         """Whether a peer group is a candidate: one completion solved, and with ``stronger_only`` a share of solved
         completions above this node's own rate ``b`` on the family."""
-        if not any_solved(group.rewards):
-            return False
-        return not self.stronger_only or solve_share(group.rewards) > self.rate(group.group.task.family)
+        if self.stronger_only:  # b >= 0, so a share above it has a solved completion
+            return solve_share(group.rewards) > self.rate(group.group.task.family)
+        return any_solved(group.rewards)
 
     def metrics(self) -> dict[str, float]:
         return {f"receiver_baseline_{family}": round(rate, 4) for family, rate in sorted(self._rates.items())}
