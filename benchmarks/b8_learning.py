@@ -188,12 +188,8 @@ def probe(args: argparse.Namespace) -> None:
             f"{r['in_format']:.3f} | {r['greedy']:.3f} | {r['pass8']:.3f} | {r['baseline']:.3f} | "
             f"{r['reward']:.3f} | {r['top_answer']!r} ({r['top_share']:.2f}) | {r['length']:.0f} |"
         )
-    _write(args.out, args.stem or "b8_learning_probe", lines, {"config": cfg.model_dump(mode="json"), "rows": rows})
-
-
-def _write(out: Path, stem: str, lines: list[str], data: dict[str, Any]) -> None:
-    """Print the Markdown table and write it with the raw data beside it (keeping an earlier hand reading)."""
-    write_results(out, stem, "\n".join(lines) + "\n", data)
+    write_results(args.out, args.stem or "b8_learning_probe", "\n".join(lines) + "\n",
+                  {"config": cfg.model_dump(mode="json"), "rows": rows})  # fmt: skip
 
 
 def _exe() -> list[str]:
@@ -325,7 +321,7 @@ def report(args: argparse.Namespace) -> None:
                     for k in ("accuracy", "greedy", "pass8")
                 ]
                 lines.append(f"| {fam} | " + " | ".join(cells) + " |")
-    _write(args.out, "b8_learning", lines, {"config": cfg, "runs": runs})
+    write_results(args.out, "b8_learning", "\n".join(lines) + "\n", {"config": cfg, "runs": runs})
     _plot(runs, args.out / "b8_learning.png", stock)
 
 
