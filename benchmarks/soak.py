@@ -301,8 +301,23 @@ CAPS: dict[str, tuple[int, str]] = {
 IGNORED = {"elapsed_s"}
 
 
-def verdict(rows: list[dict[str, Any]], rss_bound: float, nodes: int) -> list[dict[str, Any]]:
-    """One line per probe: baseline (first sample after warm-up), end, and whether it is flat, capped or a log."""
+def fitted_slope(rows: list[dict[str, Any]], key: str) -> float:
+    """Least-squares slope of ``key`` per 1000 steps over the second half of the samples (a leak's rate; unlike the
+    difference of two samples, one noisy sample at either end cannot make or hide it)."""
+    half = [(r["step"], r[key]) for r in rows[len(rows) // 2 :] if isinstance(r.get(key), int | float)]
+    if len(half) < 2:
+        return 0.0
+    mx = sum(x for x, _ in half) / len(half)
+    my = sum(y for _, y in half) / len(half)
+    var = sum((x - mx) ** 2 for x, _ in half)
+    return 1000 * sum((x - mx) * (y - my) for x, y in half) / var if var else 0.0
+
+
+def verdict(rows: list[dict[str, Any]], rss_bound: float, nodes: int, slope_bound: float = 5.0) -> list[dict[str, Any]]:
+    """One line per probe: baseline (first sample after warm-up), end, and whether it is flat, capped or a log.
+
+    RSS must also grow by at most ``slope_bound`` MB per 1000 steps over the second half (a fitted slope): a slow
+    leak stays inside a +15% bound for thousands of steps, and volunteers run for days."""
     base, end = rows[1], rows[-1]
     # A slope over the second half shows a slow leak that a baseline/end ratio could hide.
     mid = rows[len(rows) // 2]
@@ -321,8 +336,13 @@ def verdict(rows: list[dict[str, Any]], rss_bound: float, nodes: int) -> list[di
             per_step = (e - b) / max(end["step"] - base["step"], 1)
             ok, kind, note = True, "log", f"{LOGS[key]}: {per_step:,.0f} bytes per step, linear by design"
         elif key == "rss_mb":
-            ok, kind = e <= b * (1 + rss_bound), "flat"
-            note = f"bound +{rss_bound:.0%} of baseline; peak {peak:,.0f}; second-half slope {slope:+.1f} MB/1000 steps"
+            fitted = fitted_slope(rows, key)
+            ok, kind = e <= b * (1 + rss_bound) and fitted <= slope_bound, "flat"
+            note = (
+                f"bound +{rss_bound:.0%} of baseline and a second-half slope <= {slope_bound:g} MB/1000 steps "
+                f"(least squares over the second half's samples): {fitted:+.1f} MB/1000 steps (end minus "
+                f"midpoint {slope:+.1f}); peak {peak:,.0f}"
+            )
         elif key == "py_objects":
             # Capped caches hold objects (a TaskSource item is a question, an answer and a metadata dict): count
             # from the sample where the item LRU reached its final size, the others being far below their caps.
@@ -372,14 +392,19 @@ def render(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
         "Counts are summed over the swarm's four nodes. Verdicts: *flat* = end within 1.5x (+2) of the baseline; "
         "*capped* = grows, but its peak stays under the configured cap named in the note (it fills up to it, then "
         f"stays); *log* = append-only file, linear by design. RSS must stay within +{args.rss_bound:.0%} of its "
-        "baseline, live Python objects within +5%.",
+        f"baseline and grow by at most {args.slope_bound:g} MB per 1000 steps over the second half (least squares), "
+        "live Python objects within +5%.",
         "",
     ]
+    saved = args.out.with_suffix(".json").name
     for label, res in results.items():
         rows = res["rows"]
+        earlier = [f"(An earlier run's samples, kept in `{saved}`; verdicts recomputed.)", ""]
+        earlier = earlier if res.get("earlier") else []
         lines += [
             f"## {label}: {rows[-1]['step']} steps in {res['wall_s']:.0f} s",
             "",
+            *earlier,
             "| probe | baseline | end | verdict | note |",
             "|---|---:|---:|---|---|",
         ]
@@ -389,7 +414,9 @@ def render(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
             mark = v["kind"] if v["ok"] else f"NOT {v['kind']}"
             lines.append(f"| {v['probe']} | {fmt(b)} | {fmt(e)} | {mark} | {v['note']} |")
         lines.append("")
-        lines += ["RSS (MB) over steps: " + ", ".join(f"{r['step']}: {r['rss_mb']:.0f}" for r in rows), ""]
+        shown = rows[:: max(1, len(rows) // 25)]  # about 25 samples, and the last
+        shown += [] if shown[-1] is rows[-1] else [rows[-1]]
+        lines += ["RSS (MB) over steps: " + ", ".join(f"{r['step']}: {r['rss_mb']:.0f}" for r in shown), ""]
         jumps = [
             f"step {cur['step']} ({prev['rss_mb']:.0f} -> {cur['rss_mb']:.0f} MB, threads {prev['threads']} -> "
             f"{cur['threads']})"
@@ -406,6 +433,25 @@ def render(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
     return "\n".join(lines) + "\n"
 
 
+def save_rss_plot(path: Path, results: dict[str, dict[str, Any]]) -> None:
+    """RSS over steps, one line per run (the picture of a leak: a slope that does not bend)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for label, res in results.items():
+        ax.plot([r["step"] for r in res["rows"]], [r["rss_mb"] for r in res["rows"]], label=label)
+    ax.set_xlabel("step (swarm: round)")
+    ax.set_ylabel("process RSS (MB)")
+    ax.set_ylim(bottom=0)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=2000, help="steps of the lone node and rounds of the swarm")
@@ -413,6 +459,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", choices=["alone", "swarm"], default=None)
     ap.add_argument("--round-s", type=float, default=3.0, help="network clock advance per swarm round (seconds)")
     ap.add_argument("--rss-bound", type=float, default=0.15, help="allowed RSS growth over the baseline (fraction)")
+    ap.add_argument(
+        "--slope-bound", type=float, default=5.0, help="allowed RSS slope over the second half (MB per 1000 steps)"
+    )
     ap.add_argument("--quick", action="store_true", help="30 steps each, sampled every 10 (smoke run, not enforced)")
     ap.add_argument("--workdir", type=Path, default=None, help="keep run dirs here (default: a temporary dir)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "soak.md")
@@ -427,13 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict[str, Any]] = {}
     if args.from_json is not None:
         saved = json.loads(args.from_json.read_text())
-        for label, rows in saved.items():
-            nodes = 1 if label == "alone" else 4
-            results[label] = {
-                "rows": rows,
-                "wall_s": rows[-1]["elapsed_s"],
-                "verdict": verdict(rows, args.rss_bound, nodes),
-            }
+        results = {label: _judged(label, rows, rows[-1]["elapsed_s"], args) for label, rows in saved.items()}
         return _report(results, args)
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
         work = args.workdir or Path(tmp)
@@ -445,16 +488,27 @@ def main(argv: list[str] | None = None) -> int:
                 rows = asyncio.run(run_alone(args.steps, args.every, work / "alone"))
             else:
                 rows = asyncio.run(run_swarm(args.steps, args.every, work / "swarm", args.round_s))
-            nodes = 1 if label == "alone" else 4
-            results[label] = {"rows": rows, "wall_s": time.perf_counter() - t0,
-                              "verdict": verdict(rows, args.rss_bound, nodes)}  # fmt: skip
+            results[label] = _judged(label, rows, time.perf_counter() - t0, args)
+    # One run of --only: the other run's samples saved by an earlier run (same --out) stay in the report.
+    saved_json = args.out.with_suffix(".json")
+    if args.only is not None and saved_json.exists():
+        for label, rows in json.loads(saved_json.read_text()).items():
+            if label not in results:
+                results[label] = _judged(label, rows, rows[-1]["elapsed_s"], args) | {"earlier": True}
+        results = dict(sorted(results.items()))  # alone, then swarm
     return _report(results, args)
+
+
+def _judged(label: str, rows: list[dict[str, Any]], wall_s: float, args: argparse.Namespace) -> dict[str, Any]:
+    nodes = 1 if label == "alone" else 4
+    return {"rows": rows, "wall_s": wall_s, "verdict": verdict(rows, args.rss_bound, nodes, args.slope_bound)}
 
 
 def _report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(render(results, args))
     args.out.with_suffix(".json").write_text(json.dumps({k: v["rows"] for k, v in results.items()}, indent=1))
+    save_rss_plot(args.out.with_suffix(".png"), results)
     print(args.out.read_text())
     bad = [f"{label}:{v['probe']}" for label, res in results.items() for v in res["verdict"] if not v["ok"]]
     if bad:
