@@ -33,6 +33,7 @@ import datetime
 import gc
 import itertools
 import json
+import os
 import sys
 import tempfile
 import threading
@@ -45,6 +46,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.common.machine import machine_info  # noqa: E402
+from protocol.validation import VERDICT_CACHE_ENTRIES  # noqa: E402
 
 #: The small step: 2 prompts x 4 completions of at most 12 tokens, 2 own + 2 peers' groups per update.
 STEP = {
@@ -119,6 +121,8 @@ def probe_node(node: Any) -> dict[str, int | None]:
             "replay_windows": _len(val, "_seen"),
             "replay_entries": _nested(val, "_seen"),
             "quota_windows": _len(val, "_counts"),
+            "verdict_cache": _len(val, "_verdicts"),
+            "verdict_cache_windows": _len(val, "_verdict_windows"),
             "reader_cache_windows": _len(reader, "cache"),
             "reader_cache_records": _nested(reader, "cache") if reader is not None else None,
         }
@@ -294,6 +298,10 @@ CAPS: dict[str, tuple[int, str]] = {
     "channel_seen": (200_000, "seen digests: pruned past the acceptance horizon, capped at seen_capacity"),
     "replay_entries": (200_000, "(sender, seq) pairs inside the acceptance horizon, capped at replay_capacity"),
     "index_writer_windows": (9, "own index entries: the last 8 windows"),
+    "verdict_cache": (
+        VERDICT_CACHE_ENTRIES,
+        "the validator's decoded records: those inside the acceptance horizon, LRU at VERDICT_CACHE_ENTRIES",
+    ),
     "reader_cache_windows": (12, "shard reader cache: expiration_windows + 2 windows"),
     "checkpoint_files": (12, "checkpoint.keep = 2 checkpoints of 6 files"),
 }
@@ -354,6 +362,12 @@ def verdict(rows: list[dict[str, Any]], rss_bound: float, nodes: int, slope_boun
                 f"cap ({sb:,} -> {e:,}: {100 * (e - sb) / sb:+.1f}%; {100 * (e - b) / b:+.1f}% from the baseline, "
                 f"the LRU filling); second-half slope {slope:+,.0f} per 1000 steps"
             )
+        elif key == "threads":
+            # Python threads: the main one and asyncio's default pool, which starts a worker whenever work is
+            # submitted while all are busy, up to min(32, cores + 4), and keeps it.
+            cap = 1 + min(32, (os.cpu_count() or 1) + 4)
+            ok, kind = peak <= cap, "flat" if flat else "capped"
+            note = f"main thread + asyncio's default thread pool (min(32, cores + 4) workers); cap {cap}; peak {peak}"
         elif key == "checkpoint_bytes":
             files = end.get("checkpoint_files", 0)
             ok, kind = files <= CAPS["checkpoint_files"][0] * nodes, "capped"

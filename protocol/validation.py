@@ -35,6 +35,9 @@ logger = logging.getLogger(__name__)
 #: Record bytes whose verdicts are remembered (LRU): a transport's edge check and the channel see a record within one
 #: poll, so a few dozen records' worth of decoded envelopes is all the sharing needs.
 VERDICT_CACHE_BYTES = 32 * 2**20
+#: Verdicts remembered at most, whatever their size: a decoded envelope costs about twice its wire bytes in Python
+#: objects and more for small records, so small records are bounded by count (4,096 soak records: ~12 MB).
+VERDICT_CACHE_ENTRIES = 4096
 
 #: Every reason :meth:`RecordValidator.check` may count, in check order.
 REJECT_REASONS = (*DECODE_REASONS, *SIGNATURE_REASONS, "wrong_swarm", "future", "stale", "replay", "quota")
@@ -82,6 +85,9 @@ class RecordValidator:
         # transport's edge check (another thread, for a DHT) and the receive check.
         self._verdicts: OrderedDict[bytes, tuple[Envelope | str, str, int]] = OrderedDict()
         self._verdict_bytes = 0
+        # record window -> digests of the envelopes remembered from it: a verdict leaves once its record's window
+        # falls behind the acceptance horizon (it could only be refused as stale then); refusals keep no window.
+        self._verdict_windows: dict[int, set[bytes]] = {}
         self._verdict_lock = threading.Lock()
 
     @classmethod
@@ -114,10 +120,13 @@ class RecordValidator:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
         logger.debug("rejected record: %s %s", reason, detail)
 
-    def _decoded(self, data: bytes, digest: bytes | None) -> tuple[Envelope | str, str]:
-        """Decode, schema, signature and swarm, once per record digest: ``(envelope, "")`` or ``(reason, detail)``."""
+    def _decoded(self, data: bytes, digest: bytes | None, now_window: int) -> tuple[Envelope | str, str]:
+        """Decode, schema, signature and swarm, once per record digest: ``(envelope, "")`` or ``(reason, detail)``.
+        An envelope whose window is already behind the acceptance horizon is not remembered."""
         key = digest if digest is not None else hashlib.sha256(data).digest()
+        horizon = now_window - self.max_past_windows
         with self._verdict_lock:
+            self._forget_verdicts_before(horizon)
             hit = self._verdicts.get(key)
             if hit is not None:
                 self._verdicts.move_to_end(key)
@@ -131,13 +140,35 @@ class RecordValidator:
             detail = verdict.swarm[:64]
             verdict = "wrong_swarm"
         size = len(data) if isinstance(verdict, Envelope) else 0  # a refusal keeps no bytes alive
+        if isinstance(verdict, Envelope) and verdict.window < horizon:
+            return verdict, detail  # stale: refused by the window check, nothing to share
         with self._verdict_lock:
             if key not in self._verdicts:
                 self._verdicts[key] = (verdict, detail, size)
                 self._verdict_bytes += size
-                while self._verdict_bytes > VERDICT_CACHE_BYTES or len(self._verdicts) > 65_536:
-                    self._verdict_bytes -= self._verdicts.popitem(last=False)[1][2]
+                if isinstance(verdict, Envelope):
+                    self._verdict_windows.setdefault(verdict.window, set()).add(key)
+                while self._verdict_bytes > VERDICT_CACHE_BYTES or len(self._verdicts) > VERDICT_CACHE_ENTRIES:
+                    self._forget_verdict(*self._verdicts.popitem(last=False))
         return verdict, detail
+
+    def _forget_verdict(self, key: bytes, entry: tuple[Envelope | str, str, int]) -> None:
+        """Account for a verdict that left the cache (called with the lock held)."""
+        self._verdict_bytes -= entry[2]
+        if isinstance(entry[0], Envelope):
+            keys = self._verdict_windows.get(entry[0].window)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._verdict_windows[entry[0].window]
+
+    def _forget_verdicts_before(self, horizon: int) -> None:
+        """Drop the verdicts of records whose window is behind ``horizon`` (called with the lock held)."""
+        for window in [w for w in self._verdict_windows if w < horizon]:
+            for key in self._verdict_windows.pop(window):
+                entry = self._verdicts.pop(key, None)
+                if entry is not None:
+                    self._verdict_bytes -= entry[2]
 
     def _stateless(self, data: Any, now_window: int, digest: bytes | None = None) -> tuple[Envelope | None, str, str]:
         """Size, decode, signature, swarm and window checks: (envelope, "", "") or (None, reason, detail)."""
@@ -151,7 +182,7 @@ class RecordValidator:
             data = bytes(data)
         elif not isinstance(data, bytes):
             return None, "malformed", f"not bytes: {type(data).__name__}"
-        env, detail = self._decoded(data, digest)
+        env, detail = self._decoded(data, digest, now_window)
         if isinstance(env, str):
             return None, env, detail
         if env.window > now_window + self.max_future_windows:

@@ -203,6 +203,33 @@ def test_a_remembered_verdict_still_has_its_window_checked(monkeypatch):
     assert v.verdict(data) == "stale" and v.check(data) is None and v.rejected["stale"] == 1
 
 
+def test_remembered_verdicts_leave_with_their_window():
+    """The shared decode's memory is the acceptance horizon, not the run: a record's verdict is forgotten once its
+    window falls behind ``max_past_windows`` (it could only be refused as stale), and a stale record is never kept."""
+    clock = Clock()
+    v = make_validator(clock=clock)
+    for seq in range(1, 4):
+        assert v.check(rec(seq=seq)) is not None
+    assert len(v._verdicts) == 3 and set(v._verdict_windows) == {NOW_W}
+    clock.t += 5 * WS  # NOW_W is now behind the horizon
+    assert v.check(rec(seq=9, window=NOW_W + 5)) is not None
+    assert len(v._verdicts) == 1 and set(v._verdict_windows) == {NOW_W + 5}
+    assert v.verdict(rec(seq=10)) == "stale" and len(v._verdicts) == 1
+    assert v._verdict_bytes == len(rec(seq=9, window=NOW_W + 5))
+
+
+def test_remembered_verdicts_are_capped_by_count(monkeypatch):
+    import protocol.validation as validation
+
+    monkeypatch.setattr(validation, "VERDICT_CACHE_ENTRIES", 8)
+    v = make_validator(quota_per_window=100)
+    sent = [rec(seq=seq) for seq in range(1, 21)]
+    for data in sent:
+        assert v.check(data) is not None
+    assert len(v._verdicts) == 8 and len(v._verdict_windows[NOW_W]) == 8
+    assert v._verdict_bytes == sum(len(d) for d in sent[-8:])
+
+
 def test_from_config():
     cfg = ProtocolConfig()
     v = RecordValidator.from_config("s", cfg, clock=Clock())
