@@ -245,7 +245,7 @@ async def run_swarm(steps: int, every: int, run_dir: Path, round_s: float, nodes
     extras: list[dict[str, Any]] = [
         {},
         {},
-        {"april": {"enabled": True}, "vade": {"enabled": True}},
+        {"april": {"enabled": True}, "vade": {"enabled": True, "max_tracked": VADE_TRACKED}},
         {"mnpo": {"schedule": "side_by_side", "prompts_per_window": 2, "responses_per_prompt": 2}},
     ]
     cfgs = [node_config("soak-swarm", extras[i % len(extras)]) for i in range(nodes_n)]
@@ -283,6 +283,10 @@ async def run_swarm(steps: int, every: int, run_dir: Path, round_s: float, nodes
             await node.close()
 
 
+#: ``vade.max_tracked`` of the VADE node: small enough that the LRU reaches it within the run and is seen to hold
+#: (one posterior per prompt drawn, ~1.1 per round; the default 100,000 would take ~90,000 rounds).
+VADE_TRACKED = 1000
+
 #: Append-only logs: they grow linearly by design (what the node is asked to record); bytes per step reported.
 LOGS = {
     "rollouts_bytes": "append-only log of own groups, one JSON line per group",
@@ -292,7 +296,7 @@ LOGS = {
 CAPS: dict[str, tuple[int, str]] = {
     "tasks_items": (4096, "TaskSource item LRU (cache_items)"),
     "tasks_datasets": (64, "TaskSource dataset LRU"),
-    "vade_posteriors": (100_000, "VADE posteriors, LRU at vade.max_tracked; one per prompt drawn until then"),
+    "vade_posteriors": (VADE_TRACKED, "VADE posteriors, LRU at vade.max_tracked; one per prompt drawn until then"),
     "pool": (2048, "sapo.pool_size, and pruned after sapo.max_age_steps"),
     "pool_sources": (8192, "RolloutPool per-source statistics, LRU"),
     "channel_seen": (200_000, "seen digests: pruned past the acceptance horizon, capped at seen_capacity"),
@@ -399,7 +403,8 @@ def render(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
         ),
         "",
         f"Step: {json.dumps(STEP)}. Swarm: 4 nodes, one process, memory network; network clock +{args.round_s}s "
-        "per round (window 15 s: a new window every few rounds); node 2 APRIL+VADE, node 3 MNPO side by side.",
+        "per round (window 15 s: a new window every few rounds); node 2 APRIL+VADE "
+        f"(vade.max_tracked {VADE_TRACKED}), node 3 MNPO side by side.",
         "",
         "Baseline is the sample at the end of the first "
         f"{args.every} steps (warm-up: pools fill, caches reach their working size); end is the last sample. "
