@@ -302,6 +302,7 @@ CAPS: dict[str, tuple[int, str]] = {
     "channel_seen": (200_000, "seen digests: pruned past the acceptance horizon, capped at seen_capacity"),
     "replay_entries": (200_000, "(sender, seq) pairs inside the acceptance horizon, capped at replay_capacity"),
     "index_writer_windows": (9, "own index entries: the last 8 windows"),
+    "outbox": (256, "own groups waiting for the next publish, the oldest dropped past runtime.max_outbox_groups"),
     "verdict_cache": (
         VERDICT_CACHE_ENTRIES,
         "the validator's decoded records: those inside the acceptance horizon, LRU at VERDICT_CACHE_ENTRIES",
