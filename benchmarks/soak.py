@@ -34,6 +34,7 @@ import gc
 import itertools
 import json
 import os
+import statistics
 import sys
 import tempfile
 import threading
@@ -317,13 +318,10 @@ IGNORED = {"elapsed_s"}
 def fitted_slope(rows: list[dict[str, Any]], key: str) -> float:
     """Least-squares slope of ``key`` per 1000 steps over the second half of the samples (a leak's rate; unlike the
     difference of two samples, one noisy sample at either end cannot make or hide it)."""
-    half = [(r["step"], r[key]) for r in rows[len(rows) // 2 :] if isinstance(r.get(key), int | float)]
-    if len(half) < 2:
+    half = [r for r in rows[len(rows) // 2 :] if isinstance(r.get(key), int | float)]
+    if len({r["step"] for r in half}) < 2:
         return 0.0
-    mx = sum(x for x, _ in half) / len(half)
-    my = sum(y for _, y in half) / len(half)
-    var = sum((x - mx) ** 2 for x, _ in half)
-    return 1000 * sum((x - mx) * (y - my) for x, y in half) / var if var else 0.0
+    return 1000 * statistics.linear_regression([r["step"] for r in half], [r[key] for r in half]).slope
 
 
 def verdict(rows: list[dict[str, Any]], rss_bound: float, nodes: int, slope_bound: float = 5.0) -> list[dict[str, Any]]:
