@@ -47,6 +47,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.common.machine import machine_info  # noqa: E402
+from node.config import RuntimeConfig  # noqa: E402
 from protocol.validation import VERDICT_CACHE_ENTRIES  # noqa: E402
 
 #: The small step: 2 prompts x 4 completions of at most 12 tokens, 2 own + 2 peers' groups per update.
@@ -303,7 +304,10 @@ CAPS: dict[str, tuple[int, str]] = {
     "channel_seen": (200_000, "seen digests: pruned past the acceptance horizon, capped at seen_capacity"),
     "replay_entries": (200_000, "(sender, seq) pairs inside the acceptance horizon, capped at replay_capacity"),
     "index_writer_windows": (9, "own index entries: the last 8 windows"),
-    "outbox": (256, "own groups waiting for the next publish, the oldest dropped past runtime.max_outbox_groups"),
+    "outbox": (
+        RuntimeConfig().max_outbox_groups,
+        "own groups waiting for the next publish, the oldest dropped past runtime.max_outbox_groups",
+    ),
     "verdict_cache": (
         VERDICT_CACHE_ENTRIES,
         "the validator's decoded records: those inside the acceptance horizon, LRU at VERDICT_CACHE_ENTRIES",
