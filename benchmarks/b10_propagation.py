@@ -52,6 +52,7 @@ from benchmarks.b8_learning import CANDIDATES, families_of, mean_sd  # noqa: E40
 from benchmarks.common.machine import machine_info  # noqa: E402
 from benchmarks.common.multirun import (  # noqa: E402
     experiment_cli,
+    keep_saved,
     peer_names,
     prebuild,
     prepare,
@@ -200,11 +201,51 @@ def collect(work: Path, until: float = float("inf")) -> tuple[dict[str, Any], li
     return mapping, rows
 
 
+def node_roles(args: argparse.Namespace, work: Path, nodes: int) -> dict[int, tuple[str, str]]:
+    """Node index -> (role, description): the work directory's, or the population's where it holds none."""
+    return roles_of(work, nodes) if (work / "roles.json").is_file() else POPULATIONS[population(args)]
+
+
+def borrow_alone(mapping: dict[str, Any], rows: list[dict[str, Any]], results: Path) -> list[dict[str, Any]]:
+    """For the homogeneous population: the propagation experiment's ``alone`` rows (its report's JSON in
+    ``results``) of every node that is the same run here, where ``rows`` lack them. A node alone trains on nothing of
+    its peers', so with the same model, settings, budget, index and seed it is the same run whoever its peers are:
+    B10's weak node alone is the homogeneous population's node 1 alone, seed for seed. Marked ``borrowed``."""
+    path = results / "b10_propagation.json"
+    if mapping["name"] != "b10-homogeneous" or not path.is_file():
+        return []
+    here, there = json.loads(json.dumps(mapping)), json.loads(path.read_text())["experiment"]
+    alone = {"name": "alone", "description": CONFIGS["alone"][0], "node": {"sapo": CONFIGS["alone"][1]}}
+    runs = ("name", "seeds", "configurations", "heterogeneity")  # what may differ: the rest decides a node's run
+    if {k: v for k, v in here.items() if k not in runs} != {k: v for k, v in there.items() if k not in runs} or (
+        alone not in there["configurations"]
+    ):
+        return []
+    mine, theirs = (m["heterogeneity"]["node_overrides"] for m in (here, there))
+    same = {int(i) for i, o in mine.items() if theirs.get(i) == o}
+    have = {(r["seed"], r["node"]) for r in rows if r["config"] == "alone"}
+    roles = {i: role for i, (role, _) in POPULATIONS["homogeneous"].items()}
+    rows = json.loads(path.read_text())["rows"]
+    return [{**r, "role": roles[r["node"]], "borrowed": path.stem} for r in rows
+            if r["config"] == "alone" and r["node"] in same and (r["seed"], r["node"]) not in have]  # fmt: skip
+
+
 def report(args: argparse.Namespace) -> None:
     work = work_dir(args)
-    if not (work / "experiment.yaml").is_file():
+    stem = args.stem or {
+        "propagation": "b10_propagation", "homogeneous": "b10_homogeneous", "quick": "b10_propagation_quick"
+    }[population(args)]  # fmt: skip
+    saved = args.out / f"{stem}.json"
+    if (work / "experiment.yaml").is_file():
+        mapping, rows = collect(work, args.until if args.until is not None else float("inf"))
+    elif saved.is_file():  # a fresh machine: the runs of the earlier report only
+        mapping, rows = json.loads(saved.read_text())["experiment"], []
+    else:
         raise SystemExit(f"{work} holds no experiment (no experiment.yaml): run `b10_propagation.py run` first")
-    mapping, rows = collect(work, args.until if args.until is not None else float("inf"))
+    mapping, rows = keep_saved(mapping, rows, saved)
+    rows += borrow_alone(mapping, rows, args.out)
+    if args.until is not None:  # an earlier report's rows may run further
+        rows = [r for r in rows if r["steps"] <= args.until]
     if not rows:
         raise SystemExit(f"no node with two evaluations under {work}")
     last = max(r["steps"] for r in rows)
@@ -223,7 +264,7 @@ def report(args: argparse.Namespace) -> None:
         "`swarm-node join` "
         f"processes over hivemind on 127.0.0.1 (`benchmarks/b10_propagation.py`, experiment in "
         f"`{work.name}/experiment.yaml`). Nodes: "
-        + "; ".join(f"{role} = {what}" for role, what in roles_of(work, mapping["nodes"]).values())
+        + "; ".join(f"{role} = {what}" for role, what in node_roles(args, work, mapping["nodes"]).values())
         + ". "
         + "; ".join(f"{name} = {CONFIGS[name][0]}" for name in CONFIGS if any(r["config"] == name for r in rows))
         + ". Held-out items: the family's held-out split, the same at every evaluation; exact = share of 8 samples "
@@ -241,20 +282,30 @@ def report(args: argparse.Namespace) -> None:
         cells.append(" -> ".join("-" if t is None else f"{t:.2f}" for t in top))
         senders = ", ".join(f"{k} {v}" for k, v in sorted(r["senders"].items())) or "-"
         lines.append(
-            f"| {r['role']} | {r['config']} | {r['seed']} | {r['steps']} | " + " | ".join(cells)
+            f"| {r['role']} | {r['config']}{'†' if r.get('borrowed') else ''} | {r['seed']} | {r['steps']} | "
+            + " | ".join(cells)
             + f" | {r['own_exact']:.3f} | {r['peer_token_share']:.2f} | {r['peer_is_weight']:.3f} | {senders} |"
         )  # fmt: skip
+    roles = node_roles(args, work, mapping["nodes"])
+    for source, nodes in _borrowed(rows).items():
+        lines += ["", f"† From `{source}.json`, the same runs: node {', '.join(map(str, nodes))} alone there has this "
+                  "population's model, settings, budget, index and seed, and a node alone trains on nothing of its "
+                  "peers'."]  # fmt: skip
+    # identical nodes (the homogeneous population) are pooled too: every node's run is one more sample
+    pooled = ["all nodes"] if len({what for _, what in roles.values()}) == 1 and len(roles) > 1 else []
     lines += [
         "",
-        f"Gains (after - before), mean ± sd over seeds; majority baseline {rows[0]['after']['majority_baseline']:.3f}:",
+        f"Gains (after - before), mean ± sd over seeds{' (all nodes: over node runs)' if pooled else ''}; "
+        f"majority baseline {rows[0]['after']['majority_baseline']:.3f}:",
         "",
     ]
     lines += ["| node | config | seeds | " + " | ".join(label for _, label in keys) + " |",
               "|---|---|---:|" + "---|" * len(keys)]  # fmt: skip
     gains: dict[tuple[str, str], dict[str, list[float]]] = {}
-    for role in dict.fromkeys(r["role"] for r in rows):
+    groups = [*dict.fromkeys(r["role"] for r in rows), *pooled]
+    for role in groups:
         for name in CONFIGS:
-            sel = [r for r in rows if r["role"] == role and r["config"] == name]
+            sel = [r for r in rows if role in (r["role"], *pooled) and r["config"] == name]
             if not sel:
                 continue
             g = {k: [r["after"][k] - r["before"][k] for r in sel] for k, _ in keys}
@@ -262,27 +313,34 @@ def report(args: argparse.Namespace) -> None:
             cells = " | ".join(mean_sd(g[k], signed=True) for k, _ in keys)
             lines.append(f"| {role} | {name} | {len(sel)} | {cells} |")
     lines += [""]
-    for role, name in [(role, name) for role in dict.fromkeys(r["role"] for r in rows) for name in CONFIGS]:
+    for role, name in [(role, name) for role in groups for name in CONFIGS]:
         alone, share = gains.get((role, "alone")), gains.get((role, name))
         if name == "alone" or not alone or not share:
             continue
         a, s = alone["accuracy"], share["accuracy"]
         ma, ms = statistics.fmean(a), statistics.fmean(s)
         ratio = f"{ms / ma:.2f}x" if ma > 0 else "n/a: no gain alone"
+        unit = "node runs" if role in pooled else "seeds"
         if min(len(a), len(s)) < 2:
             verdict = "not judged (one seed, no spread)"
         else:
             spread = 2 * max(statistics.stdev(a), statistics.stdev(s))
-            verdict = f"{'beyond' if abs(ms - ma) > spread else 'within'} 2 sd of the seeds ({spread:.3f})"
+            verdict = f"{'beyond' if abs(ms - ma) > spread else 'within'} 2 sd of the {unit} ({spread:.3f})"
         lines.append(
             f"- {role}, {name}: exact gain {ms:+.3f} against {ma:+.3f} alone ({ratio}); the difference "
             f"{ms - ma:+.3f} is {verdict}."
         )
-    stem = args.stem or {
-        "propagation": "b10_propagation", "homogeneous": "b10_homogeneous", "quick": "b10_propagation_quick"
-    }[population(args)]  # fmt: skip
     write_results(args.out, stem, "\n".join(lines) + "\n", {"experiment": mapping, "rows": rows})
     _plot(rows, args.out / f"{stem}.png")
+
+
+def _borrowed(rows: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """Source report -> the node indices whose rows came from it (:func:`borrow_alone`)."""
+    out: dict[str, set[int]] = {}
+    for r in rows:
+        if r.get("borrowed"):
+            out.setdefault(r["borrowed"], set()).add(r["node"])
+    return {k: sorted(v) for k, v in out.items()}
 
 
 def _plot(rows: list[dict[str, Any]], path: Path) -> None:

@@ -6,7 +6,8 @@ processes, resumable and optionally side by side.
   seeds of one that holds this one) and ``roles.json`` (node index -> role and description);
 * :func:`prebuild` builds every node's model once, before any node starts;
 * :func:`run_pending` runs the pairs not finished yet, seed by seed;
-* :func:`write_results` writes a report beside its data, keeping the hand-written reading of an earlier one.
+* :func:`write_results` writes a report beside its data, keeping the hand-written reading of an earlier one;
+  :func:`keep_saved` keeps an earlier report's rows of runs the work directory no longer holds.
 
 Imports the node and the simulator only inside the functions, so a report needs neither torch nor hivemind loaded.
 """
@@ -47,6 +48,46 @@ def read_evals(node_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
+def merge_experiments(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """One experiment holding both ``old``'s and ``new``'s runs: the same experiment with more seeds or more
+    configurations (a configuration of the same name must be the same). ``ValueError`` naming what differs
+    otherwise. Compared as JSON, so a mapping read back from a report's JSON (string keys) matches its YAML."""
+    a, b = json.loads(json.dumps(old)), json.loads(json.dumps(new))
+    grows = ("seeds", "configurations")
+    configs = {c["name"]: c for c in a.get("configurations", [])}
+    clash = [c["name"] for c in b.get("configurations", []) if configs.setdefault(c["name"], c) != c]
+    if clash:
+        raise ValueError(f"configuration {clash[0]!r} differs")
+    if {k: v for k, v in a.items() if k not in grows} != {k: v for k, v in b.items() if k not in grows}:
+        raise ValueError("another experiment")
+    seeds = sorted(set(a.get("seeds", [])) | set(b.get("seeds", [])))
+    return {**new, "seeds": seeds, "configurations": list(configs.values())}
+
+
+def keep_saved(
+    mapping: dict[str, Any], rows: list[dict[str, Any]], saved: Path
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The experiment and ``rows`` (one per configuration, seed and node, from the work directory) grown by the rows
+    of an earlier report of the same experiment (``saved``, its JSON) for the (configuration, seed) pairs the work
+    directory does not hold: runs done on another machine, or on this one before its work directory was lost (a
+    fresh machine starts with none), stay in the report as more seeds land. A report of another experiment is left
+    out, with a message."""
+    if not saved.is_file():
+        return mapping, rows
+    data = json.loads(saved.read_text())
+    try:
+        merged = merge_experiments(data["experiment"], mapping)
+    except ValueError as e:
+        print(f"not keeping the rows of {saved}: it holds {e}", file=sys.stderr)
+        return mapping, rows
+    have = {(r["config"], r["seed"]) for r in rows}
+    kept = [r for r in data["rows"] if (r["config"], r["seed"]) not in have]
+    if kept:
+        pairs = sorted({(r["config"], r["seed"]) for r in kept})
+        print(f"kept from {saved.name} (not in the work directory): {pairs}", file=sys.stderr)
+    return merged, rows + kept
+
+
 def prepare(work: Path, mapping: dict[str, Any], roles: dict[str, list[str]]) -> Any:
     """Write the experiment (``mapping``, a ``swarm-sim`` configuration) and the nodes' roles to ``work``; returns
     the validated :class:`sim.config.SimConfig`. A work directory holding another experiment is refused; the same
@@ -58,20 +99,10 @@ def prepare(work: Path, mapping: dict[str, Any], roles: dict[str, list[str]]) ->
     work.mkdir(parents=True, exist_ok=True)
     cfg_file = work / "experiment.yaml"
     if cfg_file.is_file():
-        old = yaml.safe_load(cfg_file.read_text())
-        grows = ("seeds", "configurations")
-        configs = {c["name"]: c for c in old.get("configurations", [])}
-        clash = [c["name"] for c in mapping["configurations"] if configs.setdefault(c["name"], c) != c]
-        if clash or {k: v for k, v in old.items() if k not in grows} != {
-            k: v for k, v in mapping.items() if k not in grows
-        }:
-            what = f"configuration {clash[0]!r} differs" if clash else "another experiment"
-            raise SystemExit(f"{cfg_file} holds {what}: use another --work, or remove it to start over")
-        mapping = {
-            **mapping,
-            "seeds": sorted(set(old["seeds"]) | set(mapping["seeds"])),
-            "configurations": list(configs.values()),
-        }
+        try:
+            mapping = merge_experiments(yaml.safe_load(cfg_file.read_text()), mapping)
+        except ValueError as e:
+            raise SystemExit(f"{cfg_file} holds {e}: use another --work, or remove it to start over") from None
     cfg_file.write_text(yaml.safe_dump(mapping, sort_keys=False))
     (work / "roles.json").write_text(json.dumps(roles))
     return SimConfig.model_validate(mapping)

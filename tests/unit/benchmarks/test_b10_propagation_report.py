@@ -4,6 +4,7 @@ peers' data weighed, and who each node trained on (named by role from the run's 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -38,7 +39,7 @@ def _experiment(
     tmp_path: Path, weak_alone: list[float], weak_share: list[float], weak_receiver: list[float] | None = None
 ) -> Path:
     work = tmp_path / "work"
-    work.mkdir()
+    work.mkdir(parents=True)
     family = {"name": "basic_arithmetic", "config": {"max_terms": 2}}
     mapping = {"name": "b10-propagation", "nodes": 2, "node": {"tasks": {"families": [family]}}}
     (work / "experiment.yaml").write_text(yaml.safe_dump(mapping))
@@ -124,3 +125,75 @@ def test_every_configuration_is_compared_with_alone(tmp_path: Path) -> None:
     assert "- weak, share: exact gain +0.010 against +0.110 alone (0.09x)" in text
     assert "- weak, receiver: exact gain +0.320 against +0.110 alone (2.91x)" in text
     assert "receiver = 2 own / 2 peers' groups a step; peers' solved completions credited" in text
+
+
+def test_a_report_keeps_the_runs_its_work_directory_lost(tmp_path: Path) -> None:
+    # A fresh machine has no work directory: the earlier report's rows stay, and the runs done here join them.
+    work = _experiment(tmp_path, weak_alone=[0.02, 0.03, 0.01], weak_share=[0.20, 0.22, 0.18])
+    out = tmp_path / "out"
+    before = _report(work, out)
+    fresh = _experiment(tmp_path / "fresh", weak_alone=[0.04, 0.0, 0.0], weak_share=[0.30, 0.0, 0.0])
+    for config in ("alone", "share"):
+        for seed in (1, 2):  # this machine ran seed 0 again, only
+            shutil.rmtree(fresh / config / f"seed{seed}")
+    after = _report(fresh, out)
+    assert "| weak | share | 0 | 60 | 0.100 -> 0.400 |" in after  # the work directory's run wins
+    assert "| weak | share | 2 | 60 | 0.100 -> 0.280 |" in after and "| weak | share | 2 | 60 |" in before
+    assert "| weak | share | 3 | +0.233 ± 0.061 |" in after
+    # with no work directory at all, the report is the earlier one's runs
+    assert _report(tmp_path / "none", out).split("\n", 3)[3] == after.split("\n", 3)[3]
+
+
+def test_a_report_of_another_experiment_is_not_kept(tmp_path: Path) -> None:
+    work = _experiment(tmp_path, weak_alone=[0.02, 0.03, 0.01], weak_share=[0.20, 0.22, 0.18])
+    out = tmp_path / "out"
+    _report(work, out)
+    other = _experiment(tmp_path / "other", weak_alone=[0.0], weak_share=[0.1])
+    cfg = other / "experiment.yaml"
+    cfg.write_text(cfg.read_text().replace("max_terms: 2", "max_terms: 3"))  # another family setting
+    text = _report(other, out)
+    assert "| weak | share | 1 | 60 |" not in text and "| weak | share | 1 | +0.100 ± 0.000 |" in text
+
+
+def test_homogeneous_alone_is_borrowed_from_the_same_runs_and_nodes_are_pooled(tmp_path: Path) -> None:
+    # Three identical nodes sharing; B10's node 1 alone is the same run as the homogeneous node 1 alone (same model,
+    # settings, index, seed), so its rows stand in for it; nodes 0 and 2 there are other models and are not taken.
+    family = {"name": "basic_arithmetic", "config": {"max_terms": 2}}
+    weak, strong = {"model": {"name": "smol", "warm_start": "format"}}, {"model": {"name": "smol", "warm_start": "F"}}
+    alone = {"name": "alone", "description": "4 own / 0 peers' groups a step",
+             "node": {"sapo": {"local_groups": 4, "external_groups": 0}}}  # fmt: skip
+
+    def mapping(name: str, overrides: dict, configs: list[dict]) -> dict:
+        return {"name": name, "nodes": 3, "steps": 60, "seeds": [0, 1, 2], "node": {"tasks": {"families": [family]}},
+                "configurations": configs, "heterogeneity": {"node_overrides": overrides}}  # fmt: skip
+
+    b10 = tmp_path / "b10"
+    b10.mkdir()
+    (b10 / "experiment.yaml").write_text(
+        yaml.safe_dump(mapping("b10-propagation", {0: strong, 1: weak, 2: {"model": {"name": "tiny"}}}, [alone]))
+    )
+    for seed, gain in enumerate([0.10, 0.20, 0.15]):
+        for i in range(3):
+            _node(b10 / "alone" / f"seed{seed}" / f"node{i}", 0.1, 0.1 + gain if i == 1 else 0.9, [0.0], 0.0, {})
+    out = tmp_path / "out"
+    _report(b10, out)
+    share = {"name": "share", "description": "2 own / 2 peers' groups a step", "node": {"sapo": {"x": 1}}}
+    work = tmp_path / "homo"
+    work.mkdir()
+    (work / "experiment.yaml").write_text(yaml.safe_dump(mapping("b10-homogeneous", dict.fromkeys(range(3), weak),
+                                                                 [share])))  # fmt: skip
+    roles = {str(i): [f"smol-{i}", "SmolLM2 with a format warm start"] for i in range(3)}
+    (work / "roles.json").write_text(json.dumps(roles))
+    for i, gain in enumerate([0.30, 0.40, 0.35]):
+        _node(work / "share" / "seed0" / f"node{i}", 0.1, 0.1 + gain, [0.5], 0.7, {})
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "b10_propagation.py"), "report", "--population", "homogeneous",
+           "--work", str(tmp_path), "--out", str(out)]  # fmt: skip
+    (tmp_path / "homogeneous").symlink_to(work)
+    subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, text=True)
+    text = (out / "b10_homogeneous.md").read_text()
+    assert "| smol-1 | alone† | 2 | 60 | 0.100 -> 0.250 |" in text
+    assert "| smol-0 | alone" not in text and "| smol-2 | alone" not in text
+    assert "† From `b10_propagation.json`, the same runs: node 1 alone" in text
+    assert "| all nodes | share | 3 | +0.350 ± 0.050 |" in text and "| all nodes | alone | 3 | +0.150 ± 0.050 |" in text
+    assert "- all nodes, share: exact gain +0.350 against +0.150 alone (2.33x)" in text
+    assert "beyond 2 sd of the node runs (0.100)" in text
