@@ -45,7 +45,15 @@ if str(ROOT) not in sys.path:
 
 from benchmarks.b8_learning import CANDIDATES, families_of, mean_sd  # noqa: E402
 from benchmarks.common.machine import machine_info  # noqa: E402
-from benchmarks.common.multirun import experiment_cli, prebuild, prepare, read_evals, run_pending, write_results  # noqa: E402
+from benchmarks.common.multirun import (  # noqa: E402
+    experiment_cli,
+    keep_saved,
+    prebuild,
+    prepare,
+    read_evals,
+    run_pending,
+    write_results,
+)
 
 RESULTS = ROOT / "benchmarks" / "results"
 WORK = Path(os.environ.get("RL_SWARM_BENCH_DIR", Path.home() / ".cache" / "rl-swarm" / "bench")) / "b6_real"
@@ -162,15 +170,14 @@ def _node_metrics(node_dir: Path) -> dict[str, float]:
 
 
 def collect(work: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The experiment and one row per (arm, seed) whose every node evaluated at the last step."""
+    """The experiment and one row per (arm, seed) whose every node evaluated at the last step (the league's figures
+    come later, from every row of the seed: :func:`add_league`)."""
     import yaml
 
     mapping = yaml.safe_load((work / "experiment.yaml").read_text())
     fam = mapping["node"]["tasks"]["families"][0]["name"]
-    samples = mapping["node"]["eval"]["samples"]
     rows = []
     for seed in sorted(mapping["seeds"]):
-        finals: dict[tuple[str, int], list[int]] = {}
         per_arm, curves = {}, {}
         for conf in mapping["configurations"]:
             arm, run_dir = conf["name"], work / conf["name"] / f"seed{seed}"
@@ -180,14 +187,8 @@ def collect(work: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
             nodes = []
             for i, e in enumerate(evals):
                 first, last = e[0]["families"][fam], e[-1]["families"][fam]
-                if last.get("correct") is not None:  # evaluations recorded before per-item counts have none
-                    finals[(arm, i)] = last["correct"]
                 nodes.append({"node": i, "before": first, "after": last, **_node_metrics(run_dir / f"node{i}")})
             per_arm[arm], curves[arm] = nodes, evals
-        # the league is every arm's final policies of this seed: judged only when all arms finished, with counts
-        complete = len(finals) == len(mapping["configurations"]) * mapping["nodes"]
-        league = league_stats(finals, samples) if complete else {}
-        nan = {"win_league": float("nan"), "gap": float("nan")}
         for arm, nodes in per_arm.items():
             gain = {k: statistics.fmean(n["after"][k] - n["before"][k] for n in nodes)
                     for k in ("accuracy", "greedy_accuracy", "pass_at_8")}  # fmt: skip
@@ -196,16 +197,39 @@ def collect(work: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
             curve = [
                 (t, *(statistics.fmean(b[t][k] for b in by_step) for k in ("accuracy", "pass_at_8"))) for t in steps
             ]  # (step, mean exact, mean pass@8) over the arm's nodes
-            rows.append({"arm": arm, "seed": seed, "nodes": nodes, "gain": gain, "curve": curve, **league.get(arm, nan),
-                         "league_size": len(finals), "baseline": nodes[0]["after"]["majority_baseline"]})  # fmt: skip
+            rows.append({"arm": arm, "seed": seed, "nodes": nodes, "gain": gain, "curve": curve,
+                         "baseline": nodes[0]["after"]["majority_baseline"]})  # fmt: skip
     return mapping, rows
+
+
+def add_league(mapping: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    """Each row's win rate against the league and its population's gap (nan where not judged). The league is every
+    arm's final policies of the row's seed: judged only when all arms finished, with per-item counts (evaluations
+    recorded before those counts have none)."""
+    samples = mapping["node"]["eval"]["samples"]
+    arms = {c["name"] for c in mapping["configurations"]}
+    for seed in {r["seed"] for r in rows}:
+        sel = [r for r in rows if r["seed"] == seed]
+        finals = {(r["arm"], n["node"]): n["after"]["correct"] for r in sel for n in r["nodes"]
+                  if n["after"].get("correct") is not None}  # fmt: skip
+        complete = {r["arm"] for r in sel} >= arms and len(finals) == sum(len(r["nodes"]) for r in sel)
+        league = league_stats(finals, samples) if complete else {}
+        for r in sel:
+            r.update(league.get(r["arm"], {"win_league": float("nan"), "gap": float("nan")}), league_size=len(finals))
 
 
 def report(args: argparse.Namespace) -> None:
     work = work_dir(args)
-    if not (work / "experiment.yaml").is_file():
+    stem = args.stem or ("b6_real_quick" if args.quick else "b6_real")
+    saved = args.out / f"{stem}.json"
+    if (work / "experiment.yaml").is_file():
+        mapping, rows = collect(work)
+    elif saved.is_file():  # a fresh machine: the runs of the earlier report only
+        mapping, rows = json.loads(saved.read_text())["experiment"], []
+    else:
         raise SystemExit(f"{work} holds no experiment (no experiment.yaml): run `b6_real.py run` first")
-    mapping, rows = collect(work)
+    mapping, rows = keep_saved(mapping, rows, saved, key="arm")
+    add_league(mapping, rows)
     if not rows:
         raise SystemExit(f"no finished (arm, seed) under {work}")
     fam = mapping["node"]["tasks"]["families"][0]
@@ -267,7 +291,6 @@ def report(args: argparse.Namespace) -> None:
             verdict = f"{'beyond' if abs(diff) > spread else 'within'} 2 sd of the seeds ({spread:.3f})"
         lines.append(f"- {arm}: exact gain {statistics.fmean(mine):+.3f} against DPO's {statistics.fmean(dpo):+.3f}; "
                      f"the difference {diff:+.3f} is {verdict}.")  # fmt: skip
-    stem = args.stem or ("b6_real_quick" if args.quick else "b6_real")
     write_results(args.out, stem, "\n".join(lines) + "\n", {"experiment": mapping, "rows": rows})
     _plot(rows, args.out / f"{stem}.png")
 

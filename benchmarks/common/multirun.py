@@ -65,13 +65,13 @@ def merge_experiments(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any
 
 
 def keep_saved(
-    mapping: dict[str, Any], rows: list[dict[str, Any]], saved: Path
+    mapping: dict[str, Any], rows: list[dict[str, Any]], saved: Path, key: str = "config"
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The experiment and ``rows`` (one per configuration, seed and node, from the work directory) grown by the rows
     of an earlier report of the same experiment (``saved``, its JSON) for the (configuration, seed) pairs the work
     directory does not hold: runs done on another machine, or on this one before its work directory was lost (a
     fresh machine starts with none), stay in the report as more seeds land. A report of another experiment is left
-    out, with a message."""
+    out, with a message. ``key``: the rows' configuration field."""
     if not saved.is_file():
         return mapping, rows
     data = json.loads(saved.read_text())
@@ -80,10 +80,10 @@ def keep_saved(
     except ValueError as e:
         print(f"not keeping the rows of {saved}: it holds {e}", file=sys.stderr)
         return mapping, rows
-    have = {(r["config"], r["seed"]) for r in rows}
-    kept = [r for r in data["rows"] if (r["config"], r["seed"]) not in have]
+    have = {(r[key], r["seed"]) for r in rows}
+    kept = [r for r in data["rows"] if (r[key], r["seed"]) not in have]
     if kept:
-        pairs = sorted({(r["config"], r["seed"]) for r in kept})
+        pairs = sorted({(r[key], r["seed"]) for r in kept})
         print(f"kept from {saved.name} (not in the work directory): {pairs}", file=sys.stderr)
     return merged, rows + kept
 

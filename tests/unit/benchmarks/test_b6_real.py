@@ -4,6 +4,7 @@ report's per-arm gains and verdict against DPO, and a smoke run of real processe
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -76,6 +77,11 @@ def test_report_compares_mnpo_with_dpo(tmp_path: Path) -> None:
     ht0 = next(r for r in rows if r["arm"] == "ht_mnpo" and r["seed"] == 0)
     assert ht0["curve"] == [[0, 0.1, 0.2], [4, pytest.approx(0.3), pytest.approx(0.6)]]  # mean over its nodes
     assert (out / "b6_real.png").stat().st_size > 0
+    # a fresh machine lost dpo's runs: the earlier report's rows stay, and the league is still judged from them
+    shutil.rmtree(work / "dpo")
+    again = subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, text=True)
+    assert "kept from b6_real.json (not in the work directory): [('dpo', 0), ('dpo', 1), ('dpo', 2)]" in again.stderr
+    assert ht in (out / "b6_real.md").read_text()
 
 
 @pytest.mark.network
