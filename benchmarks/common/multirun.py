@@ -140,6 +140,7 @@ def prebuild(sim: Any) -> None:
 
     import torch
 
+    from node.heap import release_free_memory
     from node.model.policy import load_policy
 
     seen = set()
@@ -158,19 +159,7 @@ def prebuild(sim: Any) -> None:
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-    _give_back_freed_memory()
-
-
-def _give_back_freed_memory() -> None:
-    """Return the freed heap to the system (glibc keeps it otherwise): a warm start built here left this process
-    holding gigabytes the nodes then lack (three SmolLM2 nodes peak at about 6.5 GB each on 24 GB)."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(name) if name else None
-    if libc is not None and hasattr(libc, "malloc_trim"):
-        libc.malloc_trim(0)
+    release_free_memory()  # a warm start built here would leave this process holding gigabytes the nodes lack
 
 
 def _interruptible() -> None:
