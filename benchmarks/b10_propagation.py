@@ -31,7 +31,12 @@ exact accuracy (sampled, greedy, pass@8) before and after; each node's gain with
 Target: the weak node's gain with the peer >= 2x its gain alone, beyond the spread.
 
 ``--population homogeneous`` runs the same two configurations with three identical nodes (the weak node's model):
-the paper's homogeneous SAPO row at a budget this machine affords (``b10_homogeneous.md``).
+the paper's homogeneous SAPO row at a budget this machine affords (``b10_homogeneous.md``). Its report pools the
+three nodes, and where it has no ``alone`` runs of its own it takes B10's weak node alone, which is the same run as
+its node 1 alone (``borrow_alone``). Three SmolLM2 nodes peak at 7-8.3 GB each: on 24 GB they need swap.
+
+A report keeps the rows of the earlier report (``<stem>.json``) for runs its work directory does not hold, so runs
+done on other machines, or lost with a machine's cache, stay in it as more seeds land.
 """
 
 from __future__ import annotations
