@@ -57,11 +57,11 @@ from benchmarks.b8_learning import CANDIDATES, families_of, mean_sd  # noqa: E40
 from benchmarks.common.machine import machine_info  # noqa: E402
 from benchmarks.common.multirun import (  # noqa: E402
     experiment_cli,
-    keep_saved,
     peer_names,
     prebuild,
     prepare,
     read_evals,
+    report_rows,
     roles_of,
     run_pending,
     write_results,
@@ -219,7 +219,8 @@ def borrow_alone(mapping: dict[str, Any], rows: list[dict[str, Any]], results: P
     path = results / "b10_propagation.json"
     if mapping["name"] != "b10-homogeneous" or not path.is_file():
         return []
-    here, there = json.loads(json.dumps(mapping)), json.loads(path.read_text())["experiment"]
+    data = json.loads(path.read_text())
+    here, there = json.loads(json.dumps(mapping)), data["experiment"]
     alone = {"name": "alone", "description": CONFIGS["alone"][0], "node": {"sapo": CONFIGS["alone"][1]}}
     runs = ("name", "seeds", "configurations", "heterogeneity")  # what may differ: the rest decides a node's run
     if {k: v for k, v in here.items() if k not in runs} != {k: v for k, v in there.items() if k not in runs} or (
@@ -230,8 +231,7 @@ def borrow_alone(mapping: dict[str, Any], rows: list[dict[str, Any]], results: P
     same = {int(i) for i, o in mine.items() if theirs.get(i) == o}
     have = {(r["seed"], r["node"]) for r in rows if r["config"] == "alone"}
     roles = {i: role for i, (role, _) in POPULATIONS["homogeneous"].items()}
-    rows = json.loads(path.read_text())["rows"]
-    return [{**r, "role": roles[r["node"]], "borrowed": path.stem} for r in rows
+    return [{**r, "role": roles[r["node"]], "borrowed": path.stem} for r in data["rows"]
             if r["config"] == "alone" and r["node"] in same and (r["seed"], r["node"]) not in have]  # fmt: skip
 
 
@@ -240,14 +240,8 @@ def report(args: argparse.Namespace) -> None:
     stem = args.stem or {
         "propagation": "b10_propagation", "homogeneous": "b10_homogeneous", "quick": "b10_propagation_quick"
     }[population(args)]  # fmt: skip
-    saved = args.out / f"{stem}.json"
-    if (work / "experiment.yaml").is_file():
-        mapping, rows = collect(work, args.until if args.until is not None else float("inf"))
-    elif saved.is_file():  # a fresh machine: the runs of the earlier report only
-        mapping, rows = json.loads(saved.read_text())["experiment"], []
-    else:
-        raise SystemExit(f"{work} holds no experiment (no experiment.yaml): run `b10_propagation.py run` first")
-    mapping, rows = keep_saved(mapping, rows, saved)
+    until = args.until if args.until is not None else float("inf")
+    mapping, rows = report_rows(work, args.out / f"{stem}.json", lambda: collect(work, until))
     rows += borrow_alone(mapping, rows, args.out)
     if args.until is not None:  # an earlier report's rows may run further
         rows = [r for r in rows if r["steps"] <= args.until]
@@ -259,6 +253,7 @@ def report(args: argparse.Namespace) -> None:
         print(f"leaving out unfinished runs {dropped} (before step {last})", file=sys.stderr)
         rows = [r for r in rows if (r["config"], r["seed"]) not in dropped]
     fam = mapping["node"]["tasks"]["families"][0]
+    roles = node_roles(args, work, mapping["nodes"])
     keys = [("accuracy", "exact"), ("greedy_accuracy", "greedy"), ("pass_at_8", "pass@8"), ("format_rate", "format")]
     lines = [
         "# B10 propagation: a weak node with and without a strong peer"
@@ -269,7 +264,7 @@ def report(args: argparse.Namespace) -> None:
         "`swarm-node join` "
         f"processes over hivemind on 127.0.0.1 (`benchmarks/b10_propagation.py`, experiment in "
         f"`{work.name}/experiment.yaml`). Nodes: "
-        + "; ".join(f"{role} = {what}" for role, what in node_roles(args, work, mapping["nodes"]).values())
+        + "; ".join(f"{role} = {what}" for role, what in roles.values())
         + ". "
         + "; ".join(f"{name} = {CONFIGS[name][0]}" for name in CONFIGS if any(r["config"] == name for r in rows))
         + ". Held-out items: the family's held-out split, the same at every evaluation; exact = share of 8 samples "
@@ -291,7 +286,6 @@ def report(args: argparse.Namespace) -> None:
             + " | ".join(cells)
             + f" | {r['own_exact']:.3f} | {r['peer_token_share']:.2f} | {r['peer_is_weight']:.3f} | {senders} |"
         )  # fmt: skip
-    roles = node_roles(args, work, mapping["nodes"])
     for source, nodes in _borrowed(rows).items():
         lines += ["", f"† From `{source}.json`, the same runs: node {', '.join(map(str, nodes))} alone there has this "
                   "population's model, settings, budget, index and seed, and a node alone trains on nothing of its "

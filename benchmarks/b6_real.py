@@ -47,10 +47,10 @@ from benchmarks.b8_learning import CANDIDATES, families_of, mean_sd  # noqa: E40
 from benchmarks.common.machine import machine_info  # noqa: E402
 from benchmarks.common.multirun import (  # noqa: E402
     experiment_cli,
-    keep_saved,
     prebuild,
     prepare,
     read_evals,
+    report_rows,
     run_pending,
     write_results,
 )
@@ -221,14 +221,7 @@ def add_league(mapping: dict[str, Any], rows: list[dict[str, Any]]) -> None:
 def report(args: argparse.Namespace) -> None:
     work = work_dir(args)
     stem = args.stem or ("b6_real_quick" if args.quick else "b6_real")
-    saved = args.out / f"{stem}.json"
-    if (work / "experiment.yaml").is_file():
-        mapping, rows = collect(work)
-    elif saved.is_file():  # a fresh machine: the runs of the earlier report only
-        mapping, rows = json.loads(saved.read_text())["experiment"], []
-    else:
-        raise SystemExit(f"{work} holds no experiment (no experiment.yaml): run `b6_real.py run` first")
-    mapping, rows = keep_saved(mapping, rows, saved, key="arm")
+    mapping, rows = report_rows(work, args.out / f"{stem}.json", lambda: collect(work), key="arm")
     add_league(mapping, rows)
     if not rows:
         raise SystemExit(f"no finished (arm, seed) under {work}")

@@ -7,7 +7,7 @@ processes, resumable and optionally side by side.
 * :func:`prebuild` builds every node's model once, before any node starts;
 * :func:`run_pending` runs the pairs not finished yet, seed by seed;
 * :func:`write_results` writes a report beside its data, keeping the hand-written reading of an earlier one;
-  :func:`keep_saved` keeps an earlier report's rows of runs the work directory no longer holds.
+  :func:`report_rows` keeps an earlier report's rows of runs the work directory no longer holds.
 
 Imports the node and the simulator only inside the functions, so a report needs neither torch nor hivemind loaded.
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
@@ -64,17 +65,24 @@ def merge_experiments(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any
     return {**new, "seeds": seeds, "configurations": list(configs.values())}
 
 
-def keep_saved(
-    mapping: dict[str, Any], rows: list[dict[str, Any]], saved: Path, key: str = "config"
+def report_rows(
+    work: Path, saved: Path, collect: Callable[[], tuple[dict[str, Any], list[dict[str, Any]]]], key: str = "config"
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The experiment and ``rows`` (one per configuration, seed and node, from the work directory) grown by the rows
-    of an earlier report of the same experiment (``saved``, its JSON) for the (configuration, seed) pairs the work
-    directory does not hold: runs done on another machine, or on this one before its work directory was lost (a
-    fresh machine starts with none), stay in the report as more seeds land. A report of another experiment is left
-    out, with a message. ``key``: the rows' configuration field."""
-    if not saved.is_file():
+    """The experiment and its rows for a report: ``collect()``'s (the work directory's runs) grown by the rows of an
+    earlier report of the same experiment (``saved``, its JSON) for the (configuration, seed) pairs the work directory
+    does not hold: runs done on another machine, or on this one before its work directory was lost (a fresh machine
+    starts with none), stay in the report as more seeds land; with no work directory at all, the earlier report's
+    runs. A report of another experiment is left out, with a message. ``key``: the rows' configuration field."""
+    data = json.loads(saved.read_text()) if saved.is_file() else None
+    if (work / "experiment.yaml").is_file():
+        mapping, rows = collect()
+    elif data is not None:  # a fresh machine: the earlier report's runs only
+        mapping, rows = data["experiment"], []
+    else:
+        script = Path(sys.argv[0]).name
+        raise SystemExit(f"{work} holds no experiment (no experiment.yaml): run `{script} run` first")
+    if data is None:
         return mapping, rows
-    data = json.loads(saved.read_text())
     try:
         merged = merge_experiments(data["experiment"], mapping)
     except ValueError as e:
