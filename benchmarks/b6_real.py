@@ -16,6 +16,7 @@ the shorter text wins; equal on all three makes no pair. Partial credit never de
 same held-out items (problems no node trained on).
 
     python benchmarks/b6_real.py run --seeds 0 1 2        # resumable, seed by seed
+    python benchmarks/b6_real.py run --arms dpo ht_mnpo td_mnpo --seeds 0   # the target's arms first; the rest later
     python benchmarks/b6_real.py run --quick --seeds 0    # 2 steps of two tiny-model nodes, two arms: a smoke run
     python benchmarks/b6_real.py report
 
@@ -69,7 +70,10 @@ QUICK_ARMS = ["dpo", "ht_mnpo"]
 
 
 def arms_of(args: argparse.Namespace) -> list[str]:
-    return QUICK_ARMS if args.quick else list(ARMS)
+    """The arms to run, in the order given (``--arms``; the target's pair, DPO and the MNPO arms, can go first)."""
+    if args.quick:
+        return QUICK_ARMS
+    return list(dict.fromkeys(args.arms or ARMS))
 
 
 def work_dir(args: argparse.Namespace) -> Path:
@@ -311,6 +315,7 @@ def main() -> None:
     ap, r, _ = experiment_cli(__doc__ or "", WORK, RESULTS, quick, list(CANDIDATES))
     r.add_argument("--eta", type=float, default=0.5, help="MNPO step size (target margin 1/(2 eta))")
     r.add_argument("--dpo-beta", type=float, default=1.0)
+    r.add_argument("--arms", nargs="+", choices=list(ARMS), help="the arms to run, in this order (default: all)")
     args = ap.parse_args()
     {"run": run, "report": report}[args.cmd](args)
 

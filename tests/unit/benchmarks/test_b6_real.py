@@ -3,6 +3,7 @@ report's per-arm gains and verdict against DPO, and a smoke run of real processe
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from benchmarks.b6_real import league_stats, win_rate
+from benchmarks.b6_real import ARMS, QUICK_ARMS, arms_of, league_stats, win_rate
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -22,6 +23,15 @@ def test_win_rate_counts_a_tie_as_one_half() -> None:
     assert win_rate([8, 0], [0, 0], 8) == pytest.approx(0.75)
     assert win_rate([4], [4], 8) == pytest.approx(0.5)  # the same policy: one half
     assert win_rate([2, 6], [5, 1], 8) + win_rate([5, 1], [2, 6], 8) == pytest.approx(1.0)
+
+
+def test_arms_run_in_the_order_asked() -> None:
+    def ns(arms: list[str] | None, quick: bool = False) -> argparse.Namespace:
+        return argparse.Namespace(arms=arms, quick=quick)
+
+    assert arms_of(ns(None)) == list(ARMS)
+    assert arms_of(ns(["ht_mnpo", "dpo", "ht_mnpo"])) == ["ht_mnpo", "dpo"]  # asked order, each once
+    assert arms_of(ns(["grpo"], quick=True)) == QUICK_ARMS  # a smoke run has its own two arms
 
 
 def test_league_win_rate_and_gap_by_hand() -> None:
