@@ -67,6 +67,10 @@ ARMS: dict[str, tuple[dict[str, Any], str]] = {
     "grpo_mnpo": ({"mnpo": {"schedule": "alternate", "opponents": "peers"}}, "GRPO and HT-MNPO steps alternating"),
 }
 QUICK_ARMS = ["dpo", "ht_mnpo"]
+#: What limits the preference signal, per MNPO step (``MnpoPhase.pair_diagnostics``): the chosen pairs a right answer
+#: decided over a wrong one, the candidate pairs, the oracle's ties (distinct responses left unordered) and the
+#: distinct responses per pooled prompt.
+DIAGNOSTICS = ("exact_pairs", "candidates", "ties", "distinct_per_prompt")
 
 
 def arms_of(args: argparse.Namespace) -> list[str]:
@@ -168,9 +172,13 @@ def league_stats(finals: dict[tuple[str, int], list[int]], samples: int) -> dict
 def _node_metrics(node_dir: Path) -> dict[str, float]:
     rows = [json.loads(x) for x in (node_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     mnpo = [r for r in rows if "mnpo_pairs" in r]
-    mean = lambda key: statistics.fmean(r.get(key, 0.0) for r in mnpo) if mnpo else float("nan")  # noqa: E731
+
+    def mean(key: str) -> float:  # nan where no step recorded it (runs from before the key existed)
+        got = [r[key] for r in mnpo if key in r]
+        return statistics.fmean(got) if got else float("nan")
+
     return {"mnpo_steps": len(mnpo), "pairs": mean("mnpo_pairs"), "covered": mean("mnpo_covered_frac"),
-            "peer_opponents": mean("mnpo_peer_opponents")}  # fmt: skip
+            "peer_opponents": mean("mnpo_peer_opponents"), **{k: mean(f"mnpo_{k}") for k in DIAGNOSTICS}}  # fmt: skip
 
 
 def collect(work: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -249,9 +257,15 @@ def report(args: argparse.Namespace) -> None:
         "- 1 (0: nothing in the league beats it). Exactness is transitive, so these two say the same as accuracy: "
         "win rate = 1/2 + (accuracy - the league's) / 2, gap = the league's best accuracy - the arm's.",
         "",
+        "MNPO columns, per MNPO step, the mean over the arm's nodes and steps: the pairs trained on, the share with "
+        "an opponent covering it, of those pairs the ones exactness decided (a right answer over a wrong one; the "
+        "rest the tie-breaks decided), the candidate pairs, the oracle's ties (two distinct responses to a prompt it "
+        "leaves unordered) and the distinct responses per pooled prompt (the population's diversity); `-` where not "
+        "recorded.",
+        "",
         "| arm | seeds | exact gain | greedy gain | pass@8 gain | win rate vs league | gap | MNPO pairs / step | "
-        "covered by an opponent |",
-        "|---|---:|---|---|---|---|---|---:|---:|",
+        "covered by an opponent | exactness decided | candidates | ties | distinct / prompt |",
+        "|---|---:|---|---|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for arm in arms:
         sel = [r for r in rows if r["arm"] == arm]
@@ -260,10 +274,15 @@ def report(args: argparse.Namespace) -> None:
         ]
         cells += [mean_sd([r[k] for r in sel if r[k] == r[k]]) for k in ("win_league", "gap")]  # nan: no league
         nodes = [n for r in sel for n in r["nodes"] if n["mnpo_steps"]]
-        mnpo = "- | -"
+        mnpo = " | ".join(["-"] * (2 + len(DIAGNOSTICS)))
         if nodes:
             pairs, covered = (statistics.fmean(n[k] for n in nodes) for k in ("pairs", "covered"))
-            mnpo = f"{pairs:.1f} | {covered:.2f}"
+            diag = [
+                [v for n in nodes if (v := n.get(k)) is not None and v == v] for k in DIAGNOSTICS
+            ]  # v == v: not nan
+            mnpo = f"{pairs:.1f} | {covered:.2f} | " + " | ".join(
+                f"{statistics.fmean(d):.1f}" if d else "-" for d in diag
+            )
         lines.append(f"| {arm} | {len(sel)} | " + " | ".join(cells) + f" | {mnpo} |")
     lines += ["", "Per node (exact before -> after; greedy; pass@8):", ""]
     for r in rows:

@@ -42,6 +42,11 @@ class PreferenceOracle(ABC):
     def pairs(self, task: TaskRef, texts: Sequence[str], rng: random.Random) -> list[tuple[int, int]]:
         """``(winner, loser)`` index pairs into ``texts`` the oracle asserts (each unordered pair at most once)."""
 
+    def exact(self, task: TaskRef, texts: Sequence[str]) -> list[bool] | None:
+        """Whether each text is exactly right, for oracles that know (a verifier); ``None`` otherwise. Diagnostics
+        only: it says which pairs exactness decided, never which pairs exist."""
+        return None
+
 
 class PointwiseOracle(PreferenceOracle):
     """An oracle from a scalar score per response: ``i`` beats ``j`` when ``score_i - score_j > margin``."""
@@ -95,12 +100,13 @@ class VerifiableOracle(PointwiseOracle):
     def pairs(self, task: TaskRef, texts: Sequence[str], rng: random.Random) -> list[tuple[int, int]]:
         if self.rank == "reward":
             return super().pairs(task, texts, rng)
-        item = self.tasks.materialize(task)
-        keys = []
-        for t in texts:
-            answer = extract_answer(t)
-            keys.append((is_exact(item, answer, float(self.tasks.score(item, t))), answer is not None, -len(t)))
+        answers = [extract_answer(t) for t in texts]
+        keys = [(x, a is not None, -len(t)) for x, a, t in zip(self.exact(task, texts), answers, texts, strict=True)]
         return _ordered_pairs(texts, lambda i, j: keys[i] > keys[j])
+
+    def exact(self, task: TaskRef, texts: Sequence[str]) -> list[bool]:
+        item = self.tasks.materialize(task)
+        return [bool(is_exact(item, extract_answer(t), float(self.tasks.score(item, t)))) for t in texts]
 
 
 class RewardModelOracle(PointwiseOracle):

@@ -128,6 +128,7 @@ class MnpoPhase:
         self.counts: Counter[str] = Counter()
         self.last: dict[str, float] = {}
         self._own_rewards: list[float] = []
+        self.pair_diagnostics: dict[str, float] = {}
         self._step_grpo = self.runs_grpo(step())
         self._step_mnpo = self.runs_mnpo(step())
 
@@ -293,20 +294,33 @@ class MnpoPhase:
             logger.debug("MNPO ingest failed on a record from %s: %r", env.sender[:8], e)
 
     def build_pairs(self) -> list[Pair]:
-        """Pairs from the oracle over the pooled responses, with their opponents, best covered first."""
+        """Pairs from the oracle over the pooled responses, with their opponents, best covered first.
+
+        Also sets :attr:`pair_diagnostics`, what limits the preference signal: per step, the pool's prompts and
+        distinct responses, the candidate pairs, the oracle's ties (distinct responses it leaves unordered) and,
+        with an oracle that knows exactness, the chosen pairs exactness decided (a right answer over a wrong one;
+        the rest were decided by its tie-breaks)."""
         cfg = self.cfg
         with self._lock:
             groups = self.store.by_task()
         candidates: list[Pair] = []
+        right: dict[bytes, bool] = {}
+        ties = distinct = prompts = 0
         for responses in groups.values():
             if len(responses) < 2:
                 continue
+            texts = [r.text for r in responses]
             try:
-                idx = self.oracle.pairs(responses[0].task, [r.text for r in responses], self.rng)
+                idx = self.oracle.pairs(responses[0].task, texts, self.rng)
+                exact = self.oracle.exact(responses[0].task, texts)
             except Exception as e:  # e.g. a task this node will not regenerate
                 logger.debug("oracle failed on %s: %r", responses[0].task.family, e)
                 self.counts["oracle_errors"] += 1
                 continue
+            n = len(set(texts))
+            prompts, distinct, ties = prompts + 1, distinct + n, ties + n * (n - 1) // 2 - len(idx)
+            if exact is not None:
+                right.update((r.hash, bool(x)) for r, x in zip(responses, exact, strict=True))
             with self._lock:
                 for i, j in idx:
                     w, lo = responses[i], responses[j]
@@ -320,7 +334,18 @@ class MnpoPhase:
                         rng=self.rng,
                     )
                     candidates.append(Pair(w, lo, tuple(opps)))
-        return choose_pairs(candidates, cfg.pairs_per_step, self.rng)
+        chosen = choose_pairs(candidates, cfg.pairs_per_step, self.rng)
+        self.pair_diagnostics = {
+            "mnpo_pool_prompts": float(prompts),
+            "mnpo_distinct_per_prompt": distinct / prompts if prompts else 0.0,
+            "mnpo_candidates": float(len(candidates)),
+            "mnpo_ties": float(ties),
+        }
+        if right:
+            self.pair_diagnostics["mnpo_exact_pairs"] = float(
+                sum(1 for p in chosen if right.get(p.win.hash) and not right.get(p.lose.hash))
+            )
+        return chosen
 
     def train(self) -> dict[str, float]:
         """One MNPO update on this step's pairs (blocking); ``{}`` when MNPO does not run this step."""
@@ -328,7 +353,7 @@ class MnpoPhase:
             self.last = {}
             return {}
         pairs = self.build_pairs()
-        stats = pair_stats(pairs)
+        stats = {**pair_stats(pairs), **self.pair_diagnostics}
         if self._own_rewards:
             stats["mnpo_reward_mean"] = math.fsum(self._own_rewards) / len(self._own_rewards)
         if not pairs:

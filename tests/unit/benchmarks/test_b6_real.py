@@ -54,6 +54,8 @@ def _write_node(d: Path, before: float, after: float, correct: list[int], mnpo: 
              {"step": 4, "families": {"basic_arithmetic": fam(after, correct)}}]  # fmt: skip
     (d / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
     row = {"step": 4, **({"mnpo_pairs": 12.0, "mnpo_covered_frac": 0.5, "mnpo_peer_opponents": 1.0} if mnpo else {})}
+    if mnpo and correct[0]:  # runs from before the diagnostics have none: the report shows "-" for them
+        row.update(mnpo_exact_pairs=3.0, mnpo_candidates=20.0, mnpo_ties=5.0, mnpo_distinct_per_prompt=2.5)
     (d / "metrics.jsonl").write_text(json.dumps(row) + "\n")
 
 
@@ -78,9 +80,10 @@ def test_report_compares_mnpo_with_dpo(tmp_path: Path) -> None:
     # ht_mnpo's nodes are always right on both items, dpo's never: against the league (one other ht node at one
     # half, two dpo nodes at 1) an ht node wins 5/6; dpo's population is beaten by ht's policies every time (gap 1)
     ht = "| ht_mnpo | 3 | +0.200 ± 0.020 | +0.200 ± 0.020 | +0.400 ± 0.040 | 0.833 ± 0.000 | 0.000 ± 0.000 | 12.0 |"
-    assert ht in text
+    assert ht + " 0.50 | 3.0 | 20.0 | 5.0 | 2.5 |" in text
     assert (
-        "| dpo | 3 | +0.030 ± 0.010 | +0.030 ± 0.010 | +0.060 ± 0.020 | 0.167 ± 0.000 | 1.000 ± 0.000 | 12.0 |" in text
+        "| dpo | 3 | +0.030 ± 0.010 | +0.030 ± 0.010 | +0.060 ± 0.020 | 0.167 ± 0.000 | 1.000 ± 0.000 | 12.0 | "
+        "0.50 | - | - | - | - |" in text
     )
     assert "- ht_mnpo: exact gain +0.200 against DPO's +0.030; the difference +0.170 is beyond 2 sd" in text
     rows = json.loads((out / "b6_real.json").read_text())["rows"]
@@ -109,6 +112,8 @@ def test_quick_mode_runs_real_processes(tmp_path: Path) -> None:
     for arm, row in by_arm.items():
         assert len(row["nodes"]) == 2 and row["league_size"] == 4, arm
         assert all(n["mnpo_steps"] == 2 and n["pairs"] > 0 for n in row["nodes"]), arm
+        for n in row["nodes"]:  # what limited the signal, recorded by the real nodes (the verifier knows exactness)
+            assert n["candidates"] >= n["pairs"] >= n["exact_pairs"] >= 0 and n["distinct_per_prompt"] >= 2, (arm, n)
         assert all(len(n["after"]["correct"]) == 4 for n in row["nodes"]), arm
     for arm in by_arm:  # the bootstrap node stayed up after its last step (--linger) until its peer had finished
         log = (tmp_path / "work" / "quick" / arm / "seed0" / "node0" / "stdout.log").read_text()

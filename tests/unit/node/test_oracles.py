@@ -158,3 +158,49 @@ def test_synthetic_pairs_follow_the_matrix():
     wins = sum(o.pairs(T, [response_text(0), response_text(1)], rng) == [(0, 1)] for _ in range(4000))
     assert 0.72 < wins / 4000 < 0.78
     assert o.pairs(T, ["r0", "r0", "other"], rng) == []
+
+
+def test_exact_flags_only_from_an_oracle_that_knows():
+    o = VerifiableOracle(GoldTasks(), rank="exact")
+    assert o.exact(T, ["<answer>4</answer>", "<answer>3</answer>", "4"]) == [True, False, False]
+    assert SyntheticOracle([[0.5, 0.5], [0.5, 0.5]]).exact(T, ["a", "b"]) is None
+
+
+def test_phase_pair_diagnostics_count_ties_and_what_exactness_decided():
+    """The MNPO phase says what limited its preference signal: of a prompt's distinct responses, which pairs the
+    oracle left tied, and of the chosen pairs, how many a right answer over a wrong one decided (not a tie-break)."""
+    import threading
+    from collections import Counter
+
+    from node.config import MnpoConfig
+    from node.mnpo.phase import MnpoPhase
+    from swarm.mnpo import History, Response, ResponseStore, ScoreBook
+    from swarm.scores import response_hash
+
+    phase = object.__new__(MnpoPhase)  # build_pairs needs only the pool, the oracle and the config
+    phase.cfg = MnpoConfig(opponents="none", pairs_per_step=16)
+    phase.store, phase.book, phase.history = ResponseStore(), ScoreBook(), History(2)
+    phase.oracle, phase.rng = VerifiableOracle(GoldTasks(), rank="exact"), random.Random(0)
+    phase.counts, phase._lock = Counter(), threading.Lock()
+    texts = ["<answer>4</answer>", "<answer>3</answer>", "<answer>5</answer>", "so <answer>5</answer>"]
+    other = TaskRef("chain_sum", {}, 0, 2)
+    for task, batch in (
+        (T, texts),
+        (other, ["<answer>7</answer>", "<answer>8</answer>"]),
+        (TaskRef("x", {}, 0, 3), ["a"]),
+    ):
+        for t in batch:
+            assert phase.store.add(Response(response_hash(task, t), task, t, "self", 0)) == "added"
+    pairs = phase.build_pairs()
+    # prompt T: 6 distinct pairs, "3" vs "5" tied (same length, both wrong): 5 pairs, 3 of them "4" over a wrong one;
+    # the second prompt: two wrong answers of one length, a tie; the third has one response and makes no pair
+    assert len(pairs) == 5
+    assert phase.pair_diagnostics == {
+        "mnpo_pool_prompts": 2.0,
+        "mnpo_distinct_per_prompt": 3.0,
+        "mnpo_candidates": 5.0,
+        "mnpo_ties": 2.0,
+        "mnpo_exact_pairs": 3.0,
+    }
+    phase.cfg = MnpoConfig(opponents="none", pairs_per_step=2)
+    assert len(phase.build_pairs()) == 2 and phase.pair_diagnostics["mnpo_exact_pairs"] <= 2
