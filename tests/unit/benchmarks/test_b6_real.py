@@ -113,7 +113,7 @@ def test_quick_mode_runs_real_processes(tmp_path: Path) -> None:
         assert len(row["nodes"]) == 2 and row["league_size"] == 4, arm
         assert all(n["mnpo_steps"] == 2 and n["pairs"] > 0 for n in row["nodes"]), arm
         for n in row["nodes"]:  # what limited the signal, recorded by the real nodes (the verifier knows exactness)
-            assert n["candidates"] >= n["pairs"] >= n["exact_pairs"] >= 0 and n["distinct_per_prompt"] >= 2, (arm, n)
+            assert n["candidates"] >= n["pairs"] >= n["exact_pairs"] >= 0 and n["distinct_per_prompt"] >= 1, (arm, n)
         assert all(len(n["after"]["correct"]) == 4 for n in row["nodes"]), arm
     for arm in by_arm:  # the bootstrap node stayed up after its last step (--linger) until its peer had finished
         log = (tmp_path / "work" / "quick" / arm / "seed0" / "node0" / "stdout.log").read_text()
