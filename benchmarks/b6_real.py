@@ -15,6 +15,12 @@ a right answer beats a wrong one; between two equally right (or wrong) ones, an 
 the shorter text wins; equal on all three makes no pair. Partial credit never decides. Every node evaluates on the
 same held-out items (problems no node trained on).
 
+Every player answers the same 8 prompts within an MNPO window of 120 s (``--window-span 8`` protocol windows of
+15 s), longer than a node step (70-100 s on 2 cores). With one protocol window a step, the players' steps fell in
+different windows, so they answered different prompts: in the first 20 steps of DPO seed 0 that way, peers' responses
+were 21-27% of a node's pool and 6-10 of each node's 40-47 peers' ``scores`` records arrived for a window already
+gone; HT-MNPO would have had almost no peer to play against.
+
     python benchmarks/b6_real.py run --seeds 0 1 2        # resumable, seed by seed
     python benchmarks/b6_real.py run --arms dpo ht_mnpo td_mnpo --seeds 0   # the target's arms first; the rest later
     python benchmarks/b6_real.py run --quick --seeds 0    # 2 steps of two tiny-model nodes, two arms: a smoke run
@@ -112,6 +118,7 @@ def sim_mapping(args: argparse.Namespace) -> dict[str, Any]:
                         "max_new_tokens": args.max_new_tokens},
             "sapo": {"local_groups": 4, "external_groups": 0},
             "mnpo": {"prompts_per_window": 8, "responses_per_prompt": 4, "pairs_per_step": 16, "eta": args.eta,
+                     "window_span": args.window_span,
                      "ratio": 0.5, "dpo_beta": args.dpo_beta, "max_opponents": 4, "history": 4,
                      "oracle": {"type": "verifiable", "rank": "exact"}},
             "eval": {
@@ -335,6 +342,9 @@ def main() -> None:
     r.add_argument("--eta", type=float, default=0.5, help="MNPO step size (target margin 1/(2 eta))")
     r.add_argument("--dpo-beta", type=float, default=1.0)
     r.add_argument("--arms", nargs="+", choices=list(ARMS), help="the arms to run, in this order (default: all)")
+    span_help = "protocol windows (15 s) per MNPO window, the prompts all players answer: at least a node step, "
+    span_help += "or peers answer other prompts (8 = 120 s, for steps of 70-100 s on 2 cores)"
+    r.add_argument("--window-span", type=int, default=8, help=span_help)
     args = ap.parse_args()
     {"run": run, "report": report}[args.cmd](args)
 
