@@ -349,7 +349,7 @@ class MnpoConfig(StrictModel):
     responses_per_prompt: int = Field(default=4, ge=1, le=64)
     """Responses this player generates per window prompt per MNPO step."""
     pairs_per_step: int = Field(default=16, ge=1, le=4096)
-    """Preference pairs per MNPO update (best-covered first)."""
+    """Preference pairs per MNPO update (decisive first: a right answer over a wrong one; then the best covered)."""
     max_scores: int = Field(default=256, ge=1, le=4096)
     """Pooled responses this player cross-scores and publishes per step (a rendezvous-chosen sample)."""
     keep_windows: int = Field(default=2, ge=1, le=16)

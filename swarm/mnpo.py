@@ -13,7 +13,8 @@ population of opponents. On the swarm the players are the nodes:
   logprobs rather than frozen model copies: they cost no memory and no extra forward passes);
 * **opponents** -- for a pair ``(y_w, y_l)`` the peers whose latest scores cover both responses (HT-MNPO), topped
   up from the player's own history where peers do not cover it (TD-MNPO) (:func:`select_opponents`);
-* **pairs** -- the node's preference oracle proposes pairs; :func:`choose_pairs` keeps the best-covered ones.
+* **pairs** -- the node's preference oracle proposes pairs; :func:`choose_pairs` keeps the decisive ones (a right
+  answer over a wrong one, where the oracle knows exactness), then the best-covered ones.
 
 Knows nothing about models, tokenizers, oracles' internals or the loss (``node.mnpo.phase``, ``node.mnpo.oracles``,
 ``node.learn.losses``); only the standard library and ``protocol``.
@@ -300,11 +301,13 @@ def select_opponents(
 
 @dataclass(frozen=True)
 class Pair:
-    """A preference pair on one prompt and its opponents."""
+    """A preference pair on one prompt and its opponents; ``decisive`` when the winner is exactly right and the
+    loser is not (the oracle's first key decided it, not a tie-break such as format or length)."""
 
     win: Response
     lose: Response
     opponents: tuple[Opponent, ...] = ()
+    decisive: bool = False
 
     @property
     def peer_opponents(self) -> int:
@@ -312,8 +315,10 @@ class Pair:
 
 
 def choose_pairs(candidates: Sequence[Pair], max_pairs: int, rng: random.Random) -> list[Pair]:
-    """At most ``max_pairs`` pairs, best covered first (peer opponents, then any opponents), ties broken at random,
-    at most one pair per (winner, loser) and no pair reused in both directions."""
+    """At most ``max_pairs`` pairs: decisive ones first, then the best covered (peer opponents, then any opponents),
+    ties broken at random; at most one pair per (winner, loser) and no pair reused in both directions. Decisive
+    first: when the pool offers more pairs than a step trains on, a pair a tie-break decided (two wrong answers of
+    different lengths) must not crowd out one where a right answer beats a wrong one."""
     seen: set[frozenset[bytes]] = set()
     unique = []
     for p in candidates:
@@ -321,7 +326,7 @@ def choose_pairs(candidates: Sequence[Pair], max_pairs: int, rng: random.Random)
         if len(k) == 2 and k not in seen:
             seen.add(k)
             unique.append(p)
-    keyed = [(-p.peer_opponents, -len(p.opponents), rng.random(), i) for i, p in enumerate(unique)]
+    keyed = [(-p.decisive, -p.peer_opponents, -len(p.opponents), rng.random(), i) for i, p in enumerate(unique)]
     keyed.sort()
     return [unique[k[-1]] for k in keyed[:max_pairs]]
 

@@ -294,7 +294,7 @@ class MnpoPhase:
             logger.debug("MNPO ingest failed on a record from %s: %r", env.sender[:8], e)
 
     def build_pairs(self) -> list[Pair]:
-        """Pairs from the oracle over the pooled responses, with their opponents, best covered first.
+        """Pairs from the oracle over the pooled responses, with their opponents, decisive then best covered first.
 
         Also sets :attr:`pair_diagnostics`, what limits the preference signal: per step, the pool's prompts and
         distinct responses, the candidate pairs, the oracle's ties (distinct responses it leaves unordered) and,
@@ -333,7 +333,8 @@ class MnpoPhase:
                         max_opponents=cfg.max_opponents,
                         rng=self.rng,
                     )
-                    candidates.append(Pair(w, lo, tuple(opps)))
+                    decisive = right.get(w.hash, False) and not right.get(lo.hash, False)
+                    candidates.append(Pair(w, lo, tuple(opps), decisive))
         chosen = choose_pairs(candidates, cfg.pairs_per_step, self.rng)
         self.pair_diagnostics = {
             "mnpo_pool_prompts": float(prompts),
@@ -342,9 +343,7 @@ class MnpoPhase:
             "mnpo_ties": float(ties),
         }
         if right:
-            self.pair_diagnostics["mnpo_exact_pairs"] = float(
-                sum(1 for p in chosen if right.get(p.win.hash) and not right.get(p.lose.hash))
-            )
+            self.pair_diagnostics["mnpo_exact_pairs"] = float(sum(p.decisive for p in chosen))
         return chosen
 
     def train(self) -> dict[str, float]:

@@ -203,4 +203,6 @@ def test_phase_pair_diagnostics_count_ties_and_what_exactness_decided():
         "mnpo_exact_pairs": 3.0,
     }
     phase.cfg = MnpoConfig(opponents="none", pairs_per_step=2)
-    assert len(phase.build_pairs()) == 2 and phase.pair_diagnostics["mnpo_exact_pairs"] <= 2
+    chosen = phase.build_pairs()  # 2 of the 5: the decisive ones go first
+    assert len(chosen) == 2 and all(p.win.text == texts[0] and p.decisive for p in chosen)
+    assert phase.pair_diagnostics["mnpo_exact_pairs"] == 2.0

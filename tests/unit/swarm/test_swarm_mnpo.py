@@ -148,3 +148,8 @@ def test_choose_pairs_prefers_coverage_and_dedups():
     stats = pair_stats(got)
     assert stats["mnpo_pairs"] == 2 and stats["mnpo_peer_opponents"] == 0.5 and stats["mnpo_covered_frac"] == 1.0
     assert pair_stats([])["mnpo_pairs"] == 0
+    # a decisive pair (a right answer over a wrong one) goes before any coverage; sim games make none and keep the
+    # order above
+    decisive = Pair(rs[1], rs[2], decisive=True)
+    got = choose_pairs([*cands, decisive], 2, random.Random(0))
+    assert [(p.win.text, p.lose.text) for p in got] == [("1", "2"), ("0", "3")]
