@@ -21,6 +21,9 @@ different windows, so they answered different prompts: in the first 20 steps of 
 were 21-27% of a node's pool and 6-10 of each node's 40-47 peers' ``scores`` records arrived for a window already
 gone; HT-MNPO would have had almost no peer to play against.
 
+40 steps (``--steps``): with the pool shared, a step trains on all 16 pairs (32 sequences, as many as GRPO's 4 x 8),
+which takes 115-180 s with three nodes on 2 cores, about 1.9 hours an arm and seed with the evaluations.
+
     python benchmarks/b6_real.py run --seeds 0 1 2        # resumable, seed by seed
     python benchmarks/b6_real.py run --arms dpo ht_mnpo td_mnpo --seeds 0   # the target's arms first; the rest later
     python benchmarks/b6_real.py run --quick --seeds 0    # 2 steps of two tiny-model nodes, two arms: a smoke run
@@ -345,6 +348,7 @@ def main() -> None:
     span_help = "protocol windows (15 s) per MNPO window, the prompts all players answer: at least a node step, "
     span_help += "or peers answer other prompts (8 = 120 s, for steps of 70-100 s on 2 cores)"
     r.add_argument("--window-span", type=int, default=8, help=span_help)
+    r.set_defaults(steps=40)  # 16 pairs a step: 115-180 s with 3 nodes on 2 cores (the docstring)
     args = ap.parse_args()
     {"run": run, "report": report}[args.cmd](args)
 
