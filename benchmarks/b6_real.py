@@ -16,8 +16,9 @@ the shorter text wins; equal on all three makes no pair. Partial credit never de
 same held-out items (problems no node trained on).
 
 Every player answers the same 8 prompts within an MNPO window of 120 s (``--window-span 8`` protocol windows of
-15 s), longer than a node step (70-100 s on 2 cores). With one protocol window a step, the players' steps fell in
-different windows, so they answered different prompts: in the first 20 steps of DPO seed 0 that way, peers' responses
+15 s), and pools the last two windows' responses (240 s), which outlasts a node step (115-180 s on 2 cores): peers'
+responses are then 50-70% of a node's pool. With one protocol window (15 s), the players' steps fell in different
+windows, so they answered different prompts: in the first 20 steps of DPO seed 0 that way, peers' responses
 were 21-27% of a node's pool and 6-10 of each node's 40-47 peers' ``scores`` records arrived for a window already
 gone; HT-MNPO would have had almost no peer to play against.
 
@@ -345,8 +346,8 @@ def main() -> None:
     r.add_argument("--eta", type=float, default=0.5, help="MNPO step size (target margin 1/(2 eta))")
     r.add_argument("--dpo-beta", type=float, default=1.0)
     r.add_argument("--arms", nargs="+", choices=list(ARMS), help="the arms to run, in this order (default: all)")
-    span_help = "protocol windows (15 s) per MNPO window, the prompts all players answer: at least a node step, "
-    span_help += "or peers answer other prompts (8 = 120 s, for steps of 70-100 s on 2 cores)"
+    span_help = "protocol windows (15 s) per MNPO window, the prompts all players answer; two windows must outlast "
+    span_help += "a node step, or peers answer other prompts (8 = 120 s, for steps of 115-180 s on 2 cores)"
     r.add_argument("--window-span", type=int, default=8, help=span_help)
     r.set_defaults(steps=40)  # 16 pairs a step: 115-180 s with 3 nodes on 2 cores (the docstring)
     args = ap.parse_args()

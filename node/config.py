@@ -355,7 +355,8 @@ class MnpoConfig(StrictModel):
     keep_windows: int = Field(default=2, ge=1, le=16)
     """MNPO windows whose responses stay in the pool (the current one and the previous ones)."""
     micro_batch_size: int = Field(default=32, ge=1)
-    """Sequences per forward pass when scoring and training."""
+    """Sequences per forward pass when scoring and training (a training step accumulates gradients over
+    micro-batches of pairs); a pretrained model gets ``PRETRAINED_MICRO_BATCH`` when it is not set."""
     oracle: OracleConfig = Field(default_factory=VerifiableOracleConfig)
     """Who says which response is better: ``verifiable`` (the task verifier) or ``reward_model``."""
 
@@ -576,6 +577,8 @@ class NodeConfig(StrictModel):
         update = {k: v for k, v in unset.items() if k not in self.learner.model_fields_set}
         if update:
             self.learner = self.learner.model_copy(update=update)
+        if "micro_batch_size" not in self.mnpo.model_fields_set:  # MNPO's pairs: the same memory bound
+            self.mnpo = self.mnpo.model_copy(update={"micro_batch_size": PRETRAINED_MICRO_BATCH})
         return self
 
     @model_validator(mode="after")

@@ -134,6 +134,10 @@ def _accepts_logits_to_keep(model: nn.Module) -> bool:
         return False
 
 
+#: ``loss_fn(model) -> (loss, metrics)``: one part of a preference step's loss (:meth:`Learner.preference_step`).
+PreferenceLoss = Callable[[nn.Module], tuple[Tensor, dict[str, Tensor]]]
+
+
 @dataclass
 class _Batch:
     """Padded tensors of one micro-batch."""
@@ -216,22 +220,33 @@ class Learner:
         )
         return metrics
 
-    def preference_step(self, loss_fn: Callable[[nn.Module], tuple[Tensor, dict[str, Tensor]]]) -> dict[str, float]:
-        """One optimizer update on a loss the caller builds from the trained model (MNPO's pairs).
+    def preference_step(self, parts: Sequence[tuple[float, PreferenceLoss]]) -> dict[str, float]:
+        """One optimizer update on a loss the caller builds from the trained model (MNPO's pairs), in parts.
 
-        ``loss_fn(model) -> (loss, metrics)`` runs the forward passes it needs; this method owns the rest, as
-        :meth:`step` does: zero the gradients, backward, clip to ``max_grad_norm``, step, bump ``policy_version``.
+        The loss is ``sum_i w_i * loss_i`` over ``parts = [(w_i, loss_fn_i)]``, ``loss_fn(model) -> (loss,
+        metrics)`` running the forward passes it needs. Each part's forward and backward run before the next
+        part's (gradient accumulation), so memory holds one part's activations: for a loss that is a mean over
+        independent pairs, micro-batches of pairs weighted by their share give the whole batch's gradient. This
+        method owns the rest, as :meth:`step` does: zero the gradients, backward, clip to ``max_grad_norm``, step,
+        bump ``policy_version``. Returns the ``w``-weighted sums of the loss and of the parts' 0-d metrics, and the
+        gradient norm before clipping.
         """
+        if not parts:
+            raise ValueError("a preference step needs at least one part")
         self.optimizer.zero_grad(set_to_none=True)
-        loss, metrics = loss_fn(self.model)
-        loss.backward()
+        total, sums = 0.0, {}
+        for w, loss_fn in parts:
+            loss, metrics = loss_fn(self.model)
+            (w * loss).backward()
+            total += w * float(loss.detach())
+            for k, v in metrics.items():
+                if v.numel() == 1:
+                    sums[k] = sums.get(k, 0.0) + w * float(v)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.policy_version += 1
-        out = {k: float(v) for k, v in metrics.items() if v.numel() == 1}
-        out.update(loss=float(loss.detach()), grad_norm=float(grad_norm))
-        return out
+        return {**sums, "loss": total, "grad_norm": float(grad_norm)}
 
     def mean_logprobs(
         self,

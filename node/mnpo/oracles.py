@@ -43,8 +43,9 @@ class PreferenceOracle(ABC):
         """``(winner, loser)`` index pairs into ``texts`` the oracle asserts (each unordered pair at most once)."""
 
     def exact(self, task: TaskRef, texts: Sequence[str]) -> list[bool] | None:
-        """Whether each text is exactly right, for oracles that know (a verifier); ``None`` otherwise. Diagnostics
-        only: it says which pairs exactness decided, never which pairs exist."""
+        """Whether each text is exactly right, for oracles that know (a verifier); ``None`` otherwise. It never
+        decides which pairs exist; the MNPO phase trains first on the pairs it decides (a right answer over a wrong
+        one) and reports how many there were."""
         return None
 
 

@@ -296,10 +296,11 @@ class MnpoPhase:
     def build_pairs(self) -> list[Pair]:
         """Pairs from the oracle over the pooled responses, with their opponents, decisive then best covered first.
 
-        Also sets :attr:`pair_diagnostics`, what limits the preference signal: per step, the pool's prompts and
-        distinct responses, the candidate pairs, the oracle's ties (distinct responses it leaves unordered) and,
-        with an oracle that knows exactness, the chosen pairs exactness decided (a right answer over a wrong one;
-        the rest were decided by its tie-breaks)."""
+        Also sets :attr:`pair_diagnostics`, what limits the preference signal (empty when no prompt pooled two
+        responses): the prompts that did, their distinct responses per prompt, the candidate pairs, the oracle's
+        ties (pairs of distinct responses it leaves unordered) and, with an oracle that knows exactness, the chosen
+        pairs exactness decided (a right answer over a wrong one: :attr:`Pair.decisive`; its tie-breaks decided the
+        rest)."""
         cfg = self.cfg
         with self._lock:
             groups = self.store.by_task()
@@ -312,15 +313,15 @@ class MnpoPhase:
             texts = [r.text for r in responses]
             try:
                 idx = self.oracle.pairs(responses[0].task, texts, self.rng)
-                exact = self.oracle.exact(responses[0].task, texts)
             except Exception as e:  # e.g. a task this node will not regenerate
                 logger.debug("oracle failed on %s: %r", responses[0].task.family, e)
                 self.counts["oracle_errors"] += 1
                 continue
             n = len(set(texts))
-            prompts, distinct, ties = prompts + 1, distinct + n, ties + n * (n - 1) // 2 - len(idx)
+            prompts, distinct, ties = prompts + 1, distinct + n, ties + max(0, n * (n - 1) // 2 - len(idx))
+            exact = self._exact_flags(responses[0].task, texts)
             if exact is not None:
-                right.update((r.hash, bool(x)) for r, x in zip(responses, exact, strict=True))
+                right.update((r.hash, x) for r, x in zip(responses, exact, strict=True))
             with self._lock:
                 for i, j in idx:
                     w, lo = responses[i], responses[j]
@@ -336,15 +337,31 @@ class MnpoPhase:
                     decisive = right.get(w.hash, False) and not right.get(lo.hash, False)
                     candidates.append(Pair(w, lo, tuple(opps), decisive))
         chosen = choose_pairs(candidates, cfg.pairs_per_step, self.rng)
+        self.pair_diagnostics = {}
+        if not prompts:  # nothing pooled to judge: no figures, rather than zeros that drag a run's means down
+            return chosen
         self.pair_diagnostics = {
             "mnpo_pool_prompts": float(prompts),
-            "mnpo_distinct_per_prompt": distinct / prompts if prompts else 0.0,
+            "mnpo_distinct_per_prompt": distinct / prompts,
             "mnpo_candidates": float(len(candidates)),
             "mnpo_ties": float(ties),
         }
         if right:
             self.pair_diagnostics["mnpo_exact_pairs"] = float(sum(p.decisive for p in chosen))
         return chosen
+
+    def _exact_flags(self, task: TaskRef, texts: list[str]) -> list[bool] | None:
+        """The oracle's exact flags for ``texts``, or ``None`` (an oracle that does not know, or fails: the pairs
+        still train, only not decisive first)."""
+        try:
+            flags = self.oracle.exact(task, texts)
+            if flags is not None and len(flags) != len(texts):
+                raise ValueError(f"{len(flags)} exact flags for {len(texts)} texts")
+        except Exception as e:
+            logger.debug("oracle's exact flags failed on %s: %r", task.family, e)
+            self.counts["exact_errors"] += 1
+            return None
+        return None if flags is None else [bool(x) for x in flags]
 
     def train(self) -> dict[str, float]:
         """One MNPO update on this step's pairs (blocking); ``{}`` when MNPO does not run this step."""
@@ -367,24 +384,31 @@ class MnpoPhase:
         )  # (P, J) each
         ref = self._ref_logprobs(wins + loses)  # (2P,)
         version = learner.policy_version
-        player_out: list[Tensor] = []
+        own: dict[bytes, float] = {}
 
-        def loss_fn(model: nn.Module) -> tuple[Tensor, dict[str, Tensor]]:
-            player = self._mean_logprobs(model, wins + loses, grad=True)  # (2P,)
-            player_out.append(player.detach())
-            return self.spec.fn(
-                player[:n_pairs],
-                player[n_pairs:],
-                ref[:n_pairs],
-                ref[n_pairs:],
-                opp_w.to(self.device),
-                opp_l.to(self.device),
-                mask.to(self.device),
-                **self.spec.kwargs(cfg),
-            )
+        def part(lo: int, hi: int) -> Callable[[nn.Module], tuple[Tensor, dict[str, Tensor]]]:
+            def loss_fn(model: nn.Module) -> tuple[Tensor, dict[str, Tensor]]:
+                player = self._mean_logprobs(model, wins[lo:hi] + loses[lo:hi], grad=True)  # (2p,)
+                own.update(zip([r.hash for r in wins[lo:hi] + loses[lo:hi]], player.detach().tolist(), strict=True))
+                n = hi - lo
+                return self.spec.fn(
+                    player[:n],
+                    player[n:],
+                    ref[lo:hi],
+                    ref[n_pairs + lo : n_pairs + hi],
+                    opp_w[lo:hi].to(self.device),
+                    opp_l[lo:hi].to(self.device),
+                    mask[lo:hi].to(self.device),
+                    **self.spec.kwargs(cfg),
+                )
 
-        update = learner.preference_step(loss_fn)
-        own = {r.hash: float(v) for r, v in zip(wins + loses, player_out[0].tolist(), strict=True)}
+            return loss_fn
+
+        # The loss is a mean over independent pairs: micro-batches of pairs (two sequences each), weighted by their
+        # share, give the whole batch's gradient while memory holds one micro-batch's activations.
+        per = max(1, cfg.micro_batch_size // 2)
+        bounds = [(lo, min(lo + per, n_pairs)) for lo in range(0, n_pairs, per)]
+        update = learner.preference_step([((hi - lo) / n_pairs, part(lo, hi)) for lo, hi in bounds])
         with self._lock:
             self.history.record(version, own)
         loss, grad_norm = update.pop("loss"), update.pop("grad_norm")

@@ -113,6 +113,11 @@ def test_learning_rate_defaults_by_model_and_an_explicit_one_wins(tmp_path):
     assert load_config(NodeConfig, None, []).learner.lr == 3e-4  # the built-in model
     smol = load_config(NodeConfig, None, ["model.name=smollm2-135m"])
     assert smol.learner.lr == PRETRAINED_LR == 1e-5 and smol.learner.micro_batch_size == 8
+    assert smol.mnpo.micro_batch_size == 8 and load_config(NodeConfig, None, []).mnpo.micro_batch_size == 32
+    assert (
+        load_config(NodeConfig, None, ["model.name=smollm2-135m", "mnpo.micro_batch_size=16"]).mnpo.micro_batch_size
+        == 16
+    )
     assert load_config(NodeConfig, None, ["model.name=smollm2-135m", "learner.lr=3e-4"]).learner.lr == 3e-4
     # the resolved config a run writes keeps what the run used, explicitly
     path = write_resolved(smol, tmp_path)

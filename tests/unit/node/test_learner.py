@@ -207,3 +207,39 @@ def test_external_token_share_and_weight_are_reported():
     assert m["external_is_weight_mean"] == pytest.approx((n1 * math.exp(-0.5) + n2) / (n1 + n2), rel=1e-4)
     own = learner(tiny_model()).step(samples(4))
     assert own["external_token_share"] == 0.0 and own["external_is_weight_mean"] == 0.0
+
+
+@pytest.mark.parametrize("name", ["mnpo", "dpo"])
+def test_preference_step_in_parts_gives_the_whole_batch_update(name):
+    """MNPO's loss is a mean over independent pairs: micro-batches of pairs weighted by their share give the update of
+    one pass over all pairs (what bounds a pretrained model's memory), with the metrics weighted the same way."""
+    from node.learn.losses import dpo_loss, mnpo_loss
+
+    rows = [(s.prompt_ids, s.completion_ids) for s in samples(8)]  # pairs (rows[i], rows[4 + i])
+    ref_lrn = learner(tiny_model(seed=3))
+    ref = ref_lrn.mean_logprobs(rows)
+    fn = (lambda *a: mnpo_loss(*a, eta=0.5, ratio=0.5)) if name == "mnpo" else (lambda *a: dpo_loss(*a, beta=1.0))
+
+    def part(lrn, lo, hi):
+        def loss_fn(model):
+            sel = rows[lo:hi] + rows[4 + lo : 4 + hi]
+            player = lrn.mean_logprobs(sel, model=model, grad=True)
+            n = hi - lo
+            return fn(player[:n], player[n:], ref[lo:hi], ref[4 + lo : 4 + hi])
+
+        return loss_fn
+
+    results = []
+    for bounds in ([(0, 4)], [(0, 1), (1, 3), (3, 4)]):
+        model = tiny_model()
+        lrn = learner(model, lr=1e-3)
+        out = lrn.preference_step([((hi - lo) / 4, part(lrn, lo, hi)) for lo, hi in bounds])
+        results.append((out, _flat(model)))
+        assert lrn.policy_version == 1
+    (whole, p1), (parts, p3) = results
+    assert whole["loss"] == pytest.approx(parts["loss"], abs=1e-6)
+    assert whole["grad_norm"] == pytest.approx(parts["grad_norm"], rel=1e-4)
+    assert whole["pref_acc"] == pytest.approx(parts["pref_acc"], abs=1e-6)
+    assert (p1 - p3).abs().max().item() < 1e-6 and (p1 - _flat(tiny_model())).abs().max().item() > 1e-5
+    with pytest.raises(ValueError, match="at least one part"):
+        learner(tiny_model()).preference_step([])
