@@ -1,6 +1,8 @@
 """Preference oracles: verifiable (pairs only where rewards differ), a local reward model, the synthetic one."""
 
 import random
+import threading
+from collections import Counter
 
 import pytest
 
@@ -13,6 +15,8 @@ from node.mnpo.oracles import (
     response_text,
 )
 from protocol.types import TaskRef
+from swarm.mnpo import History, Response, ResponseStore, ScoreBook
+from swarm.scores import response_hash
 
 T = TaskRef("chain_sum", {}, 0, 1)
 
@@ -164,3 +168,79 @@ def test_exact_flags_only_from_an_oracle_that_knows():
     o = VerifiableOracle(GoldTasks(), rank="exact")
     assert o.exact(T, ["<answer>4</answer>", "<answer>3</answer>", "4"]) == [True, False, False]
     assert SyntheticOracle([[0.5, 0.5], [0.5, 0.5]]).exact(T, ["a", "b"]) is None
+
+
+# ------------------------------------------------------------------ the MNPO phase's pairs from a verifier
+
+PAIR_TEXTS = ["<answer>4</answer>", "<answer>3</answer>", "<answer>5</answer>", "so <answer>5</answer>"]
+OTHER = TaskRef("chain_sum", {}, 0, 2)
+LONE = TaskRef("chain_sum", {}, 0, 3)
+
+
+def phase_with(pool, oracle=None, pairs_per_step=16):
+    """A phase with only what ``build_pairs`` uses (the pool, the oracle, the config): no model, no learner."""
+    from node.config import MnpoConfig
+    from node.mnpo.phase import MnpoPhase
+
+    phase = object.__new__(MnpoPhase)
+    phase.cfg = MnpoConfig(opponents="none", pairs_per_step=pairs_per_step)
+    phase.store, phase.book, phase.history = ResponseStore(), ScoreBook(), History(2)
+    phase.oracle, phase.rng = oracle or VerifiableOracle(GoldTasks(), rank="exact"), random.Random(0)
+    phase.counts, phase._lock, phase.pair_diagnostics = Counter(), threading.Lock(), {}
+    for task, texts in pool:
+        for t in texts:
+            assert phase.store.add(Response(response_hash(task, t), task, t, "self", 0)) == "added"
+    return phase
+
+
+POOL = [(T, PAIR_TEXTS), (OTHER, ["<answer>7</answer>", "<answer>8</answer>"]), (LONE, ["<answer>4</answer>"])]
+
+
+def test_diagnostics_count_ties_and_what_exactness_decided():
+    phase = phase_with(POOL)
+    pairs = phase.build_pairs()
+    # T: 6 pairs of distinct responses, "3" and "5" tied (both wrong, one length): 5 pairs, 3 of them "4" over a wrong
+    # one; OTHER: two wrong answers of one length, a tie; LONE has one response and makes no pair
+    assert len(pairs) == 5 and sum(p.decisive for p in pairs) == 3
+    assert phase.pair_diagnostics == {
+        "mnpo_pool_prompts": 2.0,
+        "mnpo_distinct_per_prompt": 3.0,
+        "mnpo_candidates": 5.0,
+        "mnpo_ties": 2.0,
+        "mnpo_exact_pairs": 3.0,
+    }
+
+
+def test_decisive_pairs_go_first():
+    phase = phase_with(POOL, pairs_per_step=3)  # 3 of the 5: in random order (this seed) one would be a tie-break's
+    chosen = phase.build_pairs()
+    assert all(p.decisive and p.win.text == PAIR_TEXTS[0] for p in chosen) and len(chosen) == 3
+    assert phase.pair_diagnostics["mnpo_exact_pairs"] == 3.0
+
+
+def test_an_oracle_failing_on_exactness_still_pairs():
+    from node.mnpo.oracles import PointwiseOracle
+
+    class Broken(PointwiseOracle):  # pairs by the verifier's reward; its exact flags come one for many texts
+        def scores(self, task, texts):
+            return [GoldTasks().score(None, t) for t in texts]
+
+        def exact(self, task, texts):
+            return [True]
+
+    phase = phase_with(POOL, Broken())
+    pairs = phase.build_pairs()
+    assert len(pairs) == 5 and not any(p.decisive for p in pairs)  # by reward on T: "4" > "3" > the two "5"s
+    assert phase.counts["exact_errors"] == 2 and "mnpo_exact_pairs" not in phase.pair_diagnostics
+
+
+def test_the_reward_rank_also_trains_decisive_pairs_first():
+    pairs = phase_with(POOL, VerifiableOracle(GoldTasks())).build_pairs()
+    assert len(pairs) == 5 and sum(p.decisive for p in pairs) == 3  # partial credit orders "3" over the "5"s too
+    pairs = phase_with(POOL, VerifiableOracle(GoldTasks()), pairs_per_step=3).build_pairs()
+    assert all(p.decisive for p in pairs)
+
+
+def test_nothing_pooled_gives_no_figures():
+    phase = phase_with([(LONE, ["<answer>4</answer>"])])
+    assert phase.build_pairs() == [] and phase.pair_diagnostics == {}
