@@ -270,9 +270,9 @@ def report(args: argparse.Namespace) -> None:
         "",
         "MNPO columns, per MNPO step, the mean over the arm's nodes and steps: the pairs trained on, the share with "
         "an opponent covering it, of those pairs the ones exactness decided (a right answer over a wrong one; the "
-        "rest the tie-breaks decided), the candidate pairs, the oracle's ties (two distinct responses to a prompt it "
-        "leaves unordered) and the distinct responses per pooled prompt (the population's diversity); `-` where not "
-        "recorded.",
+        "rest the tie-breaks decided), the candidate pairs, the oracle's ties (pairs of distinct responses to a "
+        "prompt it leaves unordered) and the distinct responses per pooled prompt (the population's diversity); "
+        "`-` where not recorded.",
         "",
         "| arm | seeds | exact gain | greedy gain | pass@8 gain | win rate vs league | gap | MNPO pairs / step | "
         "covered by an opponent | exactness decided | candidates | ties | distinct / prompt |",
