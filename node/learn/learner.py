@@ -234,7 +234,8 @@ class Learner:
         if not parts:
             raise ValueError("a preference step needs at least one part")
         self.optimizer.zero_grad(set_to_none=True)
-        total, sums = 0.0, {}
+        total = 0.0
+        sums: dict[str, float] = {}
         for w, loss_fn in parts:
             loss, metrics = loss_fn(self.model)
             (w * loss).backward()
