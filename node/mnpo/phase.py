@@ -41,7 +41,7 @@ from torch import Tensor, nn
 
 from node.config import MnpoConfig
 from node.learn.batch import SampleBuilder
-from node.learn.learner import Learner
+from node.learn.learner import Learner, PreferenceLoss
 from node.learn.losses import get_loss, opponent_tensors
 from node.mnpo.oracles import build_oracle
 from node.rollout.groups import group_of
@@ -386,7 +386,7 @@ class MnpoPhase:
         version = learner.policy_version
         own: dict[bytes, float] = {}
 
-        def part(lo: int, hi: int) -> Callable[[nn.Module], tuple[Tensor, dict[str, Tensor]]]:
+        def part(lo: int, hi: int) -> PreferenceLoss:
             def loss_fn(model: nn.Module) -> tuple[Tensor, dict[str, Tensor]]:
                 player = self._mean_logprobs(model, wins[lo:hi] + loses[lo:hi], grad=True)  # (2p,)
                 own.update(zip([r.hash for r in wins[lo:hi] + loses[lo:hi]], player.detach().tolist(), strict=True))
