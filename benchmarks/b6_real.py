@@ -16,14 +16,14 @@ the shorter text wins; equal on all three makes no pair. Partial credit never de
 same held-out items (problems no node trained on).
 
 Every player answers the same 8 prompts within an MNPO window of 120 s (``--window-span 8`` protocol windows of
-15 s), and pools the last two windows' responses (240 s), which outlasts a node step (115-180 s on 2 cores): peers'
-responses are then 50-70% of a node's pool. With one protocol window (15 s), the players' steps fell in different
-windows, so they answered different prompts: in the first 20 steps of DPO seed 0 that way, peers' responses
-were 21-27% of a node's pool and 6-10 of each node's 40-47 peers' ``scores`` records arrived for a window already
-gone; HT-MNPO would have had almost no peer to play against.
+15 s), and pools the last two windows' responses (240 s), which outlasts a node step (100-180 s on 2 cores): peers'
+responses were then 61-63% of a node's pool over DPO seed 0. With one protocol window (15 s), the players' steps
+fell in different windows, so they answered different prompts: in the first 20 steps of DPO seed 0 that way,
+peers' responses were 21-27% of a node's pool and 6-10 of each node's 40-47 peers' ``scores`` records arrived for a
+window already gone; HT-MNPO would have had almost no peer to play against.
 
 40 steps (``--steps``): with the pool shared, a step trains on all 16 pairs (32 sequences, as many as GRPO's 4 x 8),
-which takes 115-180 s with three nodes on 2 cores, about 1.9 hours an arm and seed with the evaluations.
+which takes 100-180 s with three nodes on 2 cores, about 1.7 hours an arm and seed with the evaluations.
 
     python benchmarks/b6_real.py run --seeds 0 1 2        # resumable, seed by seed
     python benchmarks/b6_real.py run --arms dpo ht_mnpo td_mnpo --seeds 0   # the target's arms first; the rest later
@@ -78,8 +78,8 @@ ARMS: dict[str, tuple[dict[str, Any], str]] = {
 }
 QUICK_ARMS = ["dpo", "ht_mnpo"]
 #: What limits the preference signal, per MNPO step (``MnpoPhase.pair_diagnostics``): the chosen pairs a right answer
-#: decided over a wrong one, the candidate pairs, the oracle's ties (distinct responses left unordered) and the
-#: distinct responses per pooled prompt.
+#: decided over a wrong one, the candidate pairs, the oracle's ties (pairs of distinct responses it leaves
+#: unordered), the distinct responses per pooled prompt.
 DIAGNOSTICS = ("exact_pairs", "candidates", "ties", "distinct_per_prompt")
 
 
@@ -347,9 +347,9 @@ def main() -> None:
     r.add_argument("--dpo-beta", type=float, default=1.0)
     r.add_argument("--arms", nargs="+", choices=list(ARMS), help="the arms to run, in this order (default: all)")
     span_help = "protocol windows (15 s) per MNPO window, the prompts all players answer; two windows must outlast "
-    span_help += "a node step, or peers answer other prompts (8 = 120 s, for steps of 115-180 s on 2 cores)"
+    span_help += "a node step, or peers answer other prompts (8 = 120 s, for steps of 100-180 s on 2 cores)"
     r.add_argument("--window-span", type=int, default=8, help=span_help)
-    r.set_defaults(steps=40)  # 16 pairs a step: 115-180 s with 3 nodes on 2 cores (the docstring)
+    r.set_defaults(steps=40)  # 16 pairs a step: 100-180 s with 3 nodes on 2 cores (the docstring)
     args = ap.parse_args()
     {"run": run, "report": report}[args.cmd](args)
 

@@ -388,8 +388,9 @@ class MnpoPhase:
 
         def part(lo: int, hi: int) -> PreferenceLoss:
             def loss_fn(model: nn.Module) -> tuple[Tensor, dict[str, Tensor]]:
-                player = self._mean_logprobs(model, wins[lo:hi] + loses[lo:hi], grad=True)  # (2p,)
-                own.update(zip([r.hash for r in wins[lo:hi] + loses[lo:hi]], player.detach().tolist(), strict=True))
+                sel = wins[lo:hi] + loses[lo:hi]
+                player = self._mean_logprobs(model, sel, grad=True)  # (2p,)
+                own.update(zip([r.hash for r in sel], player.detach().tolist(), strict=True))
                 n = hi - lo
                 return self.spec.fn(
                     player[:n],
