@@ -6,6 +6,9 @@ training split. Arms (the experiment's configurations), all at one generation bu
 
 * ``grpo``: GRPO on the node's own groups (4 prompts x 8), no MNPO;
 * ``dpo``: DPO against the reference (n = 2), MNPO's phase only, 8 shared prompts x 4 responses a step;
+* ``ipo``: MNPO's loss with no opponent (the reference alone: IPO, MNPO's n = 2 case), a diagnostic arm: against
+  DPO it measures the loss's form (a squared distance to the target margin ``1 / (2 eta)`` instead of DPO's
+  logistic), against HT-/TD-MNPO what the opponents add;
 * ``td_mnpo``: the MNPO loss against the node's own past policy versions (TD-MNPO);
 * ``ht_mnpo``: the MNPO loss against the peers as players, from their signed ``scores`` records (HT-MNPO);
 * ``grpo_mnpo``: GRPO on even steps, HT-MNPO on odd steps (32 completions a step either way).
@@ -72,6 +75,7 @@ WORK = Path(os.environ.get("RL_SWARM_BENCH_DIR", Path.home() / ".cache" / "rl-sw
 ARMS: dict[str, tuple[dict[str, Any], str]] = {
     "grpo": ({"mnpo": {"schedule": "off"}}, "GRPO on own groups, no MNPO"),
     "dpo": ({"mnpo": {"schedule": "only", "opponents": "none", "loss": "dpo"}}, "DPO against the reference (n = 2)"),
+    "ipo": ({"mnpo": {"schedule": "only", "opponents": "none"}}, "MNPO's loss with no opponent (IPO, n = 2)"),
     "td_mnpo": ({"mnpo": {"schedule": "only", "opponents": "history"}}, "MNPO against own past versions"),
     "ht_mnpo": ({"mnpo": {"schedule": "only", "opponents": "peers"}}, "MNPO against the peers (scores records)"),
     "grpo_mnpo": ({"mnpo": {"schedule": "alternate", "opponents": "peers"}}, "GRPO and HT-MNPO steps alternating"),
@@ -306,7 +310,7 @@ def report(args: argparse.Namespace) -> None:
         lines.append(f"- {r['arm']} seed {r['seed']}: {cells}")
     lines += [""]
     dpo = [r["gain"]["accuracy"] for r in rows if r["arm"] == "dpo"]
-    for arm in [a for a in arms if "mnpo" in a]:
+    for arm in [a for a in arms if a != "dpo"]:
         mine = [r["gain"]["accuracy"] for r in rows if r["arm"] == arm]
         if not dpo:
             break

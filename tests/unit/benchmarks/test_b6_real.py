@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from benchmarks.b6_real import ARMS, QUICK_ARMS, arms_of, league_stats, win_rate
+from benchmarks.b6_real import ARMS, QUICK_ARMS, arms_of, league_stats, sim_mapping, win_rate
+from sim.config import SimConfig
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -32,6 +33,24 @@ def test_arms_run_in_the_order_asked() -> None:
     assert arms_of(ns(None)) == list(ARMS)
     assert arms_of(ns(["ht_mnpo", "dpo", "ht_mnpo"])) == ["ht_mnpo", "dpo"]  # asked order, each once
     assert arms_of(ns(["grpo"], quick=True)) == QUICK_ARMS  # a smoke run has its own two arms
+
+
+def test_every_arm_is_a_valid_node_configuration_of_its_kind() -> None:
+    args = argparse.Namespace(quick=False, family="basic_arithmetic", format_family="spell_backward",
+                              format_examples=512, engine="vllm", device="cpu", steps=40, seeds=[0],
+                              max_new_tokens=64, eval_every=20, items=48, eta=0.5, dpo_beta=1.0, window_span=8,
+                              arms=None)  # fmt: skip
+    cfg = SimConfig.model_validate(sim_mapping(args))
+    got = {arm: cfg.node_config(arm, 0, 0).mnpo for arm in ARMS}
+    assert {a: (m.schedule, m.opponents, m.loss) for a, m in got.items()} == {
+        "grpo": ("off", "peers", "mnpo"),  # the MNPO fields are unused when its schedule is off
+        "dpo": ("only", "none", "dpo"),
+        "ipo": ("only", "none", "mnpo"),  # MNPO's square loss against the reference alone
+        "td_mnpo": ("only", "history", "mnpo"),
+        "ht_mnpo": ("only", "peers", "mnpo"),
+        "grpo_mnpo": ("alternate", "peers", "mnpo"),
+    }
+    assert all(m.oracle.type == "verifiable" and m.oracle.rank == "exact" for m in got.values())
 
 
 def test_league_win_rate_and_gap_by_hand() -> None:
@@ -65,7 +84,7 @@ def test_report_compares_mnpo_with_dpo(tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
     family = {"name": "basic_arithmetic", "config": {"max_terms": 2}}
-    arms = {"dpo": [0.02, 0.04, 0.03], "ht_mnpo": [0.20, 0.22, 0.18]}
+    arms = {"dpo": [0.02, 0.04, 0.03], "ht_mnpo": [0.20, 0.22, 0.18], "ipo": [0.03, 0.05, 0.01]}
     mapping = {"name": "b6-real", "nodes": 2, "steps": 4, "seeds": [0, 1, 2],
                "node": {"model": {"name": "smollm2-135m"}, "tasks": {"families": [family]}, "eval": {"samples": 8}},
                "configurations": [{"name": a} for a in arms]}  # fmt: skip
@@ -80,15 +99,17 @@ def test_report_compares_mnpo_with_dpo(tmp_path: Path) -> None:
     cmd = [sys.executable, str(ROOT / "benchmarks" / "b6_real.py"), "report", "--work", str(work), "--out", str(out)]
     subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True)
     text = (out / "b6_real.md").read_text()
-    # ht_mnpo's nodes are always right on both items, dpo's never: against the league (one other ht node at one
-    # half, two dpo nodes at 1) an ht node wins 5/6; dpo's population is beaten by ht's policies every time (gap 1)
-    ht = "| ht_mnpo | 3 | +0.200 ± 0.020 | +0.200 ± 0.020 | +0.400 ± 0.040 | 0.833 ± 0.000 | 0.000 ± 0.000 | 12.0 |"
+    # ht_mnpo's nodes are always right on both items, dpo's and ipo's never: against the league (one other ht node
+    # at one half, four others at 1) an ht node wins 9/10, a dpo node 3/10 (one half against dpo and ipo, 0 against
+    # ht); dpo's population is beaten by ht's policies every time (gap 1)
+    ht = "| ht_mnpo | 3 | +0.200 ± 0.020 | +0.200 ± 0.020 | +0.400 ± 0.040 | 0.900 ± 0.000 | 0.000 ± 0.000 | 12.0 |"
     assert ht + " 0.50 | 3.0 | 20.0 | 5.0 | 2.5 |" in text
     assert (
-        "| dpo | 3 | +0.030 ± 0.010 | +0.030 ± 0.010 | +0.060 ± 0.020 | 0.167 ± 0.000 | 1.000 ± 0.000 | 12.0 | "
+        "| dpo | 3 | +0.030 ± 0.010 | +0.030 ± 0.010 | +0.060 ± 0.020 | 0.300 ± 0.000 | 1.000 ± 0.000 | 12.0 | "
         "0.50 | - | - | - | - |" in text
     )
     assert "- ht_mnpo: exact gain +0.200 against DPO's +0.030; the difference +0.170 is beyond 2 sd" in text
+    assert "- ipo: exact gain +0.030 against DPO's +0.030; the difference +0.000 is within 2 sd" in text
     rows = json.loads((out / "b6_real.json").read_text())["rows"]
     ht0 = next(r for r in rows if r["arm"] == "ht_mnpo" and r["seed"] == 0)
     assert ht0["curve"] == [[0, 0.1, 0.2], [4, pytest.approx(0.3), pytest.approx(0.6)]]  # mean over its nodes
