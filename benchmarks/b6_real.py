@@ -310,10 +310,8 @@ def report(args: argparse.Namespace) -> None:
         lines.append(f"- {r['arm']} seed {r['seed']}: {cells}")
     lines += [""]
     dpo = [r["gain"]["accuracy"] for r in rows if r["arm"] == "dpo"]
-    for arm in [a for a in arms if a != "dpo"]:
+    for arm in [a for a in arms if a != "dpo"] if dpo else []:
         mine = [r["gain"]["accuracy"] for r in rows if r["arm"] == arm]
-        if not dpo:
-            break
         diff = statistics.fmean(mine) - statistics.fmean(dpo)
         if min(len(mine), len(dpo)) < 2:
             verdict = "not judged (one seed, no spread)"
@@ -344,7 +342,8 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     save_step_panels(path, list(panels), draw, "mean over the arm's nodes")
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line (``run`` and ``report``), with the experiment's defaults."""
     quick = "2 steps of two tiny-model nodes, two arms (a smoke run)"
     ap, r, _ = experiment_cli(__doc__ or "", WORK, RESULTS, quick, list(CANDIDATES))
     r.add_argument("--eta", type=float, default=0.5, help="MNPO step size (target margin 1/(2 eta))")
@@ -354,7 +353,11 @@ def main() -> None:
     span_help += "a node step, or peers answer other prompts (8 = 120 s, for steps of 100-180 s on 2 cores)"
     r.add_argument("--window-span", type=int, default=8, help=span_help)
     r.set_defaults(steps=40)  # 16 pairs a step: 100-180 s with 3 nodes on 2 cores (the docstring)
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = parser().parse_args()
     {"run": run, "report": report}[args.cmd](args)
 
 

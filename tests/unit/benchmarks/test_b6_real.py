@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from benchmarks.b6_real import ARMS, QUICK_ARMS, arms_of, league_stats, sim_mapping, win_rate
+from benchmarks.b6_real import ARMS, QUICK_ARMS, arms_of, league_stats, parser, sim_mapping, win_rate
 from sim.config import SimConfig
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -36,11 +36,7 @@ def test_arms_run_in_the_order_asked() -> None:
 
 
 def test_every_arm_is_a_valid_node_configuration_of_its_kind() -> None:
-    args = argparse.Namespace(quick=False, family="basic_arithmetic", format_family="spell_backward",
-                              format_examples=512, engine="vllm", device="cpu", steps=40, seeds=[0],
-                              max_new_tokens=64, eval_every=20, items=48, eta=0.5, dpo_beta=1.0, window_span=8,
-                              arms=None)  # fmt: skip
-    cfg = SimConfig.model_validate(sim_mapping(args))
+    cfg = SimConfig.model_validate(sim_mapping(parser().parse_args(["run"])))  # the command line's defaults
     got = {arm: cfg.node_config(arm, 0, 0).mnpo for arm in ARMS}
     assert {a: (m.schedule, m.opponents, m.loss) for a, m in got.items()} == {
         "grpo": ("off", "peers", "mnpo"),  # the MNPO fields are unused when its schedule is off
