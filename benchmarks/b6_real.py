@@ -82,9 +82,11 @@ ARMS: dict[str, tuple[dict[str, Any], str]] = {
 }
 QUICK_ARMS = ["dpo", "ht_mnpo"]
 #: What limits the preference signal, per MNPO step (``MnpoPhase.pair_diagnostics``): the chosen pairs a right answer
-#: decided over a wrong one, the candidate pairs, the oracle's ties (pairs of distinct responses it leaves
-#: unordered), the distinct responses per pooled prompt.
-DIAGNOSTICS = ("exact_pairs", "candidates", "ties", "distinct_per_prompt")
+#: decided over a wrong one and their share of the update's pull (the loss's per-pair weight), the candidate pairs,
+#: the oracle's ties (pairs of distinct responses it leaves unordered), the distinct responses per pooled prompt.
+DIAGNOSTICS = ("exact_pairs", "decisive_pull", "candidates", "ties", "distinct_per_prompt")
+#: How each diagnostic prints (a share, or a count per step).
+DIAGNOSTIC_FORMAT = {"decisive_pull": "{:.2f}"}
 
 
 def arms_of(args: argparse.Namespace) -> list[str]:
@@ -274,13 +276,16 @@ def report(args: argparse.Namespace) -> None:
         "",
         "MNPO columns, per MNPO step, the mean over the arm's nodes and steps: the pairs trained on, the share with "
         "an opponent covering it, of those pairs the ones exactness decided (a right answer over a wrong one; the "
-        "rest the tie-breaks decided), the candidate pairs, the oracle's ties (pairs of distinct responses to a "
+        "rest the tie-breaks decided) and their share of the update's pull (each pair's weight in the gradient, "
+        "minus the derivative of its loss by the player's log-ratio; a pair pushed away from its winner counts "
+        "against), the candidate pairs, the oracle's ties (pairs of distinct responses to a "
         "prompt it leaves unordered) and the distinct responses per pooled prompt (the population's diversity); "
         "`-` where not recorded.",
         "",
         "| arm | seeds | exact gain | greedy gain | pass@8 gain | win rate vs league | gap | MNPO pairs / step | "
-        "covered by an opponent | exactness decided | candidates | ties | distinct / prompt |",
-        "|---|---:|---|---|---|---|---|---:|---:|---:|---:|---:|---:|",
+        "covered by an opponent | exactness decided | their share of the pull | candidates | ties | "
+        "distinct / prompt |",
+        "|---|---:|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for arm in arms:
         sel = [r for r in rows if r["arm"] == arm]
@@ -296,7 +301,8 @@ def report(args: argparse.Namespace) -> None:
                 [v for n in nodes if (v := n.get(k)) is not None and v == v] for k in DIAGNOSTICS
             ]  # v == v: not nan
             mnpo = f"{pairs:.1f} | {covered:.2f} | " + " | ".join(
-                f"{statistics.fmean(d):.1f}" if d else "-" for d in diag
+                DIAGNOSTIC_FORMAT.get(k, "{:.1f}").format(statistics.fmean(d)) if d else "-"
+                for k, d in zip(DIAGNOSTICS, diag, strict=True)
             )
         lines.append(f"| {arm} | {len(sel)} | " + " | ".join(cells) + f" | {mnpo} |")
     lines += ["", "Per node (exact before -> after; greedy; pass@8):", ""]

@@ -228,8 +228,8 @@ class Learner:
         part's (gradient accumulation), so memory holds one part's activations: for a loss that is a mean over
         independent pairs, micro-batches of pairs weighted by their share give the whole batch's gradient. This
         method owns the rest, as :meth:`step` does: zero the gradients, backward, clip to ``max_grad_norm``, step,
-        bump ``policy_version``. Returns the ``w``-weighted sums of the loss and of the parts' 0-d metrics, and the
-        gradient norm before clipping.
+        bump ``policy_version``. Returns the ``w``-weighted sums of the loss and of the parts' 0-d metrics (metrics
+        with a dimension, per pair, are the caller's to read), and the gradient norm before clipping.
         """
         if not parts:
             raise ValueError("a preference step needs at least one part")
@@ -241,7 +241,7 @@ class Learner:
             (w * loss).backward()
             total += w * float(loss.detach())
             for k, v in metrics.items():
-                if v.numel() == 1:
+                if v.dim() == 0:
                     sums[k] = sums.get(k, 0.0) + w * float(v)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
         self.optimizer.step()

@@ -422,7 +422,9 @@ def mnpo_loss(
     Returns:
         ``(loss, metrics)``: 0-d loss; detached 0-d metrics ``h_mean`` (mean h), ``margin`` (mean player log-ratio
         minus reference log-ratio), ``pref_acc`` (fraction with player log-ratio > reference log-ratio),
-        ``opponents`` (mean covering opponents used per pair), ``covered_frac`` (pairs with at least one).
+        ``opponents`` (mean covering opponents used per pair), ``covered_frac`` (pairs with at least one); and the
+        ``(P,)`` ``pull``, ``-d loss_p / d d_player(p) = 2 (1/(2 eta) - h_p)``: how hard each pair pulls the
+        player's log-ratio toward its winner (negative: away, past the target), which pairs drive the update.
     """
     if not eta > 0:
         raise ValueError(f"eta must be > 0, got {eta}")
@@ -442,7 +444,8 @@ def mnpo_loss(
         d_opp = torch.where(covered, mix, d_ref)  # (P,)
         n_opp = (lam > 0).sum(-1).to(d_player.dtype)  # (P,)
     h = d_player - ratio * d_ref - (1.0 - ratio) * d_opp  # (P,)
-    loss = ((h - 1.0 / (2.0 * eta)) ** 2).mean()
+    target = 1.0 / (2.0 * eta)
+    loss = ((h - target) ** 2).mean()
     with torch.no_grad():
         margin = d_player.detach() - d_ref  # (P,)
         metrics = {
@@ -451,6 +454,7 @@ def mnpo_loss(
             "pref_acc": (margin > 0).to(d_player.dtype).mean(),
             "opponents": n_opp.mean(),
             "covered_frac": (n_opp > 0).to(d_player.dtype).mean(),
+            "pull": 2.0 * (target - h.detach()),  # (P,)
         }
     return loss, metrics
 
@@ -475,7 +479,8 @@ def dpo_loss(
 
     Returns:
         ``(loss, metrics)`` with ``margin``, ``pref_acc`` as in :func:`mnpo_loss` (``opponents`` and
-        ``covered_frac`` are 0).
+        ``covered_frac`` are 0) and the ``(P,)`` ``pull`` ``beta * sigmoid(-beta * margin_p)`` (always toward the
+        winner, at most ``beta``).
     """
     if not beta > 0:
         raise ValueError(f"beta must be > 0, got {beta}")
@@ -489,6 +494,7 @@ def dpo_loss(
             "pref_acc": (margin.detach() > 0).to(margin.dtype).mean(),
             "opponents": zero,
             "covered_frac": zero,
+            "pull": beta * torch.sigmoid(-beta * margin.detach()),  # (P,)
         }
     return loss, metrics
 

@@ -385,6 +385,7 @@ class MnpoPhase:
         ref = self._ref_logprobs(wins + loses)  # (2P,)
         version = learner.policy_version
         own: dict[bytes, float] = {}
+        pulls: dict[int, list[float]] = {}  # micro-batch start -> its pairs' pulls (the loss's per-pair metric)
 
         def part(lo: int, hi: int) -> PreferenceLoss:
             def loss_fn(model: nn.Module) -> tuple[Tensor, dict[str, Tensor]]:
@@ -392,7 +393,7 @@ class MnpoPhase:
                 player = self._mean_logprobs(model, sel, grad=True)  # (2p,)
                 own.update(zip([r.hash for r in sel], player.detach().tolist(), strict=True))
                 n = hi - lo
-                return self.spec.fn(
+                loss, metrics = self.spec.fn(
                     player[:n],
                     player[n:],
                     ref[lo:hi],
@@ -402,6 +403,10 @@ class MnpoPhase:
                     mask[lo:hi].to(self.device),
                     **self.spec.kwargs(cfg),
                 )
+                pull = metrics.pop("pull", None)
+                if pull is not None:
+                    pulls[lo] = pull.tolist()
+                return loss, metrics
 
             return loss_fn
 
@@ -413,10 +418,21 @@ class MnpoPhase:
         with self._lock:
             self.history.record(version, own)
         loss, grad_norm = update.pop("loss"), update.pop("grad_norm")
+        stats.update(self._decisive_pull(pairs, [x for lo in sorted(pulls) for x in pulls[lo]]))
         stats.update({f"mnpo_{k}": v for k, v in update.items() if k not in ("opponents", "covered_frac")})
         stats.update(mnpo_loss=loss, mnpo_grad_norm=grad_norm)
         self.last = stats
         return stats
+
+    def _decisive_pull(self, pairs: list[Pair], pulls: list[float]) -> dict[str, float]:
+        """``mnpo_decisive_pull``: the share of the update's pull (``sum |pull|`` over the pairs) that pairs a right
+        answer decided carry, signed (a pair pushed away from its winner counts against); compare it with their
+        share of the pairs (``mnpo_exact_pairs / mnpo_pairs``) to see whether the loss weighs exactness or the
+        tie-breaks. Empty without exact flags (an oracle that does not know) or without one pull per pair."""
+        total = math.fsum(abs(x) for x in pulls)
+        if "mnpo_exact_pairs" not in self.pair_diagnostics or len(pulls) != len(pairs) or not total > 0:
+            return {}
+        return {"mnpo_decisive_pull": math.fsum(x for x, p in zip(pulls, pairs, strict=True) if p.decisive) / total}
 
     def metrics(self) -> dict[str, Any]:
         """This step's MNPO metrics for the node's metrics line (``reward_mean`` too when GRPO did not run)."""

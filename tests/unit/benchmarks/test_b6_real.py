@@ -72,7 +72,8 @@ def _write_node(
     (d / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
     row = {"step": 4, **({"mnpo_pairs": 12.0, "mnpo_covered_frac": 0.5, "mnpo_peer_opponents": 1.0} if mnpo else {})}
     if diagnostics:  # runs from before the pair diagnostics existed have none: the report shows "-" for them
-        row.update(mnpo_exact_pairs=3.0, mnpo_candidates=20.0, mnpo_ties=5.0, mnpo_distinct_per_prompt=2.5)
+        row.update(mnpo_exact_pairs=3.0, mnpo_decisive_pull=0.4, mnpo_candidates=20.0, mnpo_ties=5.0,
+                   mnpo_distinct_per_prompt=2.5)  # fmt: skip
     (d / "metrics.jsonl").write_text(json.dumps(row) + "\n")
 
 
@@ -99,10 +100,10 @@ def test_report_compares_mnpo_with_dpo(tmp_path: Path) -> None:
     # at one half, four others at 1) an ht node wins 9/10, a dpo node 3/10 (one half against dpo and ipo, 0 against
     # ht); dpo's population is beaten by ht's policies every time (gap 1)
     ht = "| ht_mnpo | 3 | +0.200 ± 0.020 | +0.200 ± 0.020 | +0.400 ± 0.040 | 0.900 ± 0.000 | 0.000 ± 0.000 | 12.0 |"
-    assert ht + " 0.50 | 3.0 | 20.0 | 5.0 | 2.5 |" in text
+    assert ht + " 0.50 | 3.0 | 0.40 | 20.0 | 5.0 | 2.5 |" in text
     assert (
         "| dpo | 3 | +0.030 ± 0.010 | +0.030 ± 0.010 | +0.060 ± 0.020 | 0.300 ± 0.000 | 1.000 ± 0.000 | 12.0 | "
-        "0.50 | - | - | - | - |" in text
+        "0.50 | - | - | - | - | - |" in text
     )
     assert "- ht_mnpo: exact gain +0.200 against DPO's +0.030; the difference +0.170 is beyond 2 sd" in text
     assert "- ipo: exact gain +0.030 against DPO's +0.030; the difference +0.000 is within 2 sd" in text

@@ -68,8 +68,10 @@ def test_configured_weights_are_used_and_renormalised_over_covering_opponents():
 
 def test_gradient_matches_naive_autograd():
     pw, pl, rw, rl, ow, ol, mask = _inputs(2)
-    loss, _ = mnpo_loss(pw, pl, rw, rl, ow, ol, mask, eta=0.3, ratio=0.5)
+    loss, m = mnpo_loss(pw, pl, rw, rl, ow, ol, mask, eta=0.3, ratio=0.5)
     loss.backward()
+    # the per-pair pull is minus the gradient of the pair's own loss (P times the mean's)
+    assert m["pull"].shape == (P,) and torch.allclose(m["pull"], -P * pw.grad, rtol=1e-10)
     # d/d pw_p of mean (h_p - c)^2 = 2 (h_p - c) / P
     c = 1 / (2 * 0.3)
     for p in range(P):
@@ -140,6 +142,9 @@ def test_dpo_matches_naive():
     want = sum(math.log1p(math.exp(-0.5 * (float(pw[p] - pl[p]) - float(rw[p] - rl[p])))) for p in range(P)) / P
     assert float(loss) == pytest.approx(want, rel=1e-12)
     assert 0.0 <= float(m["pref_acc"]) <= 1.0
+    loss.backward()
+    assert torch.allclose(m["pull"], -P * pw.grad, rtol=1e-10) and torch.allclose(m["pull"], P * pl.grad, rtol=1e-10)
+    assert bool(((m["pull"] > 0) & (m["pull"] < 0.5)).all())  # toward the winner, at most beta
 
 
 def test_bad_arguments_and_registry():

@@ -68,6 +68,8 @@ def test_side_by_side_runs_both_updates(tmp_path):
     for r in rows:
         assert "mnpo_pairs" in r and "mnpo_counts" in r
     assert any(r["local_groups"] > 0 for r in rows) and any(r["mnpo_pairs"] > 0 for r in rows)
+    # the verifier knows exactness: every update says how much of its pull the right-over-wrong pairs carried
+    assert all(0.0 <= r["mnpo_decisive_pull"] <= 1.0 for r in rows if r["mnpo_pairs"] > 0)  # DPO pulls one way
     assert rows[-1]["policy_version"] >= 2
 
 

@@ -211,6 +211,18 @@ def test_diagnostics_count_ties_and_what_exactness_decided():
     }
 
 
+def test_decisive_pull_is_the_signed_share_of_the_update_on_pairs_exactness_decided():
+    phase = phase_with(POOL)
+    pairs = phase.build_pairs()
+    pulls = [4.0 if p.decisive else -1.0 for p in pairs]  # 3 decisive pairs pulled, 2 tie-breaks pushed back
+    assert phase._decisive_pull(pairs, pulls) == {"mnpo_decisive_pull": pytest.approx(12.0 / 14.0)}
+    assert phase._decisive_pull(pairs, [0.0 if p.decisive else 1.0 for p in pairs]) == {"mnpo_decisive_pull": 0.0}
+    assert phase._decisive_pull(pairs, pulls[:-1]) == {}  # a pull missing: no figure rather than a wrong one
+    assert phase._decisive_pull(pairs, [0.0] * len(pairs)) == {}
+    phase.pair_diagnostics.pop("mnpo_exact_pairs")  # an oracle without exact flags
+    assert phase._decisive_pull(pairs, pulls) == {}
+
+
 def test_decisive_pairs_go_first():
     phase = phase_with(POOL, pairs_per_step=3)  # 3 of the 5: in random order (this seed) one would be a tie-break's
     chosen = phase.build_pairs()
