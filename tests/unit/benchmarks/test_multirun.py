@@ -1,5 +1,6 @@
-"""The real-process drivers' run loop: pairs seed by seed, finished pairs skipped, and a failed pair stopping the
-pairs running beside it (their nodes are stopped by run_seed_multiprocess's own finally, reached through on_step)."""
+"""The real-process drivers' run loop: pairs seed by seed, finished pairs skipped, a failed pair leaving the pairs
+beside it to finish (its failure raised at the end), and an interrupt stopping them all (their nodes are stopped by
+run_seed_multiprocess's own finally, reached through on_step)."""
 
 from __future__ import annotations
 
@@ -28,26 +29,61 @@ def test_pairs_run_seed_by_seed_and_finished_ones_are_skipped(tmp_path: Path, mo
     assert ran == [("alone", 0), ("alone", 1), ("share", 1)]
 
 
-def test_a_failed_pair_stops_the_pairs_beside_it(tmp_path: Path, monkeypatch) -> None:
-    stopped, started = [], threading.Event()
+def _long_run(name: str, on_step, stopped: list[str], steps: int) -> None:
+    """A run that polls ``on_step`` ``steps`` times, as the real one does once a step; records being stopped."""
+    for step in range(steps):
+        try:
+            on_step(step)
+        except MultiprocessError:
+            stopped.append(name)
+            raise
+        time.sleep(0.02)
+
+
+def test_a_failed_pair_leaves_the_pairs_beside_it_to_finish(tmp_path: Path, monkeypatch) -> None:
+    stopped, finished, started = [], [], threading.Event()
 
     def fake(s, name, seed, work, on_step):
         if name == "bad":
             started.wait(10)
             raise MultiprocessError("node 0 exited with code 1")
         started.set()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:  # a long run: polls on_step about once a second, as the real one does
-            try:
-                on_step(0)
-            except MultiprocessError:
-                stopped.append(name)
-                raise
-            time.sleep(0.05)
+        _long_run(name, on_step, stopped, 50)  # outlasts the bad pair's failure
+        finished.append((name, seed))
 
     monkeypatch.setattr(sim.multiproc, "run_seed_multiprocess", fake)
-    with pytest.raises(MultiprocessError, match="exited with code 1"):
-        run_pending(SimpleNamespace(nodes=1, steps=5), tmp_path, ["good", "bad"], [0], jobs=2)
+    with pytest.raises(MultiprocessError, match=r"1 of 3 pairs failed .*bad seed 0: node 0 exited with code 1"):
+        run_pending(SimpleNamespace(nodes=1, steps=5), tmp_path, ["good", "bad", "late"], [0], jobs=2)
+    assert stopped == [] and sorted(finished) == [("good", 0), ("late", 0)]
+
+
+def test_one_at_a_time_a_failed_pair_does_not_stop_the_next(tmp_path: Path, monkeypatch) -> None:
+    ran = []
+
+    def fake(s, name, seed, work, on_step):
+        ran.append((name, seed))
+        if (name, seed) == ("bad", 0):
+            raise MultiprocessError("node 2 did not finish in time")
+
+    monkeypatch.setattr(sim.multiproc, "run_seed_multiprocess", fake)
+    with pytest.raises(MultiprocessError, match="1 of 4 pairs failed"):
+        run_pending(SimpleNamespace(nodes=1, steps=5), tmp_path, ["bad", "good"], [0, 1], jobs=1)
+    assert ran == [("bad", 0), ("good", 0), ("bad", 1), ("good", 1)]
+
+
+def test_an_interrupt_stops_every_pair(tmp_path: Path, monkeypatch) -> None:
+    stopped, started = [], threading.Event()
+
+    def fake(s, name, seed, work, on_step):
+        if name == "ctrl_c":
+            started.wait(10)
+            raise KeyboardInterrupt  # reaches the driver's thread as Ctrl-C does
+        started.set()
+        _long_run(name, on_step, stopped, 1500)  # 30 s unless stopped
+
+    monkeypatch.setattr(sim.multiproc, "run_seed_multiprocess", fake)
+    with pytest.raises(KeyboardInterrupt):
+        run_pending(SimpleNamespace(nodes=1, steps=5), tmp_path, ["good", "ctrl_c"], [0], jobs=2)
     assert stopped == ["good"]
 
 
