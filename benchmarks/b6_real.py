@@ -32,6 +32,8 @@ which takes 100-180 s with three nodes on 2 cores, about 1.7 hours an arm and se
     python benchmarks/b6_real.py run --arms dpo ht_mnpo td_mnpo --seeds 0   # the target's arms first; the rest later
     python benchmarks/b6_real.py run --quick --seeds 0    # 2 steps of two tiny-model nodes, two arms: a smoke run
     python benchmarks/b6_real.py report
+    python benchmarks/b6_real.py run --device cuda --engine transformers --jobs 6 --window-span 1   # a lent GPU
+    python benchmarks/b6_real.py report --until 20    # runs cut short: at a step every run reached
 
 The report (``benchmarks/results/b6_real.md``), per arm, mean ± sd over seeds of the arm's nodes' mean: held-out
 exact gain (sampled), greedy and pass@8 gains; the win rate against the league (every arm's final policies of the
@@ -186,9 +188,9 @@ def league_stats(finals: dict[tuple[str, int], list[int]], samples: int) -> dict
 # ---------------------------------------------------------------------------------------------------- the report
 
 
-def _node_metrics(node_dir: Path) -> dict[str, float]:
+def _node_metrics(node_dir: Path, until: float = float("inf")) -> dict[str, float]:
     rows = [json.loads(x) for x in (node_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    mnpo = [r for r in rows if "mnpo_pairs" in r]
+    mnpo = [r for r in rows if "mnpo_pairs" in r and r.get("step", 0) <= until]
 
     def mean(key: str) -> float:  # nan where no step recorded it (runs from before the key existed)
         got = [r[key] for r in mnpo if key in r]
@@ -198,25 +200,29 @@ def _node_metrics(node_dir: Path) -> dict[str, float]:
             "peer_opponents": mean("mnpo_peer_opponents"), **{k: mean(f"mnpo_{k}") for k in DIAGNOSTICS}}  # fmt: skip
 
 
-def collect(work: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The experiment and one row per (arm, seed) whose every node evaluated at the last step (the league's figures
-    come later, from every row of the seed: :func:`add_league`)."""
+def collect(work: Path, until: float = float("inf")) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The experiment and one row per (arm, seed) whose every node evaluated at the last step, or at ``until`` (a
+    budget cut short, as on a lent GPU, is reported at a step every run reached; evaluations and MNPO steps after it
+    are left out). The league's figures come later, from every row of the seed: :func:`add_league`."""
     import yaml
 
     mapping = yaml.safe_load((work / "experiment.yaml").read_text())
     fam = mapping["node"]["tasks"]["families"][0]["name"]
+    step = min(mapping["steps"], until)
     rows = []
     for seed in sorted(mapping["seeds"]):
         per_arm, curves = {}, {}
         for conf in mapping["configurations"]:
             arm, run_dir = conf["name"], work / conf["name"] / f"seed{seed}"
-            evals = [read_evals(run_dir / f"node{i}") for i in range(mapping["nodes"])]
-            if not all(e and e[-1]["step"] >= mapping["steps"] and len(e) > 1 for e in evals):
+            evals = [
+                [e for e in read_evals(run_dir / f"node{i}") if e["step"] <= until] for i in range(mapping["nodes"])
+            ]
+            if not all(e and e[-1]["step"] >= step and len(e) > 1 for e in evals):
                 continue
             nodes = []
             for i, e in enumerate(evals):
                 first, last = e[0]["families"][fam], e[-1]["families"][fam]
-                nodes.append({"node": i, "before": first, "after": last, **_node_metrics(run_dir / f"node{i}")})
+                nodes.append({"node": i, "before": first, "after": last, **_node_metrics(run_dir / f"node{i}", until)})
             per_arm[arm], curves[arm] = nodes, evals
         for arm, nodes in per_arm.items():
             gain = {k: statistics.fmean(n["after"][k] - n["before"][k] for n in nodes)
@@ -226,7 +232,7 @@ def collect(work: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
             curve = [
                 (t, *(statistics.fmean(b[t][k] for b in by_step) for k in ("accuracy", "pass_at_8"))) for t in steps
             ]  # (step, mean exact, mean pass@8) over the arm's nodes
-            rows.append({"arm": arm, "seed": seed, "nodes": nodes, "gain": gain, "curve": curve,
+            rows.append({"arm": arm, "seed": seed, "step": step, "nodes": nodes, "gain": gain, "curve": curve,
                          "baseline": nodes[0]["after"]["majority_baseline"]})  # fmt: skip
     return mapping, rows
 
@@ -250,10 +256,13 @@ def add_league(mapping: dict[str, Any], rows: list[dict[str, Any]]) -> None:
 def report(args: argparse.Namespace) -> None:
     work = work_dir(args)
     stem = args.stem or ("b6_real_quick" if args.quick else "b6_real")
-    mapping, rows = report_rows(work, args.out / f"{stem}.json", lambda: collect(work), key="arm")
+    until = args.until if args.until is not None else float("inf")
+    mapping, rows = report_rows(work, args.out / f"{stem}.json", lambda: collect(work, until), key="arm")
+    step = min(mapping["steps"], until)
+    rows = [r for r in rows if r.get("step", mapping["steps"]) == step]  # an earlier report's rows may be elsewhere
     add_league(mapping, rows)
     if not rows:
-        raise SystemExit(f"no finished (arm, seed) under {work}")
+        raise SystemExit(f"no (arm, seed) under {work} whose every node evaluated at step {step}")
     fam = mapping["node"]["tasks"]["families"][0]
     arms = list(dict.fromkeys(r["arm"] for r in rows))
     baseline = "n/a" if rows[0]["baseline"] is None else f"{rows[0]['baseline']:.3f}"
@@ -262,7 +271,8 @@ def report(args: argparse.Namespace) -> None:
         "",
         f"Machine: {args.machine or machine_info()}. Family `{fam['name']}` `{json.dumps(fam['config'])}`; "
         f"{mapping['nodes']} real `swarm-node join` processes per arm over hivemind on 127.0.0.1 "
-        f"(`benchmarks/b6_real.py`, experiment in `{work.name}/experiment.yaml`), {mapping['steps']} steps, "
+        f"(`benchmarks/b6_real.py`, experiment in `{work.name}/experiment.yaml`), {mapping['steps']} steps"
+        f"{'' if step == mapping['steps'] else f' (reported at step {step}, the last every run here reached)'}, "
         f"model `{mapping['node']['model']['name']}`. Oracle: the verifier, exact first, then format, then "
         "the shorter text (equal on all three: no pair). "
         "Held-out items: the family's held-out split, the same for every node; exact = share of 8 samples exactly "
@@ -307,13 +317,13 @@ def report(args: argparse.Namespace) -> None:
         lines.append(f"| {arm} | {len(sel)} | " + " | ".join(cells) + f" | {mnpo} |")
     lines += ["", "Per node (exact before -> after; greedy; pass@8):", ""]
     for r in rows:
-        cells = "; ".join(
+        per_node = "; ".join(
             f"{n['before']['accuracy']:.3f} -> {n['after']['accuracy']:.3f}, "
             f"{n['before']['greedy_accuracy']:.3f} -> {n['after']['greedy_accuracy']:.3f}, "
             f"{n['before']['pass_at_8']:.3f} -> {n['after']['pass_at_8']:.3f}"
             for n in r["nodes"]
         )
-        lines.append(f"- {r['arm']} seed {r['seed']}: {cells}")
+        lines.append(f"- {r['arm']} seed {r['seed']}: {per_node}")
     lines += [""]
     dpo = [r["gain"]["accuracy"] for r in rows if r["arm"] == "dpo"]
     for arm in [a for a in arms if a != "dpo"] if dpo else []:
@@ -351,14 +361,18 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
 def parser() -> argparse.ArgumentParser:
     """The command line (``run`` and ``report``), with the experiment's defaults."""
     quick = "2 steps of two tiny-model nodes, two arms (a smoke run)"
-    ap, r, _ = experiment_cli(__doc__ or "", WORK, RESULTS, quick, list(CANDIDATES))
+    ap, r, rep = experiment_cli(__doc__ or "", WORK, RESULTS, quick, list(CANDIDATES))
     r.add_argument("--eta", type=float, default=0.5, help="MNPO step size (target margin 1/(2 eta))")
     r.add_argument("--dpo-beta", type=float, default=1.0)
     r.add_argument("--arms", nargs="+", choices=list(ARMS), help="the arms to run, in this order (default: all)")
     span_help = "protocol windows (15 s) per MNPO window, the prompts all players answer; two windows must outlast "
     span_help += "a node step, or peers answer other prompts (8 = 120 s, for steps of 100-180 s on 2 cores)"
     r.add_argument("--window-span", type=int, default=8, help=span_help)
-    r.set_defaults(steps=40)  # 16 pairs a step: 100-180 s with 3 nodes on 2 cores (the docstring)
+    r.set_defaults(steps=40)
+    until_help = "report at this step (an evaluation every run reached), for runs cut short (a lent GPU's budget)"
+    rep.add_argument(
+        "--until", type=int, help=until_help
+    )  # 16 pairs a step: 100-180 s with 3 nodes on 2 cores (the docstring)
     return ap
 
 

@@ -74,6 +74,11 @@ def report_rows(
     starts with none), stay in the report as more seeds land; with no work directory at all, the earlier report's
     runs. A report of another experiment is left out, with a message. ``key``: the rows' configuration field."""
     data = json.loads(saved.read_text()) if saved.is_file() else None
+    if data is not None and not {"experiment", "rows"} <= set(data):
+        print(
+            f"not keeping the rows of {saved}: it is no report of this kind (no experiment and rows)", file=sys.stderr
+        )
+        data = None
     if (work / "experiment.yaml").is_file():
         mapping, rows = collect()
     elif data is not None:  # a fresh machine: the earlier report's runs only

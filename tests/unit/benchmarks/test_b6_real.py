@@ -118,6 +118,40 @@ def test_report_compares_mnpo_with_dpo(tmp_path: Path) -> None:
     assert ht in (out / "b6_real.md").read_text()
 
 
+def test_report_until_a_step_every_run_reached(tmp_path: Path) -> None:
+    # A budget cut short (a lent GPU): dpo's nodes reached step 4, ht_mnpo's one node only step 2; --until 2 reports
+    # both at step 2, with evaluations and MNPO steps after it left out; without it, ht_mnpo is not finished
+    work = tmp_path / "work"
+    work.mkdir()
+    family = {"name": "basic_arithmetic", "config": {}}
+    mapping = {"name": "b6-real", "nodes": 1, "steps": 4, "seeds": [0],
+               "node": {"model": {"name": "smollm2-135m"}, "tasks": {"families": [family]}, "eval": {"samples": 8}},
+               "configurations": [{"name": "dpo"}, {"name": "ht_mnpo"}]}  # fmt: skip
+    (work / "experiment.yaml").write_text(yaml.safe_dump(mapping))
+    fam = lambda acc: {"basic_arithmetic": {"accuracy": acc, "greedy_accuracy": acc, "pass_at_8": acc,  # noqa: E731
+                                            "majority_baseline": 0.125, "correct": [round(8 * acc)] * 2}}  # fmt: skip
+    for arm, accs in {"dpo": [0.0, 0.25, 0.75], "ht_mnpo": [0.0, 0.5]}.items():
+        d = work / arm / "seed0" / "node0"
+        d.mkdir(parents=True)
+        evals = [{"step": 2 * k, "families": fam(a)} for k, a in enumerate(accs)]
+        (d / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+        steps = [{"step": t, "mnpo_pairs": float(t), "mnpo_covered_frac": 0.0} for t in range(1, 2 * len(accs) - 1)]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "b6_real.py"), "report", "--work", str(work), "--out", str(out)]
+    subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True)
+    assert "| dpo | 1 | +0.750 ± 0.000 |" in (out / "b6_real.md").read_text()
+    assert "| ht_mnpo |" not in (out / "b6_real.md").read_text()
+    subprocess.run([*cmd, "--until", "2"], check=True, cwd=ROOT, capture_output=True)
+    text = (out / "b6_real.md").read_text()
+    assert "4 steps (reported at step 2, the last every run here reached)" in text
+    assert "| dpo | 1 | +0.250 ± 0.000 |" in text and "| ht_mnpo | 1 | +0.500 ± 0.000 |" in text
+    # dpo (2 of 8 right) against ht (4 of 8) at step 2: wins 0.375, gap 2 x 0.625 - 1; MNPO steps 1-2 only (1.5 pairs)
+    assert "| +0.250 ± 0.000 | 0.375 ± 0.000 | 0.250 ± 0.000 | 1.5 |" in text
+    rows = json.loads((out / "b6_real.json").read_text())["rows"]
+    assert {(r["arm"], r["step"]) for r in rows} == {("dpo", 2), ("ht_mnpo", 2)}
+
+
 @pytest.mark.network
 @pytest.mark.timeout(900)
 def test_quick_mode_runs_real_processes(tmp_path: Path) -> None:

@@ -115,3 +115,14 @@ def test_a_regenerated_report_keeps_the_hand_reading_and_replaces_the_rest(tmp_p
     text = (tmp_path / "b.md").read_text()
     assert text == "# B\n\n| 3 seeds |\n" + reading
     assert json.loads((tmp_path / "b.json").read_text()) == {"rows": [1, 2, 3]}
+
+
+def test_report_rows_leave_out_a_saved_file_of_another_kind(tmp_path: Path, capsys) -> None:
+    from benchmarks.common.multirun import report_rows
+
+    (tmp_path / "experiment.yaml").write_text("name: x\n")
+    saved = tmp_path / "old.json"
+    saved.write_text(json.dumps({"curves": {}}))  # a hand-made file, no report's experiment and rows
+    mapping, rows = report_rows(tmp_path, saved, lambda: ({"name": "x"}, [{"config": "a", "seed": 0}]))
+    assert mapping == {"name": "x"} and rows == [{"config": "a", "seed": 0}]
+    assert "no report of this kind" in capsys.readouterr().err
