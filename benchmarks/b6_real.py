@@ -368,11 +368,9 @@ def parser() -> argparse.ArgumentParser:
     span_help = "protocol windows (15 s) per MNPO window, the prompts all players answer; two windows must outlast "
     span_help += "a node step, or peers answer other prompts (8 = 120 s, for steps of 100-180 s on 2 cores)"
     r.add_argument("--window-span", type=int, default=8, help=span_help)
-    r.set_defaults(steps=40)
+    r.set_defaults(steps=40)  # 16 pairs a step: 100-180 s with 3 nodes on 2 cores (the docstring)
     until_help = "report at this step (an evaluation every run reached), for runs cut short (a lent GPU's budget)"
-    rep.add_argument(
-        "--until", type=int, help=until_help
-    )  # 16 pairs a step: 100-180 s with 3 nodes on 2 cores (the docstring)
+    rep.add_argument("--until", type=int, help=until_help)
     return ap
 
 
