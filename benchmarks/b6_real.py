@@ -6,6 +6,9 @@ training split. Arms (the experiment's configurations), all at one generation bu
 
 * ``grpo``: GRPO on the node's own groups (4 prompts x 8), no MNPO;
 * ``dpo``: DPO against the reference (n = 2), MNPO's phase only, 8 shared prompts x 4 responses a step;
+* ``dpo_no_length``: DPO with the oracle's length tie-break off (``oracle.shorter_wins: false``), a diagnostic arm:
+  populations that narrowed onto few answers (DPO seed 1, HT- and TD-MNPO seed 0) trained more and more on "the
+  shorter of two wrong answers"; without such pairs, does the population still collapse?
 * ``ipo``: MNPO's loss with no opponent (the reference alone: IPO, MNPO's n = 2 case), a diagnostic arm: against
   DPO it measures the loss's form (a squared distance to the target margin ``1 / (2 eta)`` instead of DPO's
   logistic), against HT-/TD-MNPO what the opponents add;
@@ -77,6 +80,10 @@ WORK = Path(os.environ.get("RL_SWARM_BENCH_DIR", Path.home() / ".cache" / "rl-sw
 ARMS: dict[str, tuple[dict[str, Any], str]] = {
     "grpo": ({"mnpo": {"schedule": "off"}}, "GRPO on own groups, no MNPO"),
     "dpo": ({"mnpo": {"schedule": "only", "opponents": "none", "loss": "dpo"}}, "DPO against the reference (n = 2)"),
+    "dpo_no_length": (
+        {"mnpo": {"schedule": "only", "opponents": "none", "loss": "dpo", "oracle": {"shorter_wins": False}}},
+        "DPO with no length tie-break in the oracle (two wrong answers in the format: no pair)",
+    ),
     "ipo": ({"mnpo": {"schedule": "only", "opponents": "none"}}, "MNPO's loss with no opponent (IPO, n = 2)"),
     "td_mnpo": ({"mnpo": {"schedule": "only", "opponents": "history"}}, "MNPO against own past versions"),
     "ht_mnpo": ({"mnpo": {"schedule": "only", "opponents": "peers"}}, "MNPO against the peers (scores records)"),

@@ -295,6 +295,10 @@ class VerifiableOracleConfig(StrictModel):
     answer equals the gold one), then, between two responses equally right or wrong, one that states an answer in the
     ``<answer>`` format beats one that does not, then the shorter text wins (in characters); equal on all three is a
     tie (no pair). Partial credit never decides a pair."""
+    shorter_wins: bool = True
+    """``rank: exact`` only. False drops the last tie-break: two responses equal in exactness and format make no pair,
+    so two wrong answers are never ranked by length. In B6 real, populations that narrowed onto few answers trained
+    more and more on such pairs ("the shorter of two wrong answers", which favours one-digit answers)."""
 
 
 class RewardModelOracleConfig(StrictModel):

@@ -83,16 +83,17 @@ class VerifiableOracle(PointwiseOracle):
 
     ``rank="exact"`` ranks instead by (exactly right, answer in the format, shorter text), lexicographically: partial
     credit never decides a pair, and ties between two right (or two wrong) answers are broken by format, then length
-    (``VerifiableOracleConfig.rank``).
+    (``VerifiableOracleConfig.rank``); ``shorter_wins=False`` drops the length (equal exactness and format: no pair).
 
     ``tasks`` is a :class:`node.tasks.TaskSource` (or anything with ``materialize`` and ``score``): prompts are
     regenerated from their refs and every text is scored locally; a peer's reward hint is never used.
     """
 
-    def __init__(self, tasks: Any, margin: float = 0.0, rank: str = "reward") -> None:
+    def __init__(self, tasks: Any, margin: float = 0.0, rank: str = "reward", shorter_wins: bool = True) -> None:
         super().__init__(margin)
         self.tasks = tasks
         self.rank = rank
+        self.shorter_wins = shorter_wins
 
     def scores(self, task: TaskRef, texts: Sequence[str]) -> list[float]:
         item = self.tasks.materialize(task)
@@ -102,7 +103,10 @@ class VerifiableOracle(PointwiseOracle):
         if self.rank == "reward":
             return super().pairs(task, texts, rng)
         answers = [extract_answer(t) for t in texts]
-        keys = [(x, a is not None, -len(t)) for x, a, t in zip(self.exact(task, texts), answers, texts, strict=True)]
+        keys = [
+            (x, a is not None, -len(t) if self.shorter_wins else 0)
+            for x, a, t in zip(self.exact(task, texts), answers, texts, strict=True)
+        ]
         return _ordered_pairs(texts, lambda i, j: keys[i] > keys[j])
 
     def exact(self, task: TaskRef, texts: Sequence[str]) -> list[bool]:
@@ -304,7 +308,7 @@ def build_oracle(
 ) -> PreferenceOracle:
     """The oracle a node's ``mnpo.oracle`` config names."""
     if isinstance(cfg, VerifiableOracleConfig):
-        return VerifiableOracle(tasks, margin=cfg.margin, rank=cfg.rank)
+        return VerifiableOracle(tasks, margin=cfg.margin, rank=cfg.rank, shorter_wins=cfg.shorter_wins)
     if isinstance(cfg, RewardModelOracleConfig):
         return RewardModelOracle(
             cfg.model,

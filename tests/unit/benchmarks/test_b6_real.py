@@ -41,12 +41,14 @@ def test_every_arm_is_a_valid_node_configuration_of_its_kind() -> None:
     assert {a: (m.schedule, m.opponents, m.loss) for a, m in got.items()} == {
         "grpo": ("off", "peers", "mnpo"),  # the MNPO fields are unused when its schedule is off
         "dpo": ("only", "none", "dpo"),
+        "dpo_no_length": ("only", "none", "dpo"),
         "ipo": ("only", "none", "mnpo"),  # MNPO's square loss against the reference alone
         "td_mnpo": ("only", "history", "mnpo"),
         "ht_mnpo": ("only", "peers", "mnpo"),
         "grpo_mnpo": ("alternate", "peers", "mnpo"),
     }
     assert all(m.oracle.type == "verifiable" and m.oracle.rank == "exact" for m in got.values())
+    assert [a for a, m in got.items() if not m.oracle.shorter_wins] == ["dpo_no_length"]  # merged into the oracle
 
 
 def test_league_win_rate_and_gap_by_hand() -> None:

@@ -72,13 +72,25 @@ def test_exact_rank_puts_right_first_then_format_then_length():
     assert (2, 4) in by_reward and (0, 1) not in by_reward
 
 
+def test_without_the_length_tie_break_two_wrong_answers_make_no_pair():
+    o = VerifiableOracle(GoldTasks(), rank="exact", shorter_wins=False)
+    texts = ["<answer>4</answer>", "so <answer>4</answer>", "<answer>3</answer>", "4", "it is <answer>57</answer>"]
+    pairs = set(o.pairs(T, texts, random.Random(0)))
+    # right over wrong and in-format over not stay; right vs right and wrong vs wrong (both formatted) are ties now
+    assert pairs == {(0, 2), (0, 3), (0, 4), (1, 2), (1, 3), (1, 4), (2, 3), (4, 3)}
+    with_length = set(VerifiableOracle(GoldTasks(), rank="exact").pairs(T, texts, random.Random(0)))
+    assert with_length - pairs == {(0, 1), (2, 4)}  # the shorter right answer, the shorter wrong one
+
+
 def test_build_oracle_from_config():
     from node.config import VerifiableOracleConfig
 
     o = build_oracle(VerifiableOracleConfig(margin=0.1), FakeTasks(), prompt_of=str, device="cpu")
     assert isinstance(o, VerifiableOracle) and o.margin == 0.1 and o.rank == "reward"
     o = build_oracle(VerifiableOracleConfig(rank="exact"), FakeTasks(), prompt_of=str, device="cpu")
-    assert isinstance(o, VerifiableOracle) and o.rank == "exact"
+    assert isinstance(o, VerifiableOracle) and o.rank == "exact" and o.shorter_wins
+    o = build_oracle(VerifiableOracleConfig(rank="exact", shorter_wins=False), FakeTasks(), prompt_of=str, device="cpu")
+    assert isinstance(o, VerifiableOracle) and not o.shorter_wins
 
 
 @pytest.fixture(scope="module")
