@@ -194,7 +194,7 @@ def collect(work: Path, until: float = float("inf")) -> tuple[dict[str, Any], li
             seed = int(seed_dir.name.removeprefix("seed"))
             peers = peer_names(seed_dir, names)
             for i in range(mapping["nodes"]):
-                evals = [e for e in read_evals(seed_dir / f"node{i}") if e["step"] <= until]
+                evals = read_evals(seed_dir / f"node{i}", until)
                 if len(evals) < 2:
                     continue
                 first, last = evals[0]["families"][fam], evals[-1]["families"][fam]

@@ -221,9 +221,7 @@ def collect(work: Path, until: float = float("inf")) -> tuple[dict[str, Any], li
         per_arm, curves = {}, {}
         for conf in mapping["configurations"]:
             arm, run_dir = conf["name"], work / conf["name"] / f"seed{seed}"
-            evals = [
-                [e for e in read_evals(run_dir / f"node{i}") if e["step"] <= until] for i in range(mapping["nodes"])
-            ]
+            evals = [read_evals(run_dir / f"node{i}", until) for i in range(mapping["nodes"])]
             if not all(e and e[-1]["step"] >= step and len(e) > 1 for e in evals):
                 continue
             nodes = []

@@ -41,12 +41,13 @@ def write_results(out: Path, stem: str, text: str, data: dict[str, Any]) -> None
     (out / f"{stem}.json").write_text(json.dumps(data, indent=1))
 
 
-def read_evals(node_dir: Path) -> list[dict[str, Any]]:
-    """A node's held-out evaluations (``eval.jsonl``), oldest first; [] when it has none."""
+def read_evals(node_dir: Path, until: float = float("inf")) -> list[dict[str, Any]]:
+    """A node's held-out evaluations (``eval.jsonl``) up to step ``until``, oldest first; [] when it has none."""
     path = node_dir / "eval.jsonl"
     if not path.is_file():
         return []
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    evals = (json.loads(x) for x in path.read_text().splitlines() if x.strip())
+    return [e for e in evals if e["step"] <= until]
 
 
 def merge_experiments(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
