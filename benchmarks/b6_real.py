@@ -96,6 +96,9 @@ QUICK_ARMS = ["dpo", "ht_mnpo"]
 DIAGNOSTICS = ("exact_pairs", "decisive_pull", "candidates", "ties", "distinct_per_prompt")
 #: How each diagnostic prints (a share, or a count per step).
 DIAGNOSTIC_FORMAT = {"decisive_pull": "{:.2f}"}
+#: The first MNPO steps, before the policies move apart: how many candidate pairs a run's pool offers then is read
+#: against its held-out gain (populations that narrowed had few from early on).
+EARLY_STEPS = 10
 
 
 def arms_of(args: argparse.Namespace) -> list[str]:
@@ -199,12 +202,15 @@ def _node_metrics(node_dir: Path, until: float = float("inf")) -> dict[str, floa
     rows = [json.loads(x) for x in (node_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     mnpo = [r for r in rows if "mnpo_pairs" in r and r.get("step", 0) <= until]
 
-    def mean(key: str) -> float:  # nan where no step recorded it (runs from before the key existed)
-        got = [r[key] for r in mnpo if key in r]
+    def mean(key: str, first: float = 0, last: float = float("inf")) -> float:  # nan where no step recorded it
+        got = [r[key] for r in mnpo if key in r and first <= r.get("step", 0) <= last]  # (runs from before the key)
         return statistics.fmean(got) if got else float("nan")
 
     return {"mnpo_steps": len(mnpo), "pairs": mean("mnpo_pairs"), "covered": mean("mnpo_covered_frac"),
-            "peer_opponents": mean("mnpo_peer_opponents"), **{k: mean(f"mnpo_{k}") for k in DIAGNOSTICS}}  # fmt: skip
+            "peer_opponents": mean("mnpo_peer_opponents"), **{k: mean(f"mnpo_{k}") for k in DIAGNOSTICS},
+            "early_candidates": mean("mnpo_candidates", last=EARLY_STEPS),
+            "late_candidates": mean("mnpo_candidates", first=EARLY_STEPS + 1),
+            "late_exact_pairs": mean("mnpo_exact_pairs", first=EARLY_STEPS + 1)}  # fmt: skip
 
 
 def collect(work: Path, until: float = float("inf")) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -341,8 +347,67 @@ def report(args: argparse.Namespace) -> None:
             verdict = f"{'beyond' if abs(diff) > spread else 'within'} 2 sd of the seeds ({spread:.3f})"
         lines.append(f"- {arm}: exact gain {statistics.fmean(mine):+.3f} against DPO's {statistics.fmean(dpo):+.3f}; "
                      f"the difference {diff:+.3f} is {verdict}.")  # fmt: skip
+    lines += diversity_lines(rows, step)
     write_results(args.out, stem, "\n".join(lines) + "\n", {"experiment": mapping, "rows": rows})
     _plot(rows, args.out / f"{stem}.png")
+
+
+def rank_correlation(x: list[float], y: list[float]) -> float:
+    """Spearman's rho: Pearson's correlation of the ranks, ties taking their mean rank; nan under 3 points or when
+    either side is constant."""
+
+    def ranks(v: list[float]) -> list[float]:
+        order = sorted(range(len(v)), key=v.__getitem__)
+        out = [0.0] * len(v)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in order[i : j + 1]:
+                out[k] = (i + j) / 2 + 1
+            i = j + 1
+        return out
+
+    if len(x) < 3 or len(set(x)) < 2 or len(set(y)) < 2:
+        return float("nan")
+    return statistics.correlation(ranks(x), ranks(y))
+
+
+def diversity_lines(rows: list[dict[str, Any]], step: int) -> list[str]:
+    """Per run, what its pool offered early and late against its held-out gain, and the rank correlation over runs:
+    the measured limit where a population narrows onto few answers."""
+    late = f"{EARLY_STEPS + 1}-{step}"
+    runs = []
+    for r in rows:
+        nodes = [n for n in r["nodes"] if n["mnpo_steps"]]
+        got = [
+            [n.get(k, float("nan")) for n in nodes] for k in ("early_candidates", "late_candidates", "late_exact_pairs")
+        ]
+        if not nodes or any(v != v for vs in got for v in vs):  # no MNPO step, or recorded before the diagnostics
+            continue
+        tops = [s for n in r["nodes"] if (s := n["after"].get("top_answer_share")) is not None]
+        top = f"{min(tops):.0%}-{max(tops):.0%}" if tops else "-"
+        runs.append((*(statistics.fmean(vs) for vs in got), top, r["gain"]["accuracy"], f"{r['arm']} seed {r['seed']}"))
+    if not runs:
+        return []
+    runs.sort(key=lambda t: -t[0])
+    head = (
+        "Diversity and the gain, per run, ordered by the candidate pairs its pool offered in MNPO steps "
+        f"1-{EARLY_STEPS} (mean over its nodes); decisive: the pairs a right answer decided, per step; top answer: "
+        f"the most common sampled answer's share of the held-out samples at step {step}, lowest-highest over nodes; "
+        "gain: held-out exact."
+    )
+    cols = f"| run | candidates / step, 1-{EARLY_STEPS} | candidates, {late} | decisive, {late} | top answer | gain |"
+    lines = ["", head, "", cols, "|---|---:|---:|---:|---|---|"]
+    lines += [f"| {name} | {e:.1f} | {c:.1f} | {d:.1f} | {top} | {g:+.3f} |" for e, c, d, top, g, name in runs]
+    rho = [rank_correlation([t[i] for t in runs], [t[4] for t in runs]) for i in (0, 2)]
+    lines += [
+        "",
+        f"Rank correlation (Spearman) with the exact gain over these {len(runs)} runs: the candidate pairs of steps "
+        f"1-{EARLY_STEPS} {rho[0]:+.2f}, the decisive pairs of steps {late} {rho[1]:+.2f}.",
+    ]
+    return lines
 
 
 def _plot(rows: list[dict[str, Any]], path: Path) -> None:

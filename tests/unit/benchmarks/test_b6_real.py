@@ -13,7 +13,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from benchmarks.b6_real import ARMS, QUICK_ARMS, arms_of, league_stats, parser, sim_mapping, win_rate
+from benchmarks.b6_real import (
+    ARMS,
+    EARLY_STEPS,
+    QUICK_ARMS,
+    _node_metrics,
+    arms_of,
+    diversity_lines,
+    league_stats,
+    parser,
+    rank_correlation,
+    sim_mapping,
+    win_rate,
+)
 from sim.config import SimConfig
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -152,6 +164,49 @@ def test_report_until_a_step_every_run_reached(tmp_path: Path) -> None:
     assert "| +0.250 ± 0.000 | 0.375 ± 0.000 | 0.250 ± 0.000 | 1.5 |" in text
     rows = json.loads((out / "b6_real.json").read_text())["rows"]
     assert {(r["arm"], r["step"]) for r in rows} == {("dpo", 2), ("ht_mnpo", 2)}
+
+
+def test_rank_correlation_by_hand() -> None:
+    assert rank_correlation([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert rank_correlation([1, 2, 3, 4], [40, 30, 20, 10]) == pytest.approx(-1.0)
+    assert rank_correlation([1, 2, 3], [5, 100, 6]) == pytest.approx(0.5)  # ranks (1, 2, 3) against (1, 3, 2)
+    # a tie takes the mean rank: x ranks (1, 2.5, 2.5, 4) against (1, 2, 3, 4): Pearson's r of those, 0.9487
+    assert rank_correlation([0, 7, 7, 9], [1, 2, 3, 4]) == pytest.approx(3 / 10**0.5)
+    assert rank_correlation([1, 2], [1, 2]) != rank_correlation([1, 2], [1, 2])  # nan: too few runs
+    assert rank_correlation([3, 3, 3], [1, 2, 3]) != rank_correlation([3, 3, 3], [1, 2, 3])  # nan: constant
+
+
+def test_early_and_late_candidates_split_at_the_early_steps(tmp_path: Path) -> None:
+    steps = [{"step": t, "mnpo_pairs": 1.0, "mnpo_candidates": float(t), "mnpo_exact_pairs": 2.0 * t}
+             for t in range(1, EARLY_STEPS + 5)]  # fmt: skip
+    steps.insert(3, {"step": 4, "reward_mean": 0.5})  # a GRPO step: no MNPO figures
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
+    got = _node_metrics(tmp_path, until=EARLY_STEPS + 2)  # the steps after until are left out
+    assert got["mnpo_steps"] == EARLY_STEPS + 2
+    assert got["early_candidates"] == pytest.approx((1 + EARLY_STEPS) / 2)  # steps 1..10
+    assert got["late_candidates"] == pytest.approx(EARLY_STEPS + 1.5)  # steps 11 and 12
+    assert got["late_exact_pairs"] == pytest.approx(2 * EARLY_STEPS + 3)
+
+
+def test_diversity_lines_order_runs_and_correlate_with_the_gain() -> None:
+    def row(arm: str, seed: int, early: float, late: float, decisive: float, gain: float, tops: list[float]) -> dict:
+        nodes = [{"mnpo_steps": 40, "early_candidates": early, "late_candidates": late, "late_exact_pairs": decisive,
+                  "after": {"top_answer_share": t}} for t in tops]  # fmt: skip
+        return {"arm": arm, "seed": seed, "nodes": nodes, "gain": {"accuracy": gain}}
+
+    rows = [row("dpo", 1, 75.0, 15.0, 4.5, 0.046, [0.17, 0.38]), row("dpo", 0, 127.0, 63.0, 11.8, 0.138, [0.12, 0.18]),
+            row("ht_mnpo", 0, 91.0, 22.5, 6.1, 0.065, [0.39, 0.48]),
+            {"arm": "grpo", "seed": 0, "nodes": [{"mnpo_steps": 0}], "gain": {"accuracy": 0.2}},  # no MNPO step
+            row("td_mnpo", 0, float("nan"), 1.0, 1.0, 0.5, [0.5])]  # fmt: skip  # recorded before the diagnostics
+    text = "\n".join(diversity_lines(rows, 40))
+    table = [x for x in text.splitlines() if x.startswith("| ") and "seed" in x]
+    assert table == ["| dpo seed 0 | 127.0 | 63.0 | 11.8 | 12%-18% | +0.138 |",
+                     "| ht_mnpo seed 0 | 91.0 | 22.5 | 6.1 | 39%-48% | +0.065 |",
+                     "| dpo seed 1 | 75.0 | 15.0 | 4.5 | 17%-38% | +0.046 |"]  # fmt: skip
+    assert (
+        "over these 3 runs: the candidate pairs of steps 1-10 +1.00, the decisive pairs of steps 11-40 +1.00." in text
+    )
+    assert diversity_lines(rows[3:], 40) == []  # nothing to read
 
 
 @pytest.mark.network
