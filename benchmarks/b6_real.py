@@ -96,9 +96,10 @@ QUICK_ARMS = ["dpo", "ht_mnpo"]
 DIAGNOSTICS = ("exact_pairs", "decisive_pull", "candidates", "ties", "distinct_per_prompt")
 #: How each diagnostic prints (a share, or a count per step).
 DIAGNOSTIC_FORMAT = {"decisive_pull": "{:.2f}"}
-#: The first MNPO steps, before the policies move apart: how many candidate pairs a run's pool offers then is read
-#: against its held-out gain (populations that narrowed had few from early on).
-EARLY_STEPS = 10
+#: Windows of MNPO steps (first, last) in which the candidate pairs a run's pool offered are read against its held-out
+#: gain, the last running to the end: on B6 real every run's pool offered alike in steps 1-5, and the runs that
+#: narrowed onto few answers had parted from the rest by steps 6-10.
+WINDOWS = ((1, 5), (6, 10), (11, None))
 
 
 def arms_of(args: argparse.Namespace) -> list[str]:
@@ -198,7 +199,7 @@ def league_stats(finals: dict[tuple[str, int], list[int]], samples: int) -> dict
 # ---------------------------------------------------------------------------------------------------- the report
 
 
-def _node_metrics(node_dir: Path, until: float = float("inf")) -> dict[str, float]:
+def _node_metrics(node_dir: Path, until: float = float("inf")) -> dict[str, Any]:
     rows = [json.loads(x) for x in (node_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     mnpo = [r for r in rows if "mnpo_pairs" in r and r.get("step", 0) <= until]
 
@@ -208,9 +209,8 @@ def _node_metrics(node_dir: Path, until: float = float("inf")) -> dict[str, floa
 
     return {"mnpo_steps": len(mnpo), "pairs": mean("mnpo_pairs"), "covered": mean("mnpo_covered_frac"),
             "peer_opponents": mean("mnpo_peer_opponents"), **{k: mean(f"mnpo_{k}") for k in DIAGNOSTICS},
-            "early_candidates": mean("mnpo_candidates", last=EARLY_STEPS),
-            "late_candidates": mean("mnpo_candidates", first=EARLY_STEPS + 1),
-            "late_exact_pairs": mean("mnpo_exact_pairs", first=EARLY_STEPS + 1)}  # fmt: skip
+            "window_candidates": [mean("mnpo_candidates", a, b or float("inf")) for a, b in WINDOWS],
+            "late_exact_pairs": mean("mnpo_exact_pairs", WINDOWS[-1][0])}  # fmt: skip
 
 
 def collect(work: Path, until: float = float("inf")) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -375,37 +375,43 @@ def rank_correlation(x: list[float], y: list[float]) -> float:
 
 
 def diversity_lines(rows: list[dict[str, Any]], step: int) -> list[str]:
-    """Per run, what its pool offered early and late against its held-out gain, and the rank correlation over runs:
-    the measured limit where a population narrows onto few answers."""
-    late = f"{EARLY_STEPS + 1}-{step}"
+    """Per run, the candidate pairs its pool offered in each of :data:`WINDOWS` and its decisive pairs in the last,
+    against its held-out gain, with the rank correlation over runs: where a population narrows onto few answers."""
+    spans = [f"{a}-{b or step}" for a, b in WINDOWS]
     runs = []
     for r in rows:
         nodes = [n for n in r["nodes"] if n["mnpo_steps"]]
         got = [
-            [n.get(k, float("nan")) for n in nodes] for k in ("early_candidates", "late_candidates", "late_exact_pairs")
+            [n.get("window_candidates", [float("nan")] * len(WINDOWS))[w] for n in nodes] for w in range(len(WINDOWS))
         ]
+        got.append([n.get("late_exact_pairs", float("nan")) for n in nodes])
         if not nodes or any(v != v for vs in got for v in vs):  # no MNPO step, or recorded before the diagnostics
             continue
         tops = [s for n in r["nodes"] if (s := n["after"].get("top_answer_share")) is not None]
         top = f"{min(tops):.0%}-{max(tops):.0%}" if tops else "-"
-        runs.append((*(statistics.fmean(vs) for vs in got), top, r["gain"]["accuracy"], f"{r['arm']} seed {r['seed']}"))
+        runs.append(([statistics.fmean(vs) for vs in got], top, r["gain"]["accuracy"], f"{r['arm']} seed {r['seed']}"))
     if not runs:
         return []
-    runs.sort(key=lambda t: -t[0])
+    runs.sort(key=lambda t: -t[2])
     head = (
-        "Diversity and the gain, per run, ordered by the candidate pairs its pool offered in MNPO steps "
-        f"1-{EARLY_STEPS} (mean over its nodes); decisive: the pairs a right answer decided, per step; top answer: "
-        f"the most common sampled answer's share of the held-out samples at step {step}, lowest-highest over nodes; "
-        "gain: held-out exact."
+        "Diversity and the gain, per run, ordered by its gain (held-out exact): the candidate pairs its pool offered "
+        "per MNPO step in each span of steps and the pairs a right answer decided (decisive) in the last, the mean "
+        f"over its nodes; top answer: the most common sampled answer's share of the held-out samples at step {step}, "
+        "lowest-highest over nodes."
     )
-    cols = f"| run | candidates / step, 1-{EARLY_STEPS} | candidates, {late} | decisive, {late} | top answer | gain |"
-    lines = ["", head, "", cols, "|---|---:|---:|---:|---|---|"]
-    lines += [f"| {name} | {e:.1f} | {c:.1f} | {d:.1f} | {top} | {g:+.3f} |" for e, c, d, top, g, name in runs]
-    rho = [rank_correlation([t[i] for t in runs], [t[4] for t in runs]) for i in (0, 2)]
+    cols = " | ".join(f"candidates, {x}" for x in spans)
+    lines = ["", head, "", f"| run | gain | {cols} | decisive, {spans[-1]} | top answer |"]
+    lines += ["|---|---|" + "---:|" * (len(spans) + 1) + "---|"]
+    for figures, top, gain, name in runs:
+        lines.append(f"| {name} | {gain:+.3f} | " + " | ".join(f"{v:.1f}" for v in figures) + f" | {top} |")
+    gains = [t[2] for t in runs]
+    rho = [f"{rank_correlation([t[0][i] for t in runs], gains):+.2f}" for i in range(len(spans) + 1)]
     lines += [
         "",
-        f"Rank correlation (Spearman) with the exact gain over these {len(runs)} runs: the candidate pairs of steps "
-        f"1-{EARLY_STEPS} {rho[0]:+.2f}, the decisive pairs of steps {late} {rho[1]:+.2f}.",
+        f"Rank correlation (Spearman) with the gain over these {len(runs)} runs: the candidate pairs of steps "
+        + ", ".join(f"{x} {c}" for x, c in zip(spans, rho, strict=False))
+        + f"; the decisive pairs of steps {spans[-1]} {rho[-1]}. A run's own learning adds right answers, so the "
+        "later spans' figures are partly its outcome, not only its cause.",
     ]
     return lines
 

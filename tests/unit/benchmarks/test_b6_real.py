@@ -15,8 +15,8 @@ import yaml
 
 from benchmarks.b6_real import (
     ARMS,
-    EARLY_STEPS,
     QUICK_ARMS,
+    WINDOWS,
     _node_metrics,
     arms_of,
     diversity_lines,
@@ -178,36 +178,41 @@ def test_rank_correlation_by_hand() -> None:
     assert rank_correlation([3, 3, 3], [1, 2, 3]) != rank_correlation([3, 3, 3], [1, 2, 3])  # nan: constant
 
 
-def test_early_and_late_candidates_split_at_the_early_steps(tmp_path: Path) -> None:
+def test_candidates_are_read_per_window_of_steps(tmp_path: Path) -> None:
+    assert WINDOWS == ((1, 5), (6, 10), (11, None))
     steps = [{"step": t, "mnpo_pairs": 1.0, "mnpo_candidates": float(t), "mnpo_exact_pairs": 2.0 * t}
-             for t in range(1, EARLY_STEPS + 5)]  # fmt: skip
+             for t in range(1, 15)]  # fmt: skip
     steps.insert(3, {"step": 4, "reward_mean": 0.5})  # a GRPO step: no MNPO figures
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
-    got = _node_metrics(tmp_path, until=EARLY_STEPS + 2)  # the steps after until are left out
-    assert got["mnpo_steps"] == EARLY_STEPS + 2
-    assert got["early_candidates"] == pytest.approx((1 + EARLY_STEPS) / 2)  # steps 1..10
-    assert got["late_candidates"] == pytest.approx(EARLY_STEPS + 1.5)  # steps 11 and 12
-    assert got["late_exact_pairs"] == pytest.approx(2 * EARLY_STEPS + 3)
+    got = _node_metrics(tmp_path, until=12)  # the steps after until are left out
+    assert got["mnpo_steps"] == 12
+    assert got["window_candidates"] == [pytest.approx(3.0), pytest.approx(8.0), pytest.approx(11.5)]
+    assert got["late_exact_pairs"] == pytest.approx(23.0)  # steps 11 and 12
 
 
-def test_diversity_lines_order_runs_and_correlate_with_the_gain() -> None:
-    def row(arm: str, seed: int, early: float, late: float, decisive: float, gain: float, tops: list[float]) -> dict:
-        nodes = [{"mnpo_steps": 40, "early_candidates": early, "late_candidates": late, "late_exact_pairs": decisive,
+def test_diversity_lines_order_runs_by_gain_and_correlate() -> None:
+    def row(arm: str, seed: int, windows: list[float], decisive: float, gain: float, tops: list[float]) -> dict:
+        nodes = [{"mnpo_steps": 40, "window_candidates": windows, "late_exact_pairs": decisive,
                   "after": {"top_answer_share": t}} for t in tops]  # fmt: skip
         return {"arm": arm, "seed": seed, "nodes": nodes, "gain": {"accuracy": gain}}
 
-    rows = [row("dpo", 1, 75.0, 15.0, 4.5, 0.046, [0.17, 0.38]), row("dpo", 0, 127.0, 63.0, 11.8, 0.138, [0.12, 0.18]),
-            row("ht_mnpo", 0, 91.0, 22.5, 6.1, 0.065, [0.39, 0.48]),
+    rows = [row("dpo", 1, [120.0, 35.0, 15.0], 4.5, 0.046, [0.17, 0.38]),
+            row("dpo", 0, [110.0, 117.0, 63.0], 11.8, 0.138, [0.12, 0.18]),
+            row("ht_mnpo", 0, [130.0, 72.0, 22.5], 6.1, 0.065, [0.39, 0.48]),
             {"arm": "grpo", "seed": 0, "nodes": [{"mnpo_steps": 0}], "gain": {"accuracy": 0.2}},  # no MNPO step
-            row("td_mnpo", 0, float("nan"), 1.0, 1.0, 0.5, [0.5])]  # fmt: skip  # recorded before the diagnostics
+            {"arm": "td_mnpo", "seed": 0, "nodes": [{"mnpo_steps": 40, "after": {}}],  # from before the figures
+             "gain": {"accuracy": 0.5}}]  # fmt: skip
     text = "\n".join(diversity_lines(rows, 40))
-    table = [x for x in text.splitlines() if x.startswith("| ") and "seed" in x]
-    assert table == ["| dpo seed 0 | 127.0 | 63.0 | 11.8 | 12%-18% | +0.138 |",
-                     "| ht_mnpo seed 0 | 91.0 | 22.5 | 6.1 | 39%-48% | +0.065 |",
-                     "| dpo seed 1 | 75.0 | 15.0 | 4.5 | 17%-38% | +0.046 |"]  # fmt: skip
     assert (
-        "over these 3 runs: the candidate pairs of steps 1-10 +1.00, the decisive pairs of steps 11-40 +1.00." in text
+        "| run | gain | candidates, 1-5 | candidates, 6-10 | candidates, 11-40 | decisive, 11-40 | top answer |" in text
     )
+    table = [x for x in text.splitlines() if x.startswith("| ") and "seed" in x]
+    assert table == ["| dpo seed 0 | +0.138 | 110.0 | 117.0 | 63.0 | 11.8 | 12%-18% |",
+                     "| ht_mnpo seed 0 | +0.065 | 130.0 | 72.0 | 22.5 | 6.1 | 39%-48% |",
+                     "| dpo seed 1 | +0.046 | 120.0 | 35.0 | 15.0 | 4.5 | 17%-38% |"]  # fmt: skip
+    # steps 1-5 rank the runs (1, 3, 2) against the gains' (3, 2, 1): rho -1/2; the later spans rank them alike: 1
+    assert "over these 3 runs: the candidate pairs of steps 1-5 -0.50, 6-10 +1.00, 11-40 +1.00; " in text
+    assert "the decisive pairs of steps 11-40 +1.00." in text
     assert diversity_lines(rows[3:], 40) == []  # nothing to read
 
 
