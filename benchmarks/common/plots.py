@@ -7,8 +7,11 @@ from pathlib import Path
 from typing import Any
 
 
-def save_step_panels(path: Path, titles: list[str], draw: Callable[[Any, str], None], ylabel: str) -> None:
-    """One panel per title, ``draw(ax, title)`` filling each; accuracy axes (0..1) over steps; saved to ``path``."""
+def save_step_panels(
+    path: Path, titles: list[str], draw: Callable[[Any, str], None], ylabel: str, ymax: float = 1.0
+) -> None:
+    """One panel per title, ``draw(ax, title)`` filling each; accuracy axes (0..``ymax``) over steps; saved to
+    ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -19,7 +22,7 @@ def save_step_panels(path: Path, titles: list[str], draw: Callable[[Any, str], N
         draw(ax, title)
         ax.set_title(title)
         ax.set_xlabel("step")
-        ax.set_ylim(0, 1)
+        ax.set_ylim(0, ymax)
     axes[0][0].set_ylabel(ylabel)
     axes[0][-1].legend(fontsize=6)
     fig.tight_layout()
