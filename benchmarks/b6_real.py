@@ -356,18 +356,8 @@ def rank_correlation(x: list[float], y: list[float]) -> float:
     """Spearman's rho: Pearson's correlation of the ranks, ties taking their mean rank; nan under 3 points or when
     either side is constant."""
 
-    def ranks(v: list[float]) -> list[float]:
-        order = sorted(range(len(v)), key=v.__getitem__)
-        out = [0.0] * len(v)
-        i = 0
-        while i < len(order):
-            j = i
-            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
-                j += 1
-            for k in order[i : j + 1]:
-                out[k] = (i + j) / 2 + 1
-            i = j + 1
-        return out
+    def ranks(v: list[float]) -> list[float]:  # 1 + the values below, + half the other values equal to it
+        return [1 + sum(u < x for u in v) + (sum(u == x for u in v) - 1) / 2 for x in v]
 
     if len(x) < 3 or len(set(x)) < 2 or len(set(y)) < 2:
         return float("nan")
@@ -409,7 +399,7 @@ def diversity_lines(rows: list[dict[str, Any]], step: int) -> list[str]:
     lines += [
         "",
         f"Rank correlation (Spearman) with the gain over these {len(runs)} runs: the candidate pairs of steps "
-        + ", ".join(f"{x} {c}" for x, c in zip(spans, rho, strict=False))
+        + ", ".join(f"{x} {c}" for x, c in zip(spans, rho[:-1], strict=True))
         + f"; the decisive pairs of steps {spans[-1]} {rho[-1]}. A run's own learning adds right answers, so the "
         "later spans' figures are partly its outcome, not only its cause.",
     ]
