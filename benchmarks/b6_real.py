@@ -39,13 +39,14 @@ which takes 100-180 s with three nodes on 2 cores, about 1.7 hours an arm and se
     python benchmarks/b6_real.py report --until 20    # runs cut short: at a step every run reached
 
 The report (``benchmarks/results/b6_real.md``), per arm, mean ± sd over seeds of the arm's nodes' mean: held-out
-exact gain (sampled), greedy and pass@8 gains; the win rate against the league (every arm's final policies of the
-same seed) when only exactness is judged, from the per-item exact counts of the final evaluations; and the empirical
-duality gap of the arm's population (how much the league's best policy beats it). Exactness is a transitive
-judge: the win rate is then ``1/2 + (accuracy - opponent's accuracy) / 2`` and the gap the league's best accuracy
-minus the arm's, which the report says. A verifier cannot show MNPO's edge on non-transitive preferences; what it can
-show is whether MNPO's loss and opponents learn more from the same completions than DPO's. MNPO's metrics (pairs a
-step, opponents covering a pair) say what limited it. Target: MNPO's held-out exact gain beats DPO's beyond 2 sd.
+exact gain (sampled), greedy and pass@8 gains; the win rate against the league (the final policies of every arm that
+finished the same seed) when only exactness is judged, from the per-item exact counts of the final evaluations; and
+the empirical duality gap of the arm's population (how much the league's best policy beats it). Exactness is a
+transitive judge: the win rate is then ``1/2 + (accuracy - opponent's accuracy) / 2`` and the gap the league's best
+accuracy minus the arm's, which the report says. A verifier cannot show MNPO's edge on non-transitive preferences;
+what it can show is whether MNPO's loss and opponents learn more from the same completions than DPO's. MNPO's
+metrics (pairs a step, opponents covering a pair) say what limited it. Target: MNPO's held-out exact gain beats
+DPO's beyond 2 sd.
 """
 
 from __future__ import annotations
@@ -249,19 +250,19 @@ def collect(work: Path, until: float = float("inf")) -> tuple[dict[str, Any], li
 
 
 def add_league(mapping: dict[str, Any], rows: list[dict[str, Any]]) -> None:
-    """Each row's win rate against the league and its population's gap (nan where not judged). The league is every
-    arm's final policies of the row's seed: judged only when all arms finished, with per-item counts (evaluations
-    recorded before those counts have none)."""
+    """Each row's win rate against the league and its population's gap (nan where not judged). The league of a seed
+    is the final policies of every arm that finished it with per-item counts (evaluations recorded before those
+    counts have none), judged where at least two arms did: an arm not run on a seed (yet) leaves the others judged
+    against each other, so a seed's league can hold more arms than another's (``league_size`` says how many
+    policies)."""
     samples = mapping["node"]["eval"]["samples"]
-    arms = {c["name"] for c in mapping["configurations"]}
     for seed in {r["seed"] for r in rows}:
-        sel = [r for r in rows if r["seed"] == seed]
-        finals = {(r["arm"], n["node"]): n["after"]["correct"] for r in sel for n in r["nodes"]
-                  if n["after"].get("correct") is not None}  # fmt: skip
-        complete = {r["arm"] for r in sel} >= arms and len(finals) == sum(len(r["nodes"]) for r in sel)
-        league = league_stats(finals, samples) if complete else {}
-        for r in sel:
-            r.update(league.get(r["arm"], {"win_league": float("nan"), "gap": float("nan")}), league_size=len(finals))
+        sel = [r for r in rows if r["seed"] == seed and all(n["after"].get("correct") is not None for n in r["nodes"])]
+        finals = {(r["arm"], n["node"]): n["after"]["correct"] for r in sel for n in r["nodes"]}
+        league = league_stats(finals, samples) if len({r["arm"] for r in sel}) >= 2 else {}
+        for r in (r for r in rows if r["seed"] == seed):
+            judged = league.get(r["arm"], {"win_league": float("nan"), "gap": float("nan")})
+            r.update(judged, league_size=len(finals) if r["arm"] in league else 0)
 
 
 def report(args: argparse.Namespace) -> None:
@@ -290,7 +291,8 @@ def report(args: argparse.Namespace) -> None:
         f"right; majority baseline {baseline}.",
         "",
         "Per arm, mean ± sd over seeds of the mean over its nodes. Win rate vs league: against every other final "
-        "policy of the same seed (all arms; seeds where every arm finished), judged on exactness alone, a tie "
+        "policy of the same seed (of every arm that finished it; a seed with one arm is not judged), judged on "
+        "exactness alone, a tie "
         "counting one half. Gap: the empirical duality gap of the arm's population, 2 max P(league policy beats it) "
         "- 1 (0: nothing in the league beats it). Exactness is transitive, so these two say the same as accuracy: "
         "win rate = 1/2 + (accuracy - the league's) / 2, gap = the league's best accuracy - the arm's.",

@@ -18,6 +18,7 @@ from benchmarks.b6_real import (
     QUICK_ARMS,
     WINDOWS,
     _node_metrics,
+    add_league,
     arms_of,
     diversity_lines,
     league_stats,
@@ -75,6 +76,25 @@ def test_league_win_rate_and_gap_by_hand() -> None:
     assert got["x"]["gap"] == pytest.approx(0.5)
     assert got["y"]["gap"] == pytest.approx(0.5)  # x0 beats y0 3/4 of the time
     assert league_stats({("z", 0): [3, 5]}, 8)["z"]["gap"] == pytest.approx(0.0)  # alone in its league
+
+
+def test_league_is_the_arms_that_finished_the_seed() -> None:
+    # seed 0: x, y and z finished; seed 1: x and y (z not run yet) and w, whose evaluation has no per-item counts;
+    # seed 2: x alone. Each seed is judged over its own finished arms; a lone arm is not judged.
+    def row(arm: str, seed: int, correct: list[int] | None) -> dict[str, object]:
+        return {"arm": arm, "seed": seed, "nodes": [{"node": 0, "after": {"correct": correct}}]}
+
+    rows = [row("x", 0, [8, 8]), row("y", 0, [0, 0]), row("z", 0, [4, 4]), row("x", 1, [8, 8]), row("y", 1, [0, 0])]
+    rows += [row("w", 1, None), row("x", 2, [8, 8])]
+    add_league({"node": {"eval": {"samples": 8}}}, rows)
+    got = {(r["arm"], r["seed"]): (r["win_league"], r["gap"], r["league_size"]) for r in rows}
+    # x beats y always and z (right half the time) 3/4 of the time; y beats z 1/4 of the time
+    assert got[("x", 0)] == (pytest.approx(0.875), 0.0, 3)
+    assert got[("y", 0)] == (pytest.approx(0.125), pytest.approx(1.0), 3)
+    assert got[("x", 1)] == (1.0, 0.0, 2) and got[("y", 1)] == (0.0, 1.0, 2)  # z's absence leaves x against y
+    for key in (("w", 1), ("x", 2)):
+        win, gap, size = got[key]
+        assert win != win and gap != gap and size == 0, key  # nan: not judged
 
 
 def _write_node(
