@@ -158,6 +158,7 @@ def prebuild(sim: Any) -> None:
     from node.heap import release_free_memory
     from node.model.policy import load_policy
 
+    _interruptible()  # a build stopped by ``kill`` unwinds and removes its temporary directory
     seen = set()
     for config in sim.configurations:
         for index in range(sim.nodes):

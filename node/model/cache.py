@@ -2,7 +2,8 @@
 
 A build runs in a temporary directory beside its target and is renamed into place under a file lock, so
 processes that start at once neither duplicate the work nor ever see a half-written directory. A build marks
-itself complete by writing one file last; a directory without it is a crash's leftover and is rebuilt.
+itself complete by writing one file last; a directory without it is a crash's leftover and is rebuilt, and the
+temporary directories of builds killed midway (up to a model's size each) are removed by the next build.
 
 Knows nothing about what is built.
 """
@@ -30,6 +31,8 @@ def build_once(target: Path, done_file: str, build: Callable[[Path], object], wh
     with FileLock(str(target) + ".lock"):
         if (target / done_file).exists():  # another process built it while we waited
             return target
+        for stale in target.parent.glob(f".{target.name}-*"):  # a killed build's (SIGKILL skips the finally below);
+            shutil.rmtree(stale, ignore_errors=True)  # no other build of this target runs while the lock is held
         logger.info("building %s into %s; this happens once", what, target)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
         try:

@@ -121,6 +121,25 @@ def test_failed_build_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.
     assert [p for p in tmp_path.iterdir() if p.is_dir()] == []
 
 
+def test_a_killed_builds_temporary_directory_is_removed_by_the_next_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tiny.model_dir(tmp_path, tiny.SMALL_RECIPE)
+    killed = tmp_path / f".{target.name}-k1ll3d"  # what SIGKILL mid-build leaves: the finally never ran
+    killed.mkdir()
+    (killed / "model.safetensors").write_bytes(b"half")
+    other = tmp_path / ".another-model-k1ll3d"  # another target's build (it holds its own lock): left alone
+    other.mkdir()
+
+    def build(recipe: tiny.TinyRecipe, out: Path) -> dict:
+        (out / "rl_swarm_recipe.json").write_text(json.dumps(recipe.to_dict()))
+        return {}
+
+    monkeypatch.setattr(tiny, "build", build)
+    assert tiny.ensure_built(tmp_path, tiny.SMALL_RECIPE) == target
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == [".another-model-k1ll3d", target.name]
+
+
 def test_build_is_deterministic(small_dir: Path, tmp_path: Path) -> None:
     again = tiny.ensure_built(tmp_path, tiny.SMALL_RECIPE)
     a, b = load_file(str(small_dir / "model.safetensors")), load_file(str(again / "model.safetensors"))
