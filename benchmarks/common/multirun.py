@@ -5,8 +5,7 @@ processes, resumable and optionally side by side.
 * :func:`prepare` writes ``experiment.yaml`` (refusing a work directory that holds another experiment, merging the
   seeds of one that holds this one) and ``roles.json`` (node index -> role and description);
 * :func:`prebuild` builds every node's model once, before any node starts;
-* :func:`run_pending` runs the pairs not finished yet, seed by seed, and leaves a finished pair each node's newest
-  checkpoint only (:func:`prune_finished`);
+* :func:`run_pending` runs the pairs not finished yet, seed by seed;
 * :func:`write_results` writes a report beside its data, keeping the hand-written reading of an earlier one;
   :func:`report_rows` keeps an earlier report's rows of runs the work directory no longer holds.
 
@@ -194,23 +193,6 @@ def _interruptible() -> None:
     signal.signal(signal.SIGTERM, interrupt)
 
 
-def prune_finished(run_dir: Path, nodes: int) -> str:
-    """Delete a finished run's checkpoints older than each node's newest intact one (``checkpoint.keep`` older ones
-    are a running node's guard against a torn save; with SmolLM2-135M's AdamW state a checkpoint is about 1.6 GB, so
-    a node's two are 3.2 GB and three seeds of seven arms 200 GB). The run still resumes (a longer budget) and is
-    still evaluated from its newest one. Returns what was freed, as text for the log line ("" when nothing)."""
-    from node.learn.checkpoint import prune_older
-
-    def size(path: Path) -> int:
-        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
-
-    dirs = [run_dir / f"node{i}" / "checkpoints" for i in range(nodes)]
-    before = sum(size(d) for d in dirs)
-    removed = sum(len(prune_older(d)) for d in dirs)
-    freed = before - sum(size(d) for d in dirs)
-    return f" ({removed} older checkpoints removed, {freed / 2**30:.1f} GiB)" if removed else ""
-
-
 def run_pending(sim: Any, work: Path, configs: list[str], seeds: list[int], jobs: int = 1) -> None:
     """Run every (configuration, seed) pair whose nodes have not all evaluated at ``sim.steps``, seed by seed (a
     budget cut short still leaves every configuration of the first seeds); an interrupted pair resumes from its
@@ -249,8 +231,7 @@ def run_pending(sim: Any, work: Path, configs: list[str], seeds: list[int], jobs
             failed.append(f"{name} seed {seed}: {e}")
             print(f"{name} seed {seed}: failed ({e}); the other pairs go on", file=sys.stderr, flush=True)
             return
-        print(f"{name} seed {seed}: finished{prune_finished(work / name / f'seed{seed}', sim.nodes)}", file=sys.stderr,
-              flush=True)  # fmt: skip
+        print(f"{name} seed {seed}: finished", file=sys.stderr, flush=True)
 
     if jobs <= 1:
         for pair in pending:

@@ -125,20 +125,6 @@ def save_or_report(
         return None
 
 
-def prune_older(ckpt_dir: str | Path) -> list[Path]:
-    """Delete the checkpoints older than the newest intact one under ``ckpt_dir``: what a finished run keeps (it
-    resumes, or is evaluated, from that one; ``keep`` older ones only stood in for a save that might have been torn).
-    Newer damaged ones stay for inspection. Returns the directories removed; none when no checkpoint is intact."""
-    ckpt_dir = Path(ckpt_dir)
-    latest = load_latest(ckpt_dir)
-    if latest is None:
-        return []
-    older = [p for p in _step_dirs(ckpt_dir) if _step_of(p) < latest.step]
-    for path in older:
-        _discard(path)
-    return older
-
-
 _OS_ERROR = re.compile(r"os error (\d+)")
 
 
@@ -216,7 +202,7 @@ def load_step(ckpt_dir: str | Path, step: int) -> Checkpoint | None:
 
 def available_steps(ckpt_dir: str | Path) -> list[int]:
     """Steps of the checkpoint directories under ``ckpt_dir`` (complete or not), oldest first."""
-    return [_step_of(p) for p in _step_dirs(Path(ckpt_dir))]
+    return [int(_STEP_DIR.match(p.name).group(1)) for p in _step_dirs(Path(ckpt_dir))]  # type: ignore[union-attr]
 
 
 def load_weights(model: Any, ckpt: Checkpoint) -> None:
@@ -392,10 +378,6 @@ def _remove_stale_temporaries(ckpt_dir: Path) -> None:
                 shutil.rmtree(p, ignore_errors=True)
             else:
                 p.unlink(missing_ok=True)
-
-
-def _step_of(path: Path) -> int:
-    return int(_STEP_DIR.match(path.name).group(1))  # type: ignore[union-attr]
 
 
 def _step_dirs(ckpt_dir: Path) -> list[Path]:

@@ -29,33 +29,6 @@ def test_pairs_run_seed_by_seed_and_finished_ones_are_skipped(tmp_path: Path, mo
     assert ran == [("alone", 0), ("alone", 1), ("share", 1)]
 
 
-def test_a_finished_pair_keeps_only_each_nodes_newest_checkpoint(tmp_path: Path, monkeypatch) -> None:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from node.config import LearnerConfig
-    from node.learn.checkpoint import available_steps, load_latest, save_checkpoint
-    from node.learn.learner import Learner
-
-    shape = {"vocab_size": 16, "hidden_size": 8, "intermediate_size": 16, "num_attention_heads": 2}
-    model = Qwen2ForCausalLM(Qwen2Config(num_hidden_layers=1, num_key_value_heads=1, **shape))
-    learner = Learner(model, LearnerConfig(), device="cpu", pad_token_id=0, max_tokens=4)
-
-    def fake(s, name, seed, work, on_step):  # two nodes checkpoint at steps 3 and 5 (keep 2); "bad" fails after
-        for i in range(2):
-            for step in (3, 5):
-                save_checkpoint(work / name / f"seed{seed}" / f"node{i}" / "checkpoints", learner, step=step)
-        if name == "bad":
-            raise MultiprocessError("node 1 exited with code 1")
-
-    monkeypatch.setattr(sim.multiproc, "run_seed_multiprocess", fake)
-    with pytest.raises(MultiprocessError):
-        run_pending(SimpleNamespace(nodes=2, steps=5), tmp_path, ["good", "bad"], [0], jobs=1)
-    for i in range(2):
-        kept = tmp_path / "good" / "seed0" / f"node{i}" / "checkpoints"
-        assert available_steps(kept) == [5] and load_latest(kept).step == 5
-        assert available_steps(tmp_path / "bad" / "seed0" / f"node{i}" / "checkpoints") == [3, 5]  # it resumes
-
-
 def _long_run(name: str, on_step, stopped: list[str], steps: int) -> None:
     """A run that polls ``on_step`` ``steps`` times, as the real one does once a step; records being stopped."""
     for step in range(steps):

@@ -15,7 +15,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from node.config import LearnerConfig
-from node.learn.checkpoint import load_latest, prune_older, restore, save_checkpoint
+from node.learn.checkpoint import load_latest, restore, save_checkpoint
 from node.learn.learner import Learner, TrainSample
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -107,20 +107,6 @@ def test_incomplete_and_corrupt_checkpoints_are_ignored(tmp_path):
     # The next save clears the leftovers.
     save_checkpoint(tmp_path, lrn, step=4, keep=5)
     assert not (tmp_path / ".tmp-step-00000009-deadbeef").exists()
-
-
-def test_prune_older_keeps_the_newest_intact_checkpoint_and_newer_damaged_ones(tmp_path):
-    lrn = make_learner()
-    assert prune_older(tmp_path / "missing") == []
-    for step in (1, 2, 3, 4):
-        save_checkpoint(tmp_path, lrn, step=step, keep=5)
-    (tmp_path / "step-00000004" / "manifest.json").unlink()  # newest damaged: step 3 is what a resume loads
-    removed = prune_older(tmp_path)
-    assert sorted(p.name for p in removed) == ["step-00000001", "step-00000002"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-00000003", "step-00000004"]
-    assert load_latest(tmp_path).step == 3
-    (tmp_path / "step-00000003" / "state.json").write_text("{")  # nothing intact: nothing is removed
-    assert prune_older(tmp_path) == [] and len(list(tmp_path.glob("step-*"))) == 2
 
 
 def test_resume_continues_exactly(tmp_path):
