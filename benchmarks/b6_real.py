@@ -29,7 +29,7 @@ peers' responses were 21-27% of a node's pool and 6-10 of each node's 40-47 peer
 window already gone; HT-MNPO would have had almost no peer to play against.
 
 40 steps (``--steps``): with the pool shared, a step trains on all 16 pairs (32 sequences, as many as GRPO's 4 x 8),
-which takes 100-180 s with three nodes on 2 cores, about 1.7 hours an arm and seed with the evaluations.
+which takes 100-210 s with three nodes on 2 cores, about 1.7-2.2 hours an arm and seed with the evaluations.
 
     python benchmarks/b6_real.py run --seeds 0 1 2        # resumable, seed by seed
     python benchmarks/b6_real.py run --arms dpo ht_mnpo td_mnpo --seeds 0   # the target's arms first; the rest later
