@@ -31,8 +31,8 @@ def build_once(target: Path, done_file: str, build: Callable[[Path], object], wh
     with FileLock(str(target) + ".lock"):
         if (target / done_file).exists():  # another process built it while we waited
             return target
-        for stale in target.parent.glob(f".{target.name}-*"):  # a killed build's (SIGKILL skips the finally below);
-            shutil.rmtree(stale, ignore_errors=True)  # no other build of this target runs while the lock is held
+        for stale in target.parent.glob(f".{target.name}-????????"):  # mkdtemp's name below, of a killed build
+            shutil.rmtree(stale, ignore_errors=True)  # (SIGKILL skips its finally); the lock excludes a live one
         logger.info("building %s into %s; this happens once", what, target)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
         try:

@@ -125,7 +125,7 @@ def test_a_killed_builds_temporary_directory_is_removed_by_the_next_build(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     target = tiny.model_dir(tmp_path, tiny.SMALL_RECIPE)
-    killed = tmp_path / f".{target.name}-k1ll3d"  # what SIGKILL mid-build leaves: the finally never ran
+    killed = tmp_path / f".{target.name}-k1ll3d_8"  # what SIGKILL mid-build leaves: the finally never ran
     killed.mkdir()
     (killed / "model.safetensors").write_bytes(b"half")
     other = tmp_path / ".another-model-k1ll3d"  # another target's build (it holds its own lock): left alone
