@@ -516,6 +516,13 @@ class RuntimeConfig(StrictModel):
     """Groups waiting to be published (while the network is slow); the oldest are dropped beyond this."""
     shutdown_timeout_s: float = Field(default=10.0, gt=0)
     """On stop, how long to wait for an in-flight publish before closing."""
+    wait_for_peers: int = Field(default=0, ge=0, le=10_000)
+    """A fresh run waits before its first step until this many peers' signed records have arrived (0: start at
+    once), so nodes that load at different speeds start training together (a coordinated experiment). Each node
+    announces itself with its step-0 evaluation record (``eval.at_start``), again every protocol window while it
+    waits. A resumed run does not wait."""
+    wait_for_peers_s: float = Field(default=600.0, gt=0, le=86_400)
+    """How long ``wait_for_peers`` waits; then the node starts with the peers it has heard, with a warning."""
 
 
 class NodeConfig(StrictModel):
@@ -606,6 +613,16 @@ class NodeConfig(StrictModel):
                 f"runtime.publish_interval_s={self.runtime.publish_interval_s} sends {per_window:.1f} records per "
                 f"{self.protocol.window_seconds}s window, over half of protocol.quota_per_window="
                 f"{self.protocol.quota_per_window}; raise runtime.publish_interval_s to at least {need:g}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _announced_before_waiting(self) -> NodeConfig:
+        if self.runtime.wait_for_peers and not self.eval.at_start:
+            raise ValueError(
+                f"runtime.wait_for_peers={self.runtime.wait_for_peers} needs eval.at_start: a node announces itself "
+                "to the peers it waits for with its step-0 evaluation record; set eval.at_start=true or "
+                "runtime.wait_for_peers=0"
             )
         return self
 

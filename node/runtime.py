@@ -607,6 +607,34 @@ class Node:
             await self.sync()
             await asyncio.sleep(interval)
 
+    async def wait_for_peers(self, n: int, stop: asyncio.Event, announce: dict[str, Any] | None = None) -> int:
+        """Wait until ``n`` peers' valid records have arrived (the background poll ingests them), for at most
+        ``runtime.wait_for_peers_s`` or until ``stop`` is set; return how many were heard. A start barrier: nodes
+        loading at different speeds begin their first step within a poll interval of each other. ``announce``
+        (the step-0 evaluation) is published again every protocol window while waiting: peers fetch only the recent
+        windows, so a node that loads long after this one would otherwise never hear it."""
+        loop = asyncio.get_running_loop()
+        timeout_s, every = self.cfg.runtime.wait_for_peers_s, float(self.cfg.protocol.window_seconds)
+        deadline, next_announce = loop.time() + timeout_s, loop.time() + every
+        logger.info("waiting for %d peer(s) before step %d (runtime.wait_for_peers)", n, self.step + 1)
+        while (heard := self.recent_peers()) < n and not stop.is_set():
+            now = loop.time()
+            if now >= deadline:
+                logger.warning(
+                    "heard %d of %d peers in %g s (runtime.wait_for_peers_s): starting without the rest",
+                    heard,
+                    n,
+                    timeout_s,
+                )
+                return heard
+            if announce is not None and now >= next_announce:
+                self._eval_outbox, next_announce = announce, now + every
+                await self.publish_eval()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=min(0.25, deadline - now))
+        logger.info("heard %d peer(s): starting", heard)
+        return heard
+
     async def run(self, max_steps: int | None = None, stop: asyncio.Event | None = None) -> dict[str, Any]:
         """Train until ``max_steps`` (total, counting resumed steps) or ``stop`` is set; checkpoint on exit."""
         stop = stop or asyncio.Event()
@@ -619,8 +647,12 @@ class Node:
         await asyncio.to_thread(self.tasks.warn_if_small, planned)
         try:
             if not stop.is_set():
+                fresh = self.step == 0
                 await asyncio.to_thread(self.evaluate_start)
+                announce = self._eval_outbox
                 self._spawn(self.publish_eval(), "publish-eval")
+                if fresh and self.cfg.runtime.wait_for_peers and self.channel is not None:
+                    await self.wait_for_peers(self.cfg.runtime.wait_for_peers, stop, announce)
             while (max_steps is None or self.step < max_steps) and not stop.is_set():
                 await self.step_once(poll=False)
             # Not after a stop signal: the user is waiting for the exit (``swarm-node eval`` evaluates later).

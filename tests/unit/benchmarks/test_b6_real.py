@@ -240,7 +240,9 @@ def test_diversity_lines_order_runs_by_gain_and_correlate() -> None:
 @pytest.mark.timeout(900)
 def test_quick_mode_runs_real_processes(tmp_path: Path) -> None:
     # Two tiny-model `swarm-node join` processes per arm (DPO and HT-MNPO) over hivemind, 2 steps, then the report:
-    # HT-MNPO's pairs are covered by peers' scores records, DPO's by no opponent.
+    # HT-MNPO's pairs are covered by peers' scores records, DPO's by no opponent. The nodes start their first step
+    # together (a start barrier): a tiny node 0 would otherwise finish before node 1 had loaded, and no pair of
+    # node 1's could be covered by node 0's scores (seen once on a loaded machine).
     script = [sys.executable, str(ROOT / "benchmarks" / "b6_real.py")]
     where = ["--quick", "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")]
     subprocess.run([*script, "run", "--seeds", "0", *where], check=True, cwd=ROOT, capture_output=True)
@@ -257,5 +259,8 @@ def test_quick_mode_runs_real_processes(tmp_path: Path) -> None:
     for arm in by_arm:  # the bootstrap node stayed up after its last step (--linger) until its peer had finished
         log = (tmp_path / "work" / "quick" / arm / "seed0" / "node0" / "stdout.log").read_text()
         assert "staying in the swarm 60 s more (--linger)" in log, log[-500:]
+        for node in ("node0", "node1"):  # and neither began before it had heard the other (runtime.wait_for_peers)
+            log = (tmp_path / "work" / "quick" / arm / "seed0" / node / "stdout.log").read_text()
+            assert "heard 1 peer(s): starting" in log, (arm, node, log[-500:])
     assert all(n["covered"] == 0.0 for n in by_arm["dpo"]["nodes"])
     assert any(n["covered"] > 0.0 and n["peer_opponents"] > 0.0 for n in by_arm["ht_mnpo"]["nodes"])
