@@ -150,8 +150,10 @@ def sim_mapping(args: argparse.Namespace) -> dict[str, Any]:
                 "items_per_family": 4 if args.quick else args.items, "samples": 8, "greedy": True,
             },
             "checkpoint": {"every": 10, "keep": 1},
-            # A smoke run's tiny node 0 would finish before node 1 has loaded: they start their first step together.
-            **({"runtime": {"wait_for_peers": nodes - 1, "wait_for_peers_s": 300}} if args.quick else {}),
+            # A smoke run's tiny node 0 would finish before node 1 has loaded: they start their first step together,
+            # and poll faster than a tiny step (under a second), so each sees the other's records within the run.
+            **({"runtime": {"wait_for_peers": nodes - 1, "wait_for_peers_s": 300, "poll_interval_s": 0.1}}
+               if args.quick else {}),
         },
         "configurations": [
             {"name": arm, "description": ARMS[arm][1], "node": ARMS[arm][0]} for arm in arms_of(args)

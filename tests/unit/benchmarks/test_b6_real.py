@@ -240,9 +240,8 @@ def test_diversity_lines_order_runs_by_gain_and_correlate() -> None:
 @pytest.mark.timeout(900)
 def test_quick_mode_runs_real_processes(tmp_path: Path) -> None:
     # Two tiny-model `swarm-node join` processes per arm (DPO and HT-MNPO) over hivemind, 2 steps, then the report:
-    # HT-MNPO's pairs are covered by peers' scores records, DPO's by no opponent. The nodes start their first step
-    # together (a start barrier): a tiny node 0 would otherwise finish before node 1 had loaded, and no pair of
-    # node 1's could be covered by node 0's scores (seen once on a loaded machine).
+    # HT-MNPO's nodes receive each other's scores records, DPO's pairs have no opponent. The nodes start their first
+    # step together (a start barrier): a tiny node 0 would otherwise finish before node 1 had loaded.
     script = [sys.executable, str(ROOT / "benchmarks" / "b6_real.py")]
     where = ["--quick", "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")]
     subprocess.run([*script, "run", "--seeds", "0", *where], check=True, cwd=ROOT, capture_output=True)
@@ -262,5 +261,13 @@ def test_quick_mode_runs_real_processes(tmp_path: Path) -> None:
         for node in ("node0", "node1"):  # and neither began before it had heard the other (runtime.wait_for_peers)
             log = (tmp_path / "work" / "quick" / arm / "seed0" / node / "stdout.log").read_text()
             assert "heard 1 peer(s): starting" in log, (arm, node, log[-500:])
-    assert all(n["covered"] == 0.0 for n in by_arm["dpo"]["nodes"])
-    assert any(n["covered"] > 0.0 and n["peer_opponents"] > 0.0 for n in by_arm["ht_mnpo"]["nodes"])
+    assert all(n["covered"] == 0.0 and n["peer_opponents"] == 0.0 for n in by_arm["dpo"]["nodes"])
+    # HT-MNPO's signed scores records crossed between the processes and were kept (the smoke run polls every 0.1 s,
+    # faster than a tiny step). Whether a pair is covered by them within two steps is still timing: the decisive
+    # pairs, taken first, may hold responses the peer never scored; tests/integration/test_mnpo_multiprocess.py
+    # asserts peer coverage over a longer run.
+    kept = []
+    for node in ("node0", "node1"):
+        rows = (tmp_path / "work" / "quick" / "ht_mnpo" / "seed0" / node / "metrics.jsonl").read_text().splitlines()
+        kept.append(max(json.loads(r).get("mnpo_score_peers", 0) for r in rows))
+    assert max(kept) == 1, kept
