@@ -270,6 +270,11 @@ class SapoConfig(StrictModel):
     ``stronger``, only those whose share of solved completions is above its own recent solve rate ``b`` on the
     family, so a node learns from peers that do better than it there and not from weaker ones' right answers."""
 
+    peer_text: Literal["full", "answer"] = "full"
+    """What of a peer's completion this node trains on. ``full``: the text as sent (working and answer). ``answer``:
+    only its answer, re-written as ``<answer>x</answer>`` (the labels-only control of the sharing comparison:
+    what a peer's completion carries beyond its label is the difference between the two)."""
+
     @model_validator(mode="after")
     def _some_groups(self) -> SapoConfig:
         if self.external_fraction is not None:
@@ -282,6 +287,23 @@ class SapoConfig(StrictModel):
         if self.peer_groups == "stronger" and self.peer_advantage != "receiver":
             raise ValueError("sapo.peer_groups: stronger needs sapo.peer_advantage: receiver (a solve-rate baseline)")
         return self
+
+
+class LabelsConfig(StrictModel):
+    """Supervised training on the node's own gold labels, beside RL: the control a node always has alone.
+
+    Every task generator knows its gold answers, so a node can train on ``<answer>gold</answer>`` for any training
+    item without a peer. Each step, ``per_step`` training items of ``families`` become samples of that completion
+    (plus EOS), credited like a receiver's peer completion: ``1 - b``, ``b`` the node's own recent solve rate on the
+    family (``swarm.sapo.SolveRates``). "Sharing helps" must beat this at the same number of updates."""
+
+    families: list[str] = Field(default_factory=list)
+    """Task families (of ``tasks.families``) to add gold labels for; empty: off."""
+    per_step: int = Field(default=64, ge=1, le=4096)
+    """Gold-label samples a step (64 = the solved completions of 8 peer groups of G = 8)."""
+    trace: bool = False
+    """Label with the family's written working where it has one (``node.arith``'s traces) instead of the bare
+    answer: supervised training on the generator's own traces, the strongest local control."""
 
 
 class VerifiableOracleConfig(StrictModel):
@@ -535,6 +557,8 @@ class NodeConfig(StrictModel):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     sapo: SapoConfig = Field(default_factory=SapoConfig)
+    labels: LabelsConfig = Field(default_factory=LabelsConfig)
+    """Supervised training on the node's own gold labels beside RL (off by default; a control)."""
     mnpo: MnpoConfig = Field(default_factory=MnpoConfig)
     """MNPO preference learning against the swarm population (off by default)."""
     april: AprilConfig = Field(default_factory=AprilConfig)
@@ -590,6 +614,13 @@ class NodeConfig(StrictModel):
             self.learner = self.learner.model_copy(update=update)
         if "micro_batch_size" not in self.mnpo.model_fields_set:  # MNPO's pairs: the same memory bound
             self.mnpo = self.mnpo.model_copy(update={"micro_batch_size": PRETRAINED_MICRO_BATCH})
+        return self
+
+    @model_validator(mode="after")
+    def _labels_of_own_families(self) -> NodeConfig:
+        unknown = sorted(set(self.labels.families) - {f.name for f in self.tasks.families})
+        if unknown:
+            raise ValueError(f"labels.families {unknown} are not among tasks.families; a node labels its own tasks")
         return self
 
     @model_validator(mode="after")

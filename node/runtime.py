@@ -145,7 +145,15 @@ class Node:
             advantages=lambda rewards: advantages_for(cfg.learner, rewards),
             peer_importance_weights=cfg.sapo.peer_importance_weights,
             peer_advantages=self.solve_rates.advantages if self.receiver else None,
+            peer_text=cfg.sapo.peer_text,
         )
+        #: ``labels``: a task source over the families this node adds its own gold labels for (a control).
+        self._label_tasks = None
+        if cfg.labels.families:
+            from node.tasks import TaskSource
+
+            label_families = [f for f in cfg.tasks.families if f.name in set(cfg.labels.families)]
+            self._label_tasks = TaskSource(cfg.tasks.model_copy(update={"families": label_families}))
         self.ingest_counts: Counter[str] = Counter()
         self.totals: Counter[str] = Counter()
         self._live_enabled = live
@@ -499,7 +507,13 @@ class Node:
         the pool is also fed there, by :meth:`sync`."""
         self.solve_rates.update(own.groups)
         sapo = self.sampler.sample(self.pool, self.step, own.groups)
-        return TrainBatch(sapo, self.samples.build(sapo, own.generations))
+        samples = self.samples.build(sapo, own.generations)
+        if self._label_tasks is not None:
+            refs = self._label_tasks.sample(self._step_rng("labels"), self.cfg.labels.per_step)
+            items = [self._label_tasks.materialize(r) for r in refs]
+            samples += self.samples.labels(items, lambda fam: 1.0 - self.solve_rates.rate(fam),
+                                           trace=self.cfg.labels.trace)  # fmt: skip
+        return TrainBatch(sapo, samples)
 
     def learn(self, batch: TrainBatch) -> dict[str, float]:
         """One learner update (blocking), then the side phase's (MNPO); no update when nothing is informative."""

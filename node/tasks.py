@@ -38,6 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import node.arith  # noqa: F401  (registers the laboratory families with reasoning-gym)
 from node.canonical import canonical_problem
 from node.config import TaskConfig
 from protocol.errors import SwarmError

@@ -17,7 +17,9 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from node.arith import LAB_FAMILIES, completion_for
 from node.seams import BEHAVIOUR_LOGPROB_FLOOR, Generation, PolicyLike, TasksLike, TrainSample
+from node.tasks import TaskItem, extract_answer, format_answer
 from protocol.types import TaskRef
 from swarm.pool import PooledGroup
 from swarm.sapo import SapoBatch
@@ -54,6 +56,7 @@ class SampleBuilder:
         advantages: Callable[[Sequence[float]], list[float]],
         peer_importance_weights: bool = True,
         peer_advantages: Callable[[PooledGroup], list[float]] | None = None,
+        peer_text: str = "full",
     ) -> None:
         self.policy = policy
         self.tasks = tasks
@@ -63,6 +66,8 @@ class SampleBuilder:
         #: Credits peers' groups another way than group-relative (``sapo.peer_advantage: receiver``); their
         #: completions credited 0 are then left out, since they would only dilute the token-mean loss.
         self.peer_advantages = peer_advantages
+        #: ``sapo.peer_text``: ``answer`` trains on a peer completion's answer only (the labels-only control).
+        self.peer_text = peer_text
 
     def prompt_ids(self, task: TaskRef) -> list[int]:
         """The local prompt tokens of ``task`` (regenerated from its ref, formatted as this policy prompts)."""
@@ -99,9 +104,34 @@ class SampleBuilder:
             for comp, adv in zip(g.group.completions, advs, strict=True):
                 if receiver and adv == 0.0:
                     continue
-                ids = self.completion_ids(comp.text, comp.finish_reason)
+                text = self._peer_text(comp.text)
+                ids = self.completion_ids(text, comp.finish_reason) if text else []
                 if not ids:
                     continue
                 hint = clamp_hint(comp.logprob_mean) if use_hint else None
                 samples.append(TrainSample(prompt_ids, ids, adv, None, hint, external=True))
+        return samples
+
+    def _peer_text(self, text: str) -> str:
+        if self.peer_text == "full":
+            return text
+        answer = extract_answer(text)
+        return "" if answer is None else format_answer(answer)
+
+    def labels(self, items: Sequence[TaskItem], credit: Callable[[str], float], *, trace: bool) -> list[TrainSample]:
+        """Gold-label samples (``labels``): each item's own gold completion -- ``<answer>gold</answer>``, or with
+        ``trace`` the family's written working first where it has one (``node.arith``) -- plus EOS, with advantage
+        ``credit(family)``. No behaviour information: the learner treats them like a peer's completion."""
+        samples = []
+        for item in items:
+            if item.answer is None:
+                continue
+            if trace and item.ref.family in LAB_FAMILIES:
+                text = completion_for(item.metadata)
+            else:
+                text = format_answer(item.answer)
+            samples.append(
+                TrainSample(self.prompt_ids(item.ref), self.completion_ids(text, "stop"), credit(item.ref.family),
+                            None, None, external=True)
+            )  # fmt: skip
         return samples

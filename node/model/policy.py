@@ -162,15 +162,17 @@ def load_policy(cfg: ModelConfig) -> Policy:
     dtype = resolve_dtype(cfg.dtype, device)
     name = cfg.name
     if name.startswith(BUILTIN_PREFIX):
-        from node.model import tiny
+        from node.model import lab, tiny
 
-        if name != tiny.BUILTIN_NAME:
-            raise ModelLoadError(f"unknown built-in model {name!r}; the built-in model is {tiny.BUILTIN_NAME!r}")
+        builders = {tiny.BUILTIN_NAME: tiny, lab.LAB_NAME: lab}
+        if name not in builders:
+            raise ModelLoadError(f"unknown built-in model {name!r}; the built-in models are {sorted(builders)}")
+        builder: Any = builders[name]
         try:
-            recipe = tiny.recipe_with(cfg.builtin)
+            recipe = builder.recipe_with(cfg.builtin)
         except (ValueError, TypeError) as e:
             raise ModelLoadError(f"model.builtin: {e}") from e
-        path = tiny.ensure_built(cfg.cache_dir, recipe)
+        path = builder.ensure_built(cfg.cache_dir, recipe)
         model, tokenizer = _load_local(path, dtype)
     elif name in _packaged_names():
         from node.model import packaged

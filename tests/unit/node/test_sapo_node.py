@@ -225,3 +225,78 @@ def test_peer_groups_stronger_keeps_a_strong_node_off_a_weaker_peers_right_answe
         assert sum(trained[1:]) > 0, trained
     else:  # from its second step on, its own rate is known and above the weak peer's groups' share
         assert trained[1:] == [0] * 5, trained
+
+
+_LAB = [
+    {"name": "lab_add", "config": {"min_terms": 2, "max_terms": 2, "min_digits": 2, "max_digits": 2}},
+    {"name": "lab_sub", "config": {"min_terms": 2, "max_terms": 2, "min_digits": 2, "max_digits": 2}},
+]
+
+
+@pytest.mark.parametrize("trace", [False, True])
+def test_gold_labels_add_own_labelled_samples_of_the_named_families(
+    model_dir: Path, tmp_path: Path, trace: bool
+) -> None:
+    """``labels``: each step adds ``per_step`` samples of the node's own gold completions (bare, or the family's
+    trace) on the named families only, credited 1 - b; the batch is otherwise what SAPO sampled."""
+    from node.rollout.groups import OwnRollouts
+    from node.runtime import Node, build_parts
+
+    cfg = NodeConfig.model_validate(
+        {
+            "model": {"name": str(model_dir), "device": "cpu"},
+            "tasks": {"families": _LAB},
+            "rollout": {"max_new_tokens": 200},  # the built-in tiny tokenizer spends a token a character
+            "labels": {"families": ["lab_sub"], "per_step": 5, "trace": trace},
+        }
+    )
+
+    async def run():
+        node = await Node.create(cfg, tmp_path / str(trace), parts=build_parts(cfg), live=False)
+        try:
+            return node.make_batch(OwnRollouts()).samples, node.policy.tokenizer
+        finally:
+            await node.close()
+
+    samples, tok = asyncio.run(run())
+    assert len(samples) == 5 and all(s.external and s.advantage == 1.0 for s in samples)
+    for s in samples:
+        prompt, text = tok.decode(s.prompt_ids), tok.decode(s.completion_ids, skip_special_tokens=True)
+        assert " - " in prompt  # lab_sub's questions only
+        terms = [int(x) for x in prompt.split("Compute ")[1].split(".")[0].split(" - ")]
+        assert text.endswith(f"<answer>{terms[0] - terms[1]}</answer>")
+        assert text.startswith("<think>") == trace
+
+
+def test_labels_must_name_the_nodes_own_families() -> None:
+    with pytest.raises(ValueError, match="not among tasks.families"):
+        NodeConfig.model_validate({"tasks": {"families": _LAB}, "labels": {"families": ["chain_sum"]}})
+
+
+@pytest.mark.parametrize("peer_text", ["full", "answer"])
+def test_peer_text_answer_trains_on_a_peers_answer_only(model_dir: Path, tmp_path: Path, peer_text: str) -> None:
+    from node.runtime import Node, build_parts
+
+    cfg = NodeConfig.model_validate(
+        {"model": {"name": str(model_dir), "device": "cpu"}, "sapo": {"peer_text": peer_text}}
+    )
+
+    async def run():
+        node = await Node.create(cfg, tmp_path / peer_text, parts=build_parts(cfg), live=False)
+        try:
+            import random
+
+            ref = node.tasks.sample(random.Random(0), 1)[0]
+            group = _peer_group(node, ref)
+            working = Completion(text="2+1 is <answer>3</answer>", n_tokens=5, finish_reason="stop")
+            group.group = Group(task=ref, completions=(working, group.group.completions[1]))
+            return node.samples.build(SapoBatch(external=[group]), {}), node.policy.tokenizer
+        finally:
+            await node.close()
+
+    samples, tok = asyncio.run(run())
+    texts = [tok.decode(s.completion_ids, skip_special_tokens=True) for s in samples]
+    if peer_text == "full":
+        assert texts == ["2+1 is <answer>3</answer>", "x"]
+    else:  # the answer re-written alone; a completion without an answer is no sample
+        assert texts == ["<answer>3</answer>"]

@@ -1,0 +1,223 @@
+"""The laboratory model ``builtin:lab``: a small Qwen2-config model that computes with written working, built offline.
+
+The fast stand-in for a real model: it learns in minutes on two CPU cores, so experiments can afford many seeds.
+It answers the laboratory families (``node.arith``: ``lab_add``, multi-digit sums; ``lab_sub``, multi-digit
+differences) in the form ``<think>`` column working ``</think><answer>x</answer>``, where the working carries the
+skill: supervised training on traces reaches high held-out accuracy where the same model trained on bare answers
+does not (the capability gate, ``benchmarks/lab_gate.py``).
+
+The build (once per recipe, cached like ``builtin:tiny``) has three deterministic parts:
+
+1. a byte-level BPE tokenizer (digits one per token; words of the fixed prompt line merged) trained on prompts and
+   traces of *both* laboratory families whatever the recipe's families, so every laboratory recipe shares one
+   tokenizer and peers' behaviour hints stay usable between specialised nodes;
+2. a randomly initialised Qwen2 model (``node.model.tiny.build_model``);
+3. a supervised warm start on the recipe's families: question -> trace + answer, drawn only from the train side of
+   the held-out split (``node.tasks``), ``sft_steps`` steps. The default stops early, at a partly trained state
+   where RL has room: it writes the working's format nearly always and gets many problems right, not most.
+
+A recipe names the families it warm-starts on (``model.builtin: {families: [...]}``): the laboratory demo's
+specialised nodes are each warm-started on one family and must learn the other from the swarm.
+
+Knows nothing about sampling, RL or the swarm; it only turns a :class:`LabRecipe` into a model directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from node.arith import LAB_FAMILIES, completion_for
+from node.config import TaskConfig, TaskFamily
+from node.model.sft import train_sft
+from node.tasks import PLAIN_TEMPLATE, TaskSource
+
+logger = logging.getLogger(__name__)
+
+LAB_NAME = "builtin:lab"
+#: Bump when the build code changes in a way the recipe fields do not capture.
+BUILD_CODE_VERSION = 1
+EOS_TOKEN, PAD_TOKEN = "<|endoftext|>", "<|pad|>"
+SPECIAL_TOKENS = ["<answer>", "</answer>", "<think>", "</think>"]
+_RECIPE_FILE = "rl_swarm_recipe.json"
+
+#: The laboratory families at the default difficulty: 2-3 terms of 2-3 digits (sums), two terms of 2-3 digits
+#: (differences). Hundreds of thousands of distinct problems each, so a run never sees a repeat it could memorize.
+LAB_TASK_FAMILIES: tuple[dict[str, Any], ...] = (
+    {"name": "lab_add", "config": {"min_terms": 2, "max_terms": 3, "min_digits": 2, "max_digits": 3}},
+    {"name": "lab_sub", "config": {"min_terms": 2, "max_terms": 2, "min_digits": 2, "max_digits": 3}},
+)
+
+
+def lab_task_families() -> tuple[TaskFamily, ...]:
+    return tuple(TaskFamily.model_validate(f) for f in LAB_TASK_FAMILIES)
+
+
+@dataclass(frozen=True)
+class LabRecipe:
+    """Everything that determines a built laboratory model; its hash names the cache directory."""
+
+    seed: int = 0
+    families: tuple[TaskFamily, ...] = field(default_factory=lab_task_families)
+    """Families (and difficulty knobs) of the warm start; the tokenizer always covers both laboratory families."""
+    trace: bool = True
+    """Warm-start targets are trace + answer; ``false``: the bare ``<answer>`` only (the capability gate's twin)."""
+    vocab_size: int = 320
+    tokenizer_items: int = 400
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    max_position_embeddings: int = 1024
+    tie_embeddings: bool = True
+    sft_task_seed: int = 12345
+    """Task seed of the warm-start items (not the default ``tasks.seed``: RL prompts are other items)."""
+    sft_steps: int = 300
+    sft_batch_size: int = 64
+    sft_lr: float = 3e-3
+    sft_warmup: int = 50
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["families"] = [f.model_dump() for f in self.families]
+        d["build_code_version"] = BUILD_CODE_VERSION
+        return d
+
+    def key(self) -> str:
+        """16 hex chars of SHA-256 over the canonical JSON of the recipe and the build code version."""
+        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+DEFAULT_LAB_RECIPE = LabRecipe()
+
+
+def recipe_with(overrides: dict[str, Any]) -> LabRecipe:
+    """:data:`DEFAULT_LAB_RECIPE` with ``overrides`` (``model.builtin``) applied; ``families`` is a list of
+    ``{name, config, weight}`` mappings of laboratory families. ``ValueError`` names an unknown field or family."""
+    if not overrides:
+        return DEFAULT_LAB_RECIPE
+    known = {f.name for f in dataclasses.fields(LabRecipe)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(f"unknown laboratory recipe field(s) {unknown}; known: {sorted(known)}")
+    values = dict(overrides)
+    if "families" in values:
+        values["families"] = tuple(TaskFamily.model_validate(f) for f in values["families"])
+        bad = sorted({f.name for f in values["families"]} - set(LAB_FAMILIES))
+        if bad:
+            raise ValueError(f"the laboratory model warm-starts on {list(LAB_FAMILIES)} only, not {bad}")
+    return dataclasses.replace(DEFAULT_LAB_RECIPE, **values)
+
+
+def model_dir(cache_dir: Path | None, recipe: LabRecipe) -> Path:
+    from node.model.tiny import default_cache_root
+
+    return Path(cache_dir or default_cache_root()).expanduser() / f"lab-{recipe.key()}"
+
+
+def ensure_built(cache_dir: Path | None = None, recipe: LabRecipe | None = None) -> Path:
+    """The directory of ``recipe``'s model (default :data:`DEFAULT_LAB_RECIPE`), built first if not cached."""
+    from node.model.cache import build_once
+
+    recipe = recipe or DEFAULT_LAB_RECIPE
+    return build_once(model_dir(cache_dir, recipe), _RECIPE_FILE, lambda tmp: build(recipe, tmp),
+                      f"{LAB_NAME} (recipe {recipe.key()})")  # fmt: skip
+
+
+def prompt_of(question: str) -> str:
+    return PLAIN_TEMPLATE.format(question=question)
+
+
+def training_examples(recipe: LabRecipe, families: tuple[TaskFamily, ...], n: int, salt: int, *,
+                      trace: bool) -> list[tuple[str, str]]:  # fmt: skip
+    """``n`` deterministic (prompt, completion) pairs of ``families``' train side (never dev or test items)."""
+    rng = random.Random(recipe.seed * 1_000_003 + salt)
+    src = TaskSource(TaskConfig(families=list(families), seed=recipe.sft_task_seed, pool_size=10**9))
+    items = [src.materialize(ref) for ref in src.sample(rng, n)]
+    return [(prompt_of(it.question), completion_for(it.metadata, trace=trace)) for it in items]
+
+
+def build_tokenizer(recipe: LabRecipe) -> Any:
+    """Byte-level BPE (digits one per token) over prompts and traces of both laboratory families."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    corpus = [p + c for p, c in training_examples(recipe, lab_task_families(), recipe.tokenizer_items, 0, trace=True)]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=recipe.vocab_size,
+        special_tokens=[EOS_TOKEN, PAD_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(corpus, trainer=trainer)
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN)
+    tok.add_tokens(SPECIAL_TOKENS)
+    tok.padding_side = "left"
+    return tok
+
+
+def build(recipe: LabRecipe, out: Path) -> dict[str, Any]:
+    """Build the tokenizer, the model and its warm start into ``out``; returns build statistics."""
+    from node.model.tiny import build_model
+
+    t0 = time.perf_counter()
+    tok = build_tokenizer(recipe)
+    model = build_model(recipe, tok)  # type: ignore[arg-type]  (the same model fields as a TinyRecipe)
+    stats = warm_start(recipe, model, tok)
+    stats.update(total_s=round(time.perf_counter() - t0, 2))
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    (out / "build_stats.json").write_text(json.dumps(stats, indent=1))
+    (out / _RECIPE_FILE).write_text(json.dumps(recipe.to_dict(), indent=1, sort_keys=True))  # written last
+    logger.info("built %s in %.1fs (final warm-start loss %.3f)", LAB_NAME, stats["total_s"], stats["final_loss"])
+    return stats
+
+
+def encode_pairs(tok: Any, pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
+    """Token ids of (prompt, completion + EOS) pairs."""
+    eos = tok.eos_token_id
+    return [
+        (tok(p, add_special_tokens=False)["input_ids"], tok(c, add_special_tokens=False)["input_ids"] + [eos])
+        for p, c in pairs
+    ]
+
+
+def warm_start(recipe: LabRecipe, model: Any, tok: Any) -> dict[str, Any]:
+    """``sft_steps`` supervised steps on the recipe's families (completion tokens only); AdamW, linear warm-up
+    then cosine decay to 10%."""
+    torch.manual_seed(recipe.seed)
+    bs = recipe.sft_batch_size
+    pairs = training_examples(recipe, recipe.families, recipe.sft_steps * bs, 1, trace=recipe.trace)
+    t0 = time.perf_counter()
+
+    def progress(step: int, total: int, loss: float, eta: float) -> None:
+        logger.info("building %s: warm start step %d/%d (loss %.3f, about %.0fs left)", LAB_NAME, step, total,
+                    loss, eta)  # fmt: skip
+
+    losses = train_sft(
+        model, encode_pairs(tok, pairs), batch_size=bs, lr=recipe.sft_lr, warmup=recipe.sft_warmup,
+        pad_id=tok.pad_token_id, betas=(0.9, 0.98), progress=progress,
+    )  # fmt: skip
+    tail = losses[-10:] if losses else [float("nan")]
+    return {
+        "sft_s": round(time.perf_counter() - t0, 2),
+        "final_loss": sum(tail) / len(tail),
+        "params": sum(p.numel() for p in model.parameters()),
+    }
