@@ -106,6 +106,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a smoke run: 4 steps, 4 items, a temporary cache")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "lab_gate.md")
     args = ap.parse_args()
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     from node.model.lab import DEFAULT_LAB_RECIPE
 
     steps, items, cache = args.steps, args.items, args.cache

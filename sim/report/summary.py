@@ -148,6 +148,17 @@ class ConfigResult:
             "heldout_majority": statistics.fmean(majority) if majority else nan,
         }
 
+    def family_curves(self, key: str = "accuracy") -> dict[tuple[str, int], tuple[list[int], list[float]]]:
+        """Per (family, node): held-out ``key`` at each evaluated step, mean over seeds."""
+        by: dict[tuple[str, int], dict[int, list[float]]] = {}
+        for run in self.runs:
+            for node, evals in run.evals.items():
+                for e in evals:
+                    for fam, f in e.get("families", {}).items():
+                        if f.get(key) is not None:
+                            by.setdefault((fam, node), {}).setdefault(int(e["step"]), []).append(float(f[key]))
+        return {k: (sorted(v), [statistics.fmean(v[s]) for s in sorted(v)]) for k, v in sorted(by.items())}
+
     def heldout_curve(self) -> tuple[list[int], list[float]]:
         """Per evaluated step: held-out accuracy, mean over nodes and seeds."""
         by_step: dict[int, list[float]] = {}
@@ -309,6 +320,74 @@ def plot_curves(results: list[ConfigResult], path: Path, title: str) -> Path:
     return path
 
 
+def _family_ends(res: ConfigResult, fam: str, node: int, key: str) -> list[tuple[float, float]]:
+    """Per seed where ``node`` evaluated twice: ``key`` of ``fam`` at its first and last evaluation."""
+    out = []
+    for run in res.runs:
+        ev = run.evals.get(node) or []
+        if len(ev) >= 2:
+            a, b = ev[0]["families"].get(fam, {}).get(key), ev[-1]["families"].get(fam, {}).get(key)
+            if a is not None and b is not None:
+                out.append((float(a), float(b)))
+    return out
+
+
+def _pair_text(ends: list[tuple[float, float]]) -> str:
+    if not ends:
+        return "-"
+    return f"{statistics.fmean(x for x, _ in ends):.3f} -> {statistics.fmean(y for _, y in ends):.3f}"
+
+
+def family_table(results: list[ConfigResult]) -> str:
+    """Per configuration, node and family: held-out exact accuracy at the first and the last evaluation (mean over
+    seeds, gain ± sd over seeds), greedy and pass@8 beside it: what each node learned on each family."""
+    head = ("config", "node", "family", "exact start -> end", "gain", "greedy start -> end", "pass@8 start -> end",
+            "majority")  # fmt: skip
+    body = []
+    for res in results:
+        keys = sorted({(fam, node) for run in res.runs for node, ev in run.evals.items() if ev
+                       for fam in ev[0].get("families", {})})  # fmt: skip
+        for fam, node in sorted(keys, key=lambda k: (k[1], k[0])):
+            gains = [b - a for a, b in _family_ends(res, fam, node, "accuracy")]
+            gain = _spread(statistics.fmean(gains), statistics.stdev(gains) if len(gains) > 1 else 0.0, len(gains),
+                           3) if gains else "-"  # fmt: skip
+            major = [float(m) for _, m in _family_ends(res, fam, node, "majority_baseline")]
+            pairs = [_pair_text(_family_ends(res, fam, node, k)) for k in ("accuracy", "greedy_accuracy", "pass_at_8")]
+            majority = _fmt(statistics.fmean(major)) if major else "-"
+            body.append((res.name, node, fam, pairs[0], gain, pairs[1], pairs[2], majority))
+    return md_table(head, body, numeric_from=3)
+
+
+def plot_family_panels(results: list[ConfigResult], path: Path, title: str) -> Path:
+    """Held-out exact accuracy per family (one panel each), a line per (configuration, node)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves = {res.name: res.family_curves() for res in results}
+    families = sorted({fam for c in curves.values() for fam, _ in c})
+    fig, axes = plt.subplots(1, len(families), figsize=(5.5 * len(families), 4.2), dpi=110, squeeze=False)
+    styles = ["-", "--", ":", "-."]
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, fam in zip(axes[0], families, strict=True):
+        for ci, (name, c) in enumerate(curves.items()):
+            for (f, node), (steps, vals) in c.items():
+                if f == fam:
+                    ax.plot(steps, vals, marker="o", markersize=3, linestyle=styles[node % len(styles)],
+                            color=colors[ci % len(colors)], label=f"{name} node {node}")  # fmt: skip
+        ax.set_title(f"{fam}: held-out exact")
+        ax.set_xlabel("learner step")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="best", fontsize="x-small")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def write_report(out: str | Path, *, title: str = "experiment", order: list[str] | None = None) -> list[dict[str, Any]]:
     """Write ``results.csv``, ``results.md`` and ``rewards.png`` into ``out``; return the table rows."""
     out = Path(out)
@@ -335,9 +414,17 @@ def write_report(out: str | Path, *, title: str = "experiment", order: list[str]
         "baseline (always giving the most common gold answer of the held-out items) and pass@8 (a fall is "
         "sharpening, not new skill).\n\n"
     )
-    (out / "results.md").write_text(md + markdown_table(rows))
+    families = family_table(results) if any(r.family_curves() for r in results) else ""
+    if families:
+        families = (
+            "\n\nPer node and family (held-out exact at the first and the last evaluation, mean over seeds; a node "
+            "warm-started on some families only shows here what it learned on the others):\n\n" + families
+        )
+    (out / "results.md").write_text(md + markdown_table(rows) + families)
     write_html_report(out, results, rows, title)
     if rows:
         plot_curves(results, out / "rewards.png", title)
+        if families:
+            plot_family_panels(results, out / "families.png", title)
     logger.info("wrote results for %d configurations into %s", len(rows), out)
     return rows
