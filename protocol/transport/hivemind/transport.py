@@ -78,7 +78,7 @@ from protocol.layout import (
 from protocol.transport.base import RecordCheck, Transport
 from protocol.transport.config import DHT_REPLICAS, HivemindTransportConfig, ProtocolConfig
 from protocol.transport.hivemind.capacity import CappedStorage, install
-from protocol.transport.hivemind.guard import NO_SUBKEY, DHTRecordGuard, key_id
+from protocol.transport.hivemind.guard import NO_SUBKEY, DHTRecordGuard, keep_valid_subkeys, key_id
 from protocol.transport.hivemind.loop import LoopThread, T, port_of
 from protocol.transport.netkey import NetworkKey
 
@@ -614,7 +614,9 @@ class HivemindTransport(Transport):
 
 async def _create_capped(kwargs: dict[str, Any], work_bits: int) -> DHTNode:
     """``DHTNode.create`` with the shard capacity of SPEC 7.4 (ranking entries at the swarm's ``work_bits``) installed
-    in the node's storage and cache (on the DHT's own loop, before anyone else holds the node)."""
+    in the node's storage and cache, and shard keys' entries judged one by one (SPEC 9); on the DHT's own loop,
+    before anyone else holds the node."""
     node = await DHTNode.create(**kwargs)
     install(node, work_bits)
+    keep_valid_subkeys(node.protocol)
     return node
