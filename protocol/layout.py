@@ -234,13 +234,17 @@ def decode_index_entry(data: bytes, *, verify_signature: bool = True) -> IndexEn
     # under a shard key), a schema error rather than a claim to speak 1.x.
     if "version" not in body and "digests" not in body:
         raise RecordDecodeError("schema", "index: neither 'version' nor 'digests'")
-    version = body.get("version", "1.x")
+    # Only a missing key means 1.x: a ``version`` string is held to the MAJOR.MINOR form (SPEC 15), so the literal
+    # "1.x" (the name a report gives such entries, never a version a writer states) is ``unsupported_version``.
     major: int | None
     minor: int | None
-    try:
-        major, minor = (1, -1) if version == "1.x" else parse_version(version)
-    except (TypeError, AttributeError, ValueError):
-        major = minor = None
+    if "version" not in body:
+        major, minor = 1, -1
+    else:
+        try:
+            major, minor = parse_version(body["version"])
+        except (TypeError, AttributeError, ValueError):
+            major = minor = None
     newer = check_version(major, minor, body.get("sender"))
     # ``work`` is optional from 2.1 on; an entry of an older minor has exactly that minor's keys.
     stamped = "work" in body and minor is not None and minor >= WORK_MINOR
