@@ -581,6 +581,8 @@ class Node:
             "received": chan.get("received", 0),
             "rejected": sum(reasons.values()),
             "rejected_by_reason": dict(reasons),
+            # index entries this node's DHT storage evicted from a full shard key (SPEC 7.4), by reason
+            "shard_evicted_by_reason": dict(chan.get("evicted") or {}),
             "accepted_groups": self.ingest_counts.get("accepted", 0),
             "zero_advantage_groups": self.ingest_counts.get("zero_advantage", 0),
             "policy_version": self.learner.policy_version,

@@ -267,16 +267,18 @@ class Channel:
         ``rejected`` holds the receive-path reasons plus the transport's store-time refusals, prefixed ``store_``
         (what the DHT guard refused to store for peers or in their responses), so both reach ``metrics.jsonl``;
         ``incompatible_version`` (a peer of another major, SPEC.md 15) keeps its name wherever it was counted.
-        ``transport`` holds the transport's cost counters (index and record reads).
+        ``transport`` holds the transport's cost counters (index and record reads); ``evicted`` the index entries its
+        storage dropped from a full shard key to make room for better-ranked ones, by reason (SPEC 7.4).
         """
         v = self.validator.metrics()
         rejected = dict(v["rejected"])
         try:
             store = self.transport.rejections()
+            evicted = self.transport.evictions()
             stats = self.transport.stats()
         except Exception:  # a metrics read must never break a step
             logger.debug("transport counters unavailable", exc_info=True)
-            store, stats = {}, {}
+            store, evicted, stats = {}, {}, {}
         for k, n in store.items():
             # a peer of another major is one condition whichever check met it first: one name in the metrics
             name = k if k == INCOMPATIBLE else f"store_{k}"
@@ -286,6 +288,7 @@ class Channel:
             "accepted": v["accepted"],
             "rejected": rejected,
             "rejected_total": sum(rejected.values()),
+            "evicted": dict(evicted),
             "transport": dict(stats),
         }
 

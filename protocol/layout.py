@@ -117,12 +117,15 @@ def work_hash(swarm: str, window: int, sender: str, nonce: int) -> bytes:
     return hashlib.sha256(WORK_DOMAIN + f"{swarm}/{window}/{sender}/{nonce}".encode()).digest()
 
 
-def work_rank(swarm: str, window: int, sender: str, nonce: int | None) -> int:
+def work_rank(swarm: str, window: int, sender: str, nonce: int | None, bits: int = 0) -> int:
     """An entry's rank in a full shard (lower is kept): its work hash as a 256-bit big-endian integer, or
-    :data:`UNSTAMPED_RANK` without a nonce."""
+    :data:`UNSTAMPED_RANK` without a nonce or with fewer than ``bits`` work bits. Work below the swarm's bar
+    (``index_work_bits``) counts as none (SPEC 7.4): a nonce is free to pick, and any nonce's hash is below 2**256, so
+    without the bar a flood of junk nonces would outrank (and evict) every unstamped entry, honest ones included."""
     if nonce is None:
         return UNSTAMPED_RANK
-    return int.from_bytes(work_hash(swarm, window, sender, nonce), "big")
+    rank = int.from_bytes(work_hash(swarm, window, sender, nonce), "big")
+    return rank if work_bits(rank) >= bits else UNSTAMPED_RANK
 
 
 def work_bits(rank: int) -> int:
@@ -181,8 +184,13 @@ class IndexEntry:
 
     @property
     def rank(self) -> int:
-        """Its rank in a full shard (:func:`work_rank`; lower is better)."""
+        """The rank of its work hash alone, whatever its bits (:func:`work_rank` without a bar; lower is better)."""
         return work_rank(self.swarm, self.window, self.sender, self.work)
+
+    def rank_at(self, bits: int) -> int:
+        """Its rank in a full shard of a swarm whose bar is ``bits`` (``index_work_bits``): work below it counts as
+        none (:data:`UNSTAMPED_RANK`)."""
+        return work_rank(self.swarm, self.window, self.sender, self.work, bits)
 
 
 def encode_index_entry(
@@ -226,13 +234,17 @@ def decode_index_entry(data: bytes, *, verify_signature: bool = True) -> IndexEn
     # under a shard key), a schema error rather than a claim to speak 1.x.
     if "version" not in body and "digests" not in body:
         raise RecordDecodeError("schema", "index: neither 'version' nor 'digests'")
-    version = body.get("version", "1.x")
+    # Only a missing key means 1.x: a ``version`` string is held to the MAJOR.MINOR form (SPEC 15), so the literal
+    # "1.x" (the name a report gives such entries, never a version a writer states) is ``unsupported_version``.
     major: int | None
     minor: int | None
-    try:
-        major, minor = (1, -1) if version == "1.x" else parse_version(version)
-    except (TypeError, AttributeError, ValueError):
-        major = minor = None
+    if "version" not in body:
+        major, minor = 1, -1
+    else:
+        try:
+            major, minor = parse_version(body["version"])
+        except (TypeError, AttributeError, ValueError):
+            major = minor = None
     newer = check_version(major, minor, body.get("sender"))
     # ``work`` is optional from 2.1 on; an entry of an older minor has exactly that minor's keys.
     stamped = "work" in body and minor is not None and minor >= WORK_MINOR

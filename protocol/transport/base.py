@@ -95,6 +95,11 @@ class Transport(abc.ABC):
         """Entries this transport refused at store time (or in a peer's response), by reason."""
         return {}
 
+    def evictions(self) -> dict[str, int]:
+        """Entries this transport's storage held and dropped to make room (a full shard key, SPEC 7.4), by reason;
+        what it refused outright is in :meth:`rejections`."""
+        return {}
+
     def stats(self) -> dict[str, float]:
         """Cost counters (index and record reads, bytes); keys vary by transport."""
         return {}

@@ -33,7 +33,15 @@ from typing import Any
 
 from protocol.codec import RecordDecodeError, RecordSignatureError
 from protocol.errors import TransportError
-from protocol.layout import ShardParams, ShardReader, decode_index_entry, record_digest_hex, shard_admit, shard_of
+from protocol.layout import (
+    WORK_BITS,
+    ShardParams,
+    ShardReader,
+    decode_index_entry,
+    record_digest_hex,
+    shard_admit,
+    shard_of,
+)
 from protocol.transport.base import RecordCheck, Transport
 from protocol.transport.config import MemoryTransportConfig, ProtocolConfig
 
@@ -64,7 +72,7 @@ class _Listing:
     publisher: str
     stored_at: float
     previous: _Listing | None = None
-    rank: int = 0  # the entry's rank in a full shard (protocol.layout.work_rank)
+    rank: int = 0  # the entry's rank in a full shard (protocol.layout.work_rank, at the swarm's index_work_bits)
 
 
 class MemoryNetwork:
@@ -95,6 +103,8 @@ class MemoryNetwork:
         self._window_keys: dict[int, tuple[list[Any], list[Any], list[Any]]] = {}
         self._newest_window: int | None = None
         self.refused: Counter[str] = Counter()  # index entries refused at store time, by reason
+        #: Index entries a full shard key evicted, by reason (``outranked``: a better-ranked new entry took the place).
+        self.evicted: Counter[str] = Counter()
         self._next_rid = 0
         self._online: set[str] = set()
         self._online_list: list[str] = []  # the same peers, for O(1) sampling
@@ -191,9 +201,11 @@ class MemoryNetwork:
         index: bytes | None,
         levels: Sequence[int],
         fanout: int,
+        work_bits: int = WORK_BITS,
     ) -> None:
         """Store a record and its sender's index entry, checked as an honest DHT replica checks them (signature,
-        window, sender, lists this record); without a valid entry the record is not listed and not kept."""
+        window, sender, lists this record); without a valid entry the record is not listed and not kept. A full
+        shard key keeps the entries ranked best at ``work_bits`` (the swarm's ``index_work_bits``, SPEC 7.4)."""
         if index is None:
             self.stats["unlisted"] += 1
             return
@@ -213,7 +225,7 @@ class MemoryNetwork:
         count = len(decoded.digests)
         old = self._peer_entries.get((window, sender))
         if old is None or count > old.count:
-            listing = _Listing(index, count, entry.rid, publisher, now, old, decoded.rank)
+            listing = _Listing(index, count, entry.rid, publisher, now, old, decoded.rank_at(work_bits))
             if old is not None:
                 old.previous = None  # keep one older version, not a chain
             else:
@@ -232,7 +244,7 @@ class MemoryNetwork:
                     continue
                 if evict is not None:
                     del shard[evict]
-                    self.refused["shard_evicted"] += 1
+                    self.evicted["outranked"] += 1
                 shard[sender] = listing
         self.stats["published"] += 1
         if self._newest_window is None or window > self._newest_window:
@@ -387,7 +399,9 @@ class MemoryTransport(Transport):
     async def publish(self, data: bytes, *, window: int, sender: str, index: bytes | None = None) -> None:
         self._check_usable()
         levels = self.reader.write_levels()
-        self.network._store(self.peer_id, window, sender, data, index, levels, self.params.fanout)
+        self.network._store(
+            self.peer_id, window, sender, data, index, levels, self.params.fanout, self.params.work_bits
+        )
         if index is not None:
             self.reader.remember_own(bytes(data), window)
         await asyncio.sleep(0)  # a network call yields to the loop; keeps schedules realistic

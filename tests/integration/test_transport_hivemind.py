@@ -99,6 +99,39 @@ async def test_unvalidating_peer_cannot_plant_records_on_honest_ones(make_transp
         await rogue.close()
 
 
+async def test_one_bad_entry_from_a_hostile_replica_hides_no_valid_entry_beside_it(make_transports):
+    """Issue 56: hivemind judges a shard key's dictionary as a unit, so a replica that returned one bad entry beside
+    valid ones hid them all. The honest node keeps the valid entries (and their records) and counts the bad one."""
+    from hivemind.dht.node import DHTNode
+    from hivemind.dht.routing import DHTID
+    from msgpack import packb
+
+    (honest,) = await make_transports(1)
+    # A replica without a guard, holding in its own storage what nobody honest would store beside it.
+    rogue = await DHTNode.create(initial_peers=honest.addresses(), host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    try:
+        w = now_window()
+        exp = float((w + 2) * WINDOW_SECONDS)  # an honest expiration (the guard refuses later ones)
+        shard = DHTID.generate(source=shard_key(SWARM, w, 0, 0))
+        records = []
+        for i in range(2):
+            ident = Identity.generate()
+            data = make_record(ident, window=w, text=f"valid {i}")
+            records.append(data)
+            entry = IndexWriter(ident, SWARM).add(data, w)
+            rkey = DHTID.generate(source=record_key(SWARM, w, ident.peer_id, record_digest_hex(data)))
+            rogue.protocol.storage.store(rkey, packb(data, use_bin_type=True), exp)
+            rogue.protocol.storage.store(shard, packb(entry, use_bin_type=True), exp, subkey=ident.peer_id)
+        spoiler = Identity.generate()
+        bad = IndexWriter(spoiler, "another-swarm").add(b"whatever", w)
+        rogue.protocol.storage.store(shard, packb(bad, use_bin_type=True), exp, subkey=spoiler.peer_id)
+        got = await honest.fetch_recent([w])
+        assert sorted(got) == sorted(records)
+        assert honest.rejections().get("wrong_swarm", 0) >= 1
+    finally:
+        await rogue.shutdown()
+
+
 async def test_fetch_returns_promptly_when_peers_vanish(make_transports):
     a, b = await make_transports(2)
     ident = Identity.generate()

@@ -21,7 +21,14 @@ from typing import Any
 import msgpack
 from hivemind.dht.storage import DHTLocalStorage, DictionaryDHTValue
 
-from protocol.layout import MAX_INDEX_ENTRY_BYTES, SHARD_CAPACITY, UNSTAMPED_RANK, decode_index_entry, shard_admit
+from protocol.layout import (
+    MAX_INDEX_ENTRY_BYTES,
+    SHARD_CAPACITY,
+    UNSTAMPED_RANK,
+    WORK_BITS,
+    decode_index_entry,
+    shard_admit,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -32,12 +39,17 @@ RANK_CACHE_SIZE = 65_536
 class CappedStorage(DHTLocalStorage):  # type: ignore[misc]  # hivemind ships no type information
     """hivemind's local storage with the shard capacity rule of SPEC 7.4 applied to every dictionary value."""
 
-    def __init__(self, maxsize: int | None = None, capacity: int = SHARD_CAPACITY) -> None:
+    def __init__(self, maxsize: int | None = None, capacity: int = SHARD_CAPACITY, work_bits: int = WORK_BITS) -> None:
         super().__init__(maxsize=maxsize)
         self.capacity = capacity
+        #: The swarm's ``index_work_bits``: an entry's work below it ranks as none (SPEC 7.4).
+        self.work_bits = work_bits
         self._ranks: OrderedDict[bytes, int] = OrderedDict()
-        #: Entries refused by a full key (``shard_full``) and evicted by a better one (``shard_evicted``).
+        #: Entries refused by a full key (``shard_full``).
         self.counts: Counter[str] = Counter()
+        #: Entries evicted from a full key, by reason (SPEC 7.4): ``outranked`` (a new sender's entry of a strictly
+        #: lower rank took the worst one's place), ``trimmed`` (a merged lookup result cut to capacity when cached).
+        self.evicted: Counter[str] = Counter()
         #: The most entries, and the most value bytes, one key has held here.
         self.max_entries = 0
         self.max_bytes = 0
@@ -53,7 +65,7 @@ class CappedStorage(DHTLocalStorage):  # type: ignore[misc]  # hivemind ships no
             entry = decode_index_entry(
                 msgpack.unpackb(value, raw=True, max_bin_len=MAX_INDEX_ENTRY_BYTES), verify_signature=False
             )
-            rank = entry.rank
+            rank = entry.rank_at(self.work_bits)
         except Exception:  # the guard has judged it already; an odd value just ranks last
             rank = UNSTAMPED_RANK
         self._ranks[digest] = rank
@@ -72,7 +84,8 @@ class CappedStorage(DHTLocalStorage):  # type: ignore[misc]  # hivemind ships no
                     self.counts["shard_full"] += 1
                     return False
                 del shard[evict]
-                self.counts["shard_evicted"] += 1
+                self.evicted["outranked"] += 1
+                logger.debug("shard key full: evicted %s for a better-ranked entry", evict)
         ok: bool = super().store_subkey(key, subkey, value, expiration_time)
         if ok:
             held = self.get(key)
@@ -94,15 +107,17 @@ class CappedStorage(DHTLocalStorage):  # type: ignore[misc]  # hivemind ships no
         out = DictionaryDHTValue()
         for subkey, item in items[: self.capacity]:
             out.store(subkey, item.value, item.expiration_time)
-        self.counts["shard_evicted"] += len(items) - self.capacity
+        self.evicted["trimmed"] += len(items) - self.capacity
         return out
 
 
-def install(node: Any) -> tuple[CappedStorage, CappedStorage]:
-    """Give a started ``DHTNode`` capped storage and cache, moving over what they already hold. Call it on the
-    node's own event loop (the DHT's thread), before the node is handed out."""
+def install(node: Any, work_bits: int = WORK_BITS) -> tuple[CappedStorage, CappedStorage]:
+    """Give a started ``DHTNode`` capped storage and cache (ranking entries with the swarm's ``work_bits``), moving
+    over what they already hold. Call it on the node's own event loop (the DHT's thread), before the node is handed
+    out."""
     protocol = node.protocol
-    storage, cache = CappedStorage(), CappedStorage(maxsize=_finite(protocol.cache.maxsize))
+    storage = CappedStorage(work_bits=work_bits)
+    cache = CappedStorage(maxsize=_finite(protocol.cache.maxsize), work_bits=work_bits)
     for old, new in ((protocol.storage, storage), (protocol.cache, cache)):
         for key, item in list(old.items()):
             if isinstance(item.value, DictionaryDHTValue):

@@ -5,6 +5,8 @@ to store and on every value a peer returns: a record must decode as a signed rec
 ``(window, sender, digest)`` reproduces the key it is stored under, and must pass the caller's ``validate`` hook; an
 index entry must be signed by its sender, name this swarm, and sit under a key (and subkey) its own
 ``(window, sender)`` produces. Refusals are counted by reason. Key ids are hivemind's (:func:`key_id`, SPEC 9).
+:func:`keep_valid_subkeys` makes a node judge a shard key's entries one by one, where hivemind drops them all for
+one bad entry.
 
 Knows nothing about the DHT node's lifecycle or the event loop it runs on (``protocol.transport.hivemind.loop``).
 """
@@ -20,6 +22,7 @@ from typing import Any
 
 import msgpack
 from hivemind.dht.routing import DHTID
+from hivemind.dht.storage import DictionaryDHTValue
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 from hivemind.utils import get_dht_time
 
@@ -57,6 +60,31 @@ def key_id(key: str) -> bytes:
     bytes, big endian). SPEC.md 9 gives test vectors."""
     data: bytes = DHTID.generate(source=key).to_bytes()
     return data
+
+
+def keep_valid_subkeys(protocol: Any) -> None:
+    """Make a hivemind ``DHTProtocol`` judge a dictionary value (a shard key's entries, SPEC 9) one subkey at a time.
+
+    hivemind validates a dictionary as a unit: one subkey its validator refuses drops the whole value, so a hostile
+    replica that returns one bad entry beside the valid ones in a shard would hide them all. With this, a lookup
+    response (or a whole dictionary a peer asks to store) keeps the subkeys that pass and drops only those that do not,
+    each counted by the guard under its reason; a value left with no subkey is dropped as before."""
+
+    def validate_dictionary(key_bytes: bytes, dictionary: DictionaryDHTValue) -> bool:
+        validator = protocol.record_validator
+        if validator is None:
+            return True
+        refused = []
+        with dictionary.freeze():
+            for subkey, (value_bytes, expiration_time) in dictionary.items():
+                record = DHTRecord(key_bytes, protocol.serializer.dumps(subkey), value_bytes, expiration_time)
+                if not validator.validate(record):
+                    refused.append(subkey)
+        for subkey in refused:
+            del dictionary[subkey]
+        return not refused or len(dictionary) > 0
+
+    protocol._validate_dictionary = validate_dictionary
 
 
 def _is_index_entry(value: bytes) -> bool:

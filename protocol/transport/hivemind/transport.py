@@ -51,7 +51,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Collection, Coroutine, Sequence
 from typing import Any
 
@@ -78,7 +78,7 @@ from protocol.layout import (
 from protocol.transport.base import RecordCheck, Transport
 from protocol.transport.config import DHT_REPLICAS, HivemindTransportConfig, ProtocolConfig
 from protocol.transport.hivemind.capacity import CappedStorage, install
-from protocol.transport.hivemind.guard import NO_SUBKEY, DHTRecordGuard, key_id
+from protocol.transport.hivemind.guard import NO_SUBKEY, DHTRecordGuard, keep_valid_subkeys, key_id
 from protocol.transport.hivemind.loop import LoopThread, T, port_of
 from protocol.transport.netkey import NetworkKey
 
@@ -193,7 +193,7 @@ class HivemindTransport(Transport):
         if cfg.announce_maddrs:
             kwargs["announce_maddrs"] = list(cfg.announce_maddrs)
         try:
-            node = await runner.call(_create_capped(kwargs), timeout=cfg.startup_timeout_s)
+            node = await runner.call(_create_capped(kwargs, protocol.index_work_bits), timeout=cfg.startup_timeout_s)
             maddrs = await runner.call(node.get_visible_maddrs(), timeout=cfg.request_timeout_s)
         except BaseException as e:
             runner.stop()
@@ -401,6 +401,15 @@ class HivemindTransport(Transport):
                 out[reason] = out.get(reason, 0) + n
         return out
 
+    def evictions(self) -> dict[str, int]:
+        """Shard entries this node's storage and cache dropped from a full key (SPEC 7.4), by reason: ``outranked``
+        (a better-ranked new sender took the place), ``trimmed`` (a merged lookup result cut to capacity when
+        cached)."""
+        out: Counter[str] = Counter()
+        for capped in self._capped():
+            out.update(capped.evicted)
+        return {reason: n for reason, n in out.items() if n}
+
     def stats(self) -> dict[str, float]:
         """Counters for metrics and benchmarks: the sharded reader's reads and bytes, entries the guard accepted
         and seconds it spent checking."""
@@ -416,7 +425,7 @@ class HivemindTransport(Transport):
         if storage is not None:
             out["shard_key_entries_max"] = storage.max_entries
             out["shard_key_bytes_max"] = storage.max_bytes
-            out["shard_evicted"] = storage.counts["shard_evicted"]
+            out["shard_evicted"] = sum(self.evictions().values())
         if self.guard is None:
             return {**out, "accepted": 0, "guard_seconds": 0.0, "guard_cpu_seconds": 0.0}
         with self.guard._lock:
@@ -433,6 +442,12 @@ class HivemindTransport(Transport):
         """This node's capped DHT storage (SPEC 7.4), None before it is installed."""
         storage = getattr(getattr(self._node, "protocol", None), "storage", None)
         return storage if isinstance(storage, CappedStorage) else None
+
+    def _capped(self) -> list[CappedStorage]:
+        """This node's capped storage and cache (SPEC 7.4), those installed."""
+        protocol = getattr(self._node, "protocol", None)
+        found = (getattr(protocol, "storage", None), getattr(protocol, "cache", None))
+        return [s for s in found if isinstance(s, CappedStorage)]
 
     def _daemon(self) -> Any:
         """This node's p2pd child process (an ``asyncio`` subprocess), or None when it has no daemon of its own."""
@@ -487,14 +502,18 @@ class HivemindTransport(Transport):
             await self._runner.call(drop_old(), timeout=3.0)
         try:
             try:
-                node = await self._runner.call(_create_capped(kwargs), timeout=self.cfg.startup_timeout_s)
+                node = await self._runner.call(
+                    _create_capped(kwargs, self.params.work_bits), timeout=self.cfg.startup_timeout_s
+                )
             except Exception as e:
                 if port == 0:
                     raise
                 # The port may still be held (e.g. by a stray daemon): any port beats none, peers are dialled by us.
                 logger.warning("DHT restart on port %s failed (%s); trying a free port", port, e)
                 kwargs["host_maddrs"] = [f"/ip4/{self.cfg.host}/tcp/0"]
-                node = await self._runner.call(_create_capped(kwargs), timeout=self.cfg.startup_timeout_s)
+                node = await self._runner.call(
+                    _create_capped(kwargs, self.params.work_bits), timeout=self.cfg.startup_timeout_s
+                )
             maddrs = await self._runner.call(node.get_visible_maddrs(), timeout=self.cfg.request_timeout_s)
         except Exception as e:
             self._restart_failures += 1
@@ -593,9 +612,11 @@ class HivemindTransport(Transport):
             child.kill()
 
 
-async def _create_capped(kwargs: dict[str, Any]) -> DHTNode:
-    """``DHTNode.create`` with the shard capacity of SPEC 7.4 installed in the node's storage and cache (on the DHT's
-    own loop, before anyone else holds the node)."""
+async def _create_capped(kwargs: dict[str, Any], work_bits: int) -> DHTNode:
+    """``DHTNode.create`` with the shard capacity of SPEC 7.4 (ranking entries at the swarm's ``work_bits``) installed
+    in the node's storage and cache, and shard keys' entries judged one by one (SPEC 9); on the DHT's own loop,
+    before anyone else holds the node."""
     node = await DHTNode.create(**kwargs)
-    install(node)
+    install(node, work_bits)
+    keep_valid_subkeys(node.protocol)
     return node

@@ -24,3 +24,17 @@ def test_spec_16_defaults_are_the_configs():
     assert f"`window_seconds` {proto.window_seconds};" in text
     assert f"`quota_per_window` {proto.quota_per_window};" in text
     assert proto.max_record_bytes == 1 << 20 and "`max_record_bytes` 1 MiB" in text
+    # the layout every node of a swarm must share, carried by nothing on the wire (issue 56)
+    assert f"`shard_fanout` {proto.shard_fanout}," in text
+    assert f"`shard_levels` {proto.shard_levels} " in text
+    assert f"`index_work_bits` {proto.index_work_bits} " in text
+
+
+def test_spec_title_names_this_major_and_no_minor():
+    """The title follows ``protocol/version.py``'s major; the minor lives in section 15 alone (minors come often)."""
+    from protocol.version import PROTOCOL_VERSION
+
+    title = SPEC.splitlines()[0]
+    major = PROTOCOL_VERSION[0]
+    assert title == f"# rl-swarm wire protocol, version {major}.x (`schema_version` {major})"
+    assert f"this code: **{PROTOCOL_VERSION[0]}.{PROTOCOL_VERSION[1]}**" in SPEC

@@ -172,6 +172,23 @@ async def test_close_then_publish_and_poll_are_quiet():
     assert a.metrics()["publish_errors"] == 1
 
 
+async def test_evictions_from_a_full_shard_key_reach_the_metrics_by_reason():
+    """Evictions are counted beside refusals (issue 56): a transport's ``evictions()`` is the channel's ``evicted``."""
+
+    class Evicting(MemoryTransport):
+        def evictions(self):
+            return {"outranked": 3, "trimmed": 1}
+
+    clock = Clock()
+    net = MemoryNetwork(clock=clock)
+    ch = await Channel.create(Identity.generate(), Evicting(net, "p0"), validator(clock))
+    plain = await Channel.create(Identity.generate(), MemoryTransport(net, "p1"), validator(clock))
+    assert ch.metrics()["evicted"] == {"outranked": 3, "trimmed": 1}
+    assert plain.metrics()["evicted"] == {}
+    await ch.close()
+    await plain.close()
+
+
 async def test_peers_and_addresses():
     clock = Clock()
     (a, _b, _c), _ = await make_channels(3, clock)

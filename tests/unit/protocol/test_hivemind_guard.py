@@ -9,9 +9,9 @@ from hivemind.dht.validation import DHTRecord
 from hivemind.utils import get_dht_time
 
 from protocol.identity import Identity
-from protocol.layout import encode_index_entry, peer_key, record_digest_hex, record_key
+from protocol.layout import encode_index_entry, peer_key, record_digest_hex, record_key, shard_key
 from protocol.records import encode_record
-from protocol.transport.hivemind.guard import NO_SUBKEY, DHTRecordGuard, key_id
+from protocol.transport.hivemind.guard import NO_SUBKEY, DHTRecordGuard, keep_valid_subkeys, key_id
 from protocol.validation import RecordValidator
 from swarm.scores import ScoreBatch
 
@@ -87,3 +87,34 @@ def test_every_kind_is_stored_under_the_rollouts_segment():
     assert record_key("spec", WINDOW, ALICE.peer_id, digest).split("/")[1] == "rollouts"
     assert guard().check(stored(record_key("spec", WINDOW, ALICE.peer_id, digest), data)) is None
     assert guard().check(stored(f"spec/scores/{WINDOW}/{ALICE.peer_id}/{digest}", data)) == "key_mismatch"
+
+
+def _shard_response(entries: dict[str, bytes]):
+    from hivemind.dht.storage import DictionaryDHTValue
+
+    shard = DictionaryDHTValue()
+    for subkey, entry in entries.items():
+        shard.store(subkey, msgpack.packb(entry, use_bin_type=True), get_dht_time() + 60)
+    return shard
+
+
+def test_a_bad_entry_in_a_shard_response_drops_only_itself():
+    """A hostile replica returning one bad entry beside valid ones (issue 56) must not hide them: hivemind judges a
+    dictionary as a unit, the node judges it subkey by subkey and counts the bad one."""
+    from types import SimpleNamespace
+
+    from hivemind.utils.serializer import MSGPackSerializer
+
+    g = guard()
+    protocol = SimpleNamespace(record_validator=g, serializer=MSGPackSerializer)
+    keep_valid_subkeys(protocol)
+    good = [Identity.from_private_bytes(bytes([i]) * 32) for i in (1, 2)]
+    entries = {i.peer_id: encode_index_entry(i, "spec", WINDOW, ["00" * 16]) for i in good}
+    other_swarm = encode_index_entry(ALICE, "elsewhere", WINDOW, ["00" * 16])
+    shard = _shard_response({**entries, ALICE.peer_id: other_swarm})
+    key = key_id(shard_key("spec", WINDOW, 0, 0))  # level 0 has one shard: every sender's
+    assert protocol._validate_dictionary(key, shard) is True
+    assert sorted(k for k, _ in shard.items()) == sorted(entries) and g.rejections == {"wrong_swarm": 1}
+    # a response of bad entries only is dropped whole, as before
+    only_bad = _shard_response({ALICE.peer_id: other_swarm})
+    assert protocol._validate_dictionary(key, only_bad) is False and g.rejections == {"wrong_swarm": 2}

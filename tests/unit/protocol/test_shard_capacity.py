@@ -16,6 +16,7 @@ from protocol.layout import (
     decode_index_entry,
     encode_index_entry,
     mint_work,
+    record_digest_hex,
     work_bits,
     work_rank,
 )
@@ -59,7 +60,7 @@ async def test_memory_shard_key_is_capped_and_keeps_a_stamped_newcomer_over_a_fr
     pub = MemoryTransport(net, "newcomer", protocol=cfg)
     await _publish(pub, newcomer, b"honest record")
     assert len(level0) == SHARD_CAPACITY and ident(7).peer_id in level0
-    assert net.refused["shard_evicted"] == 1
+    assert net.evicted["outranked"] == 1
     # A reader's first poll reads level 0: the stamped entry comes first among senders it does not follow, and its
     # size estimate counts stamped entries only (one), so it stays at level 0 instead of walking thousands of shards.
     reader = MemoryTransport(net, "reader", protocol=cfg, swarm=SWARM, seed=3)
@@ -70,7 +71,7 @@ async def test_memory_shard_key_is_capped_and_keeps_a_stamped_newcomer_over_a_fr
 
 async def test_a_second_flood_of_stamped_entries_evicts_only_worse_ones():
     net = MemoryNetwork()
-    t = MemoryTransport(net, "t", protocol=ProtocolConfig())
+    t = MemoryTransport(net, "t", protocol=ProtocolConfig(index_work_bits=4))
     for i in range(SHARD_CAPACITY):
         await _publish(t, IndexWriter(ident(100 + i), SWARM, work_bits=4), f"weak {i}".encode())
     strong = IndexWriter(ident(9), SWARM, work_bits=20)
@@ -81,6 +82,58 @@ async def test_a_second_flood_of_stamped_entries_evicts_only_worse_ones():
     late = IndexWriter(ident(5000), SWARM, work_bits=None)
     await _publish(t, late, b"late and unstamped")
     assert ident(5000).peer_id not in level0 and max(lst.rank for lst in level0.values()) == worst
+
+
+def _junk(i: int, data: bytes, bar: int = 12) -> bytes:
+    """An entry of identity ``i`` listing ``data`` with a free nonce: the first one whose work is below ``bar``."""
+    me = ident(i)
+    nonce = next(n for n in range(1 << 20) if work_bits(work_rank(SWARM, W, me.peer_id, n)) < bar)
+    return encode_index_entry(me, SWARM, W, [record_digest_hex(data)], work=nonce)
+
+
+def test_work_below_the_bar_ranks_as_no_work():
+    me = ident(1).peer_id
+    junk = decode_index_entry(_junk(1, b"x"))
+    assert junk.work is not None and junk.rank < UNSTAMPED_RANK  # any nonce's hash is below 2**256 ...
+    assert junk.rank_at(12) == UNSTAMPED_RANK  # ... but below the bar it is no work at all
+    assert junk.rank_at(0) == junk.rank  # a bar of 0 counts every nonce
+    nonce = mint_work(SWARM, W, me, 12)
+    assert work_rank(SWARM, W, me, nonce, 12) == work_rank(SWARM, W, me, nonce) < UNSTAMPED_RANK
+
+
+async def test_a_flood_of_free_work_cannot_push_unstamped_entries_out_of_a_full_key():
+    """The independent client's finding (issue 56): junk ``work`` below ``index_work_bits`` outranked unstamped
+    entries and took every slot of the level-0 key. Below the bar it is no work: the first entries stay."""
+    net = MemoryNetwork()
+    t = MemoryTransport(net, "t", protocol=ProtocolConfig())
+    for i in range(SHARD_CAPACITY):  # honest but unstamped (2.0 writers, or work_bits None)
+        await _publish(t, IndexWriter(ident(100 + i), SWARM, work_bits=None), f"honest {i}".encode())
+    level0 = net._shards[(W, 0, 0)]
+    honest = set(level0)
+    for i in range(200):
+        data = f"junk {i}".encode()
+        await t.publish(data, window=W, sender=ident(1000 + i).peer_id, index=_junk(1000 + i, data))
+    assert set(level0) == honest and net.evicted["outranked"] == 0
+    assert net.refused["shard_full"] >= 200
+
+
+def test_hivemind_storage_refuses_free_work_into_a_full_key_of_unstamped_entries():
+    pytest.importorskip("hivemind")
+    from hivemind.dht.routing import DHTID
+    from hivemind.utils import get_dht_time
+
+    from protocol.transport.hivemind.capacity import CappedStorage
+
+    storage = CappedStorage(work_bits=12)
+    key = DHTID.generate(source="s/shard/10/0/0")
+    exp = get_dht_time() + 60
+    for i in range(SHARD_CAPACITY):
+        entry = IndexWriter(ident(100 + i), SWARM, work_bits=None).add(f"honest {i}".encode(), W)
+        assert storage.store(key, msgpack.packb(entry, use_bin_type=True), exp, subkey=ident(100 + i).peer_id)
+    for i in range(50):
+        junk = msgpack.packb(_junk(1000 + i, f"junk {i}".encode()), use_bin_type=True)
+        assert not storage.store(key, junk, exp, subkey=ident(1000 + i).peer_id)
+    assert storage.counts["shard_full"] == 50 and sum(storage.evicted.values()) == 0
 
 
 def test_hivemind_storage_caps_a_shard_key_and_serves_less_than_one_p2pd_message():
@@ -122,6 +175,8 @@ def test_hivemind_storage_caps_a_shard_key_and_serves_less_than_one_p2pd_message
     cache = CappedStorage()
     cache.store(key, merged, exp)
     assert len(cache.get(key).value) == SHARD_CAPACITY and ident(7).peer_id in cache.get(key).value
+    # Both ways of dropping a held entry are counted, by reason (issue 56: evictions were silent).
+    assert storage.evicted == {"outranked": 1} and cache.evicted == {"trimmed": n + 1 - SHARD_CAPACITY}
 
 
 async def test_a_reader_gives_up_on_senders_whose_entries_do_not_resolve():

@@ -97,6 +97,13 @@ def _entry(**changes: object) -> bytes:
     return canonical_packb({"body": data, "sig": ALICE.sign(INDEX_DOMAIN + data)})
 
 
+def _entry_with_nil_work() -> bytes:
+    """The vector index entry with ``work: nil`` (``_entry`` takes None as "remove the key")."""
+    body = strict_unpackb(strict_unpackb(_entry())["body"])
+    data = canonical_packb({**body, "work": None})
+    return canonical_packb({"body": data, "sig": ALICE.sign(INDEX_DOMAIN + data)})
+
+
 def index_reasons() -> dict[str, str]:
     """SPEC 7.4, 15: index entry sender and version rules."""
     versions = ["2.0", "02.00", "2.9999", "2.1", "2.10000", "2", "2.0.0", "\u0662.\u0660", "3.0", "1.x", "1.1"]
@@ -125,6 +132,8 @@ def work_vectors() -> dict[str, str]:
         "index_entry_stamped": encode_index_entry(ALICE, "spec", WINDOW, [digest], work=nonce).hex(),
         "index_work_in_a_2_0_entry": _reason(decode_index_entry, _entry(version="2.0", work=nonce)),
         "index_work_negative": _reason(decode_index_entry, _entry(work=-1)),
+        "index_work_nil": _reason(decode_index_entry, _entry_with_nil_work()),
+        "index_work_bad_in_a_2_9_entry": _reason(decode_index_entry, _entry(version="2.9", work="x")),
         "shard_admit_room": admit({a: UNSTAMPED_RANK}, b, UNSTAMPED_RANK),
         "shard_admit_update_in_place": admit({a: UNSTAMPED_RANK, b: UNSTAMPED_RANK}, a, UNSTAMPED_RANK),
         "shard_admit_full_unstamped": admit({a: UNSTAMPED_RANK, b: stamped}, c, UNSTAMPED_RANK),
@@ -132,6 +141,9 @@ def work_vectors() -> dict[str, str]:
         "shard_admit_full_of_stamped_worse": admit({a: better, b: stamped}, c, stamped + 1),
         "shard_admit_full_of_stamped_better": admit({a: better, b: stamped}, c, stamped - 1),
         "shard_admit_full_of_unstamped_tie": admit({a: UNSTAMPED_RANK, b: UNSTAMPED_RANK}, c, UNSTAMPED_RANK),
+        "shard_admit_full_of_unstamped_free_work": admit(
+            {a: UNSTAMPED_RANK, b: UNSTAMPED_RANK}, c, work_rank("spec", WINDOW, c, 0, 12)
+        ),
     }
 
 
