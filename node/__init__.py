@@ -3,10 +3,10 @@
 * ``config``    -- pydantic models of a node's configuration (no torch)
 * ``seams``     -- typed seams (Protocols) for policy, engine, tasks, learner and a side phase; ``GenerationSettings``,
   ``TrainSample``
-* ``tasks``     -- reasoning-gym task sources addressed by TaskRef; answer extraction and scoring; the held-out split
-* ``canonical`` -- the canonical problem form the held-out split hashes (reordered or re-bracketed sums fall together)
+* ``tasks``     -- reasoning-gym task sources addressed by TaskRef; answer extraction and scoring; the 3-sided split
+* ``canonical`` -- the canonical problem the split hashes (arithmetic value-level and family-independent)
 * ``runtime``   -- the node loop (generate, publish, SAPO mix, learn, checkpoint)
-* ``eval``      -- held-out evaluation on questions no node trains on
+* ``eval``      -- evaluation on the dev or test side: questions no node trains on
 * ``model/``    -- the policy: load a causal LM (built-in tiny, packaged SmolLM2, local dir, hub), build, cache
 * ``rollout/``  -- prompt -> completions: planner (the one generate path), APRIL, engines, own groups
 * ``learn/``    -- samples -> update: batch, losses, learner, checkpoints

@@ -14,11 +14,37 @@ from pydantic import Field, field_validator, model_validator
 from protocol.config import StrictModel
 from protocol.transport.config import HivemindTransportConfig, ProtocolConfig, TransportConfig
 
+#: The least share of the problem space the train side keeps (a family with a smaller one can hardly be drawn).
+MIN_TRAIN_SHARE = 0.01
+
+
+def _refuse_heldout_fraction(data: Any, where: str) -> Any:
+    if isinstance(data, dict) and "heldout_fraction" in data:
+        raise ValueError(
+            f"{where}.heldout_fraction was replaced by {where}.test_fraction and {where}.dev_fraction (split v2, "
+            "SPEC 13: train, dev and test sides); set those instead"
+        )
+    return data
+
+
+def _check_shares(test: float, dev: float, where: str) -> None:
+    if test + dev > 1 - MIN_TRAIN_SHARE:
+        raise ValueError(
+            f"{where}.test_fraction={test} and {where}.dev_fraction={dev} leave less than {MIN_TRAIN_SHARE} of the "
+            "problem space for training; lower them"
+        )
+
+
+def reserved_bound(test_fraction: float, dev_fraction: float) -> float:
+    """The upper end of the dev side as a share (a binary64 sum, as SPEC 13 computes it): hashes below
+    ``reserved_bound * 2**64`` are never trained on."""
+    return test_fraction + dev_fraction
+
 
 class WarmStartConfig(StrictModel):
     """A short supervised warm start of the configured model on some families' training split (question ->
     ``<answer>gold</answer>``), built once and cached beside the model (``node.model.warm``): a node that brings a
-    skill to the swarm, or a model that already states answers in the format. Held-out items are never used."""
+    skill to the swarm, or a model that already states answers in the format. Dev and test items are never used."""
 
     families: list[TaskFamily] = Field(min_length=1)
     """Families (and difficulty knobs) whose training items the model is fine-tuned on."""
@@ -32,9 +58,21 @@ class WarmStartConfig(StrictModel):
     """Seed of the order of examples and of torch during the warm start."""
     task_seed: int = 12345
     """Task seed of the examples: not ``tasks.seed``, so RL prompts are not the warm start's items."""
-    heldout_fraction: float = Field(default=0.1, gt=0, lt=1)
-    """The held-out split the examples avoid; at least the node's ``tasks.heldout_fraction`` (checked), so no
-    evaluation item is ever a warm-start example."""
+    test_fraction: float = Field(default=0.1, gt=0, lt=1)
+    """The test share of the split the examples avoid (SPEC 13); with ``dev_fraction`` it must reserve at least
+    the node's ``tasks`` shares (checked), so no dev or test item is ever a warm-start example."""
+    dev_fraction: float = Field(default=0.1, gt=0, lt=1)
+    """The dev share of the split the examples avoid (see ``test_fraction``)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_heldout(cls, data: Any) -> Any:
+        return _refuse_heldout_fraction(data, "model.warm_start")
+
+    @model_validator(mode="after")
+    def _shares_leave_training(self) -> WarmStartConfig:
+        _check_shares(self.test_fraction, self.dev_fraction, "model.warm_start")
+        return self
 
 
 class ModelConfig(StrictModel):
@@ -152,13 +190,28 @@ class TaskConfig(StrictModel):
     reward: Literal["partial", "exact"] = "partial"
     """The training reward of a completion (own and peers' groups alike): ``partial`` is reasoning-gym's own score,
     with partial credit for half-right answers (a reversed word's first letters, a sum's digits with the wrong
-    sign); ``exact`` is 1 when the extracted answer equals the gold answer, else 0. Held-out evaluation reports
+    sign); ``exact`` is 1 when the extracted answer equals the gold answer, else 0. Evaluation reports
     both either way."""
 
-    heldout_fraction: float = Field(default=0.1, gt=0, lt=1)
-    """Share of every family's problem space reserved for held-out evaluation (by a hash of the canonical problem
-    or the question text, ``node.tasks.is_heldout_question``): never drawn for training, refused in peers' groups.
-    Peers that train on each other's groups should agree on it."""
+    test_fraction: float = Field(default=0.1, gt=0, lt=1)
+    """Share of the problem space on the test side of the split (SPEC 13: by a hash of the canonical problem or the
+    question text, ``node.tasks.split_side``): read only by evaluations whose results are reported
+    (``eval.side: test``); never drawn for training, refused in peers' groups. Peers that train on each other's
+    groups should agree on both shares."""
+    dev_fraction: float = Field(default=0.1, gt=0, lt=1)
+    """Share of the problem space on the dev side: for probes that choose families, sizes and hyper-parameters
+    (``eval.side: dev``), so the test side stays unread until the reported run; never trained on either. The train
+    side is what remains (at least 1%, checked)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_heldout(cls, data: Any) -> Any:
+        return _refuse_heldout_fraction(data, "tasks")
+
+    @model_validator(mode="after")
+    def _shares_leave_training(self) -> TaskConfig:
+        _check_shares(self.test_fraction, self.dev_fraction, "tasks")
+        return self
 
 
 class RolloutConfig(StrictModel):
@@ -496,7 +549,13 @@ class VllmConfig(StrictModel):
 
 
 class EvalConfig(StrictModel):
-    """Held-out evaluation (``node.eval``): accuracy on questions of the held-out split, which no node trains on."""
+    """Evaluation (``node.eval``): accuracy on questions of one side of the split (dev or test), which no node
+    trains on."""
+
+    side: Literal["dev", "test"] = "test"
+    """Which side of the split (SPEC 13) the items come from: ``test`` for results that are reported, ``dev`` for
+    probes that choose families, sizes or hyper-parameters (so those choices never read the test side). Every
+    result names it (``side``)."""
 
     every_steps: int | None = Field(default=50, ge=1)
     """Evaluate every this many steps (``None``: only at the start and the end of a run)."""
@@ -505,14 +564,15 @@ class EvalConfig(StrictModel):
     at_end: bool = True
     """Evaluate when a run ends (``--max-steps`` reached or stopped)."""
     items_per_family: int = Field(default=48, ge=1, le=10_000)
-    """Held-out items per family (the same items at every evaluation)."""
+    """Items per family (the same items at every evaluation)."""
     samples: int = Field(default=8, ge=1, le=64)
     """n: completions per item at the training temperature (accuracy is their exact-match rate); 8 so that
     pass@8 is reported (it is ``None`` below 8). On the built-in model 8 cost 1.3-1.7x the time of 4 (~1.4-2.4 s)."""
     greedy: bool = True
     """Also decode each item greedily (``greedy_accuracy``)."""
     seed: int = Field(default=1_000_003, ge=0)
-    """Task seed the evaluation items are scanned from (any seed: the split, not the seed, makes them held out)."""
+    """Task seed the evaluation items are scanned from (any seed: the split, not the seed, keeps them out of
+    training)."""
     max_new_tokens: int | None = Field(default=None, ge=1)
     """Token budget of an evaluation completion (default: ``rollout.max_new_tokens``)."""
 
@@ -570,7 +630,7 @@ class NodeConfig(StrictModel):
     vllm: VllmConfig = Field(default_factory=VllmConfig)
     """Settings of the vLLM engine (used only with ``rollout.engine: vllm``)."""
     eval: EvalConfig = Field(default_factory=EvalConfig)
-    """Held-out evaluation schedule and size."""
+    """Evaluation schedule, size and side of the split (dev or test)."""
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     protocol: ProtocolConfig = Field(default_factory=ProtocolConfig)
     """Record limits and time windows (swarm-wide: peers must agree on ``window_seconds``)."""
@@ -624,14 +684,34 @@ class NodeConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
-    def _warm_start_avoids_heldout(self) -> NodeConfig:
+    def _warm_start_avoids_dev_and_test(self) -> NodeConfig:
+        # The sides are nested intervals of one hash (test, then dev), so a warm start that reserves at least the
+        # node's test + dev share never trains on the node's dev or test items.
         ws = self.model.warm_start
-        if ws is not None and ws.heldout_fraction < self.tasks.heldout_fraction:
+        if ws is None:
+            return self
+        mine = reserved_bound(self.tasks.test_fraction, self.tasks.dev_fraction)
+        if reserved_bound(ws.test_fraction, ws.dev_fraction) < mine:
             raise ValueError(
-                f"model.warm_start.heldout_fraction={ws.heldout_fraction} is below tasks.heldout_fraction="
-                f"{self.tasks.heldout_fraction}: the warm start would train on held-out items; raise it to at least "
-                f"{self.tasks.heldout_fraction}"
+                f"model.warm_start reserves test_fraction + dev_fraction = {ws.test_fraction} + {ws.dev_fraction}, "
+                f"below tasks' {self.tasks.test_fraction} + {self.tasks.dev_fraction}: the warm start would train on "
+                f"dev or test items; raise model.warm_start's shares to reserve at least {mine:g}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _builtin_model_avoids_dev_and_test(self) -> NodeConfig:
+        # The built-in model's own warm start draws train items under the default shares.
+        default = TaskConfig.model_fields
+        bound = reserved_bound(default["test_fraction"].default, default["dev_fraction"].default)
+        if self.model.name.startswith("builtin:"):
+            mine = reserved_bound(self.tasks.test_fraction, self.tasks.dev_fraction)
+            if mine > bound:
+                raise ValueError(
+                    f"tasks.test_fraction + tasks.dev_fraction = {mine:g} exceeds the {bound:g} the built-in model's "
+                    f"warm start keeps out of its examples: it would have seen some of this node's dev or test "
+                    f"items; lower them to at most {bound:g} in all, or use another model"
+                )
         return self
 
     @model_validator(mode="after")

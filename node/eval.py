@@ -1,16 +1,17 @@
-"""Held-out evaluation: how well the policy answers questions no node trains on.
+"""Evaluation: how well the policy answers questions no node trains on, read from one side of the split.
 
-The items are drawn once from the held-out split of the node's task families (``node.tasks``: a hash of the
-canonical problem reserves ``tasks.heldout_fraction`` of every family's problem space; training never draws
-these items and peers' groups on them are refused), so a gain here is a gain on unseen questions, not
-memorization. Per family the evaluation reports, from ``eval.samples`` completions per item at the training
-temperature and one greedy completion:
+The items are drawn once from the side ``eval.side`` names (``node.tasks``, SPEC 13): ``test`` (the default, for
+results that are reported) or ``dev`` (for probes that choose families, sizes and hyper-parameters, so those
+choices never read the test side). Both sides are reserved by a hash of the canonical problem (value-level and
+family-independent for arithmetic); training never draws them and peers' groups on them are refused, so a gain
+here is a gain on unseen problems, not memorization. Every result names its ``side``. Per family the evaluation
+reports, from ``eval.samples`` completions per item at the training temperature and one greedy completion:
 
 * ``accuracy``: exact-match accuracy of the sampled completions -- the extracted answer equals the gold answer
   (``node.tasks.extract_answer``; a family without a single gold answer counts a verifier score of 1.0). This is
   the headline: partial credit cannot inflate it;
 * ``reward``: the mean reasoning-gym score (partial credit, what training optimises) of the same completions;
-* ``majority_baseline``: the accuracy of always giving the most common gold answer of the held-out items, and
+* ``majority_baseline``: the accuracy of always giving the most common gold answer of the evaluated items, and
   ``own_majority_baseline``: that of always giving the model's own most common sampled answer. An accuracy at or
   below the majority baseline says the policy may be answering one constant, not solving;
 * ``top_answer``/``top_answer_share``: the single most common sampled answer and its share of all samples;
@@ -24,7 +25,9 @@ temperature and one greedy completion:
 * ``mean_length``: mean sampled completion length in tokens;
 * ``n``: the number of items;
 * ``correct``: per item, in item order, how many of its sampled completions were exact (pairwise comparisons of
-  policies on the same items: win rates under the verifier, as B6's real-model section computes them).
+  policies on the same items: win rates under the verifier, as B6's real-model section computes them);
+* ``items``: per item, in item order, a record for re-analysis: ``key`` (its split key, ``node.tasks.split_key``),
+  ``samples_right`` (exact samples), ``n_samples`` and ``greedy_right`` (bool; ``None`` without greedy decoding).
 
 Headline ``accuracy``, ``reward``, ``pass_at_1``, ``pass_at_8`` and ``greedy_accuracy`` are unweighted means over
 families; ``at_or_below_baseline`` lists the families whose accuracy does not beat their majority baseline.
@@ -46,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from node.config import EvalConfig, RolloutConfig
-from node.tasks import TaskItem, TaskSource, extract_answer, is_exact
+from node.tasks import Side, TaskItem, TaskSource, extract_answer, is_exact, split_key
 from protocol.errors import SwarmError
 from protocol.types import TaskRef
 
@@ -77,6 +80,7 @@ class FamilyResult:
     pass_at_1: float = 0.0
     pass_at_8: float | None = None
     correct: list[int] | None = None
+    items: list[dict[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -94,6 +98,7 @@ class FamilyResult:
             "mean_length": self.mean_length,
             "n": self.n,
             "correct": self.correct,
+            "items": self.items,
         }
 
 
@@ -130,12 +135,12 @@ def score_family(
     own_majority = None if top is None else _mean([float(is_exact(it, top[0], 0.0)) for it in items])
     per_item_k = [pass_at_k(len(e), sum(e), PASS_K) for e in exact]
     greedy_acc = greedy_rew = None
+    greedy_right: list[bool | None] = [None] * len(items)
     if greedy is not None:
         g_rewards = [tasks.score(it, t) for it, t in zip(items, greedy, strict=True)]
         greedy_rew = _mean(g_rewards)
-        greedy_acc = _mean(
-            [float(is_exact(it, extract_answer(t), r)) for it, t, r in zip(items, greedy, g_rewards, strict=True)]
-        )
+        greedy_right = [is_exact(it, extract_answer(t), r) for it, t, r in zip(items, greedy, g_rewards, strict=True)]
+        greedy_acc = _mean([float(bool(x)) for x in greedy_right])
     return FamilyResult(
         accuracy=_mean([float(x) for e in exact for x in e]),
         reward=_mean([r for rew in rewards for r in rew]),
@@ -151,11 +156,21 @@ def score_family(
         mean_length=_mean([float(x) for x in lengths or []]),
         n=len(items),
         correct=[sum(e) for e in exact],
+        items=[
+            {
+                "key": split_key(it.ref.family, it.question),
+                "samples_right": sum(e),
+                "n_samples": len(e),
+                "greedy_right": g,
+            }
+            for it, e, g in zip(items, exact, greedy_right, strict=True)
+        ],
     )
 
 
 class Evaluator:
-    """Evaluates a policy on a fixed set of held-out items (chosen once, at construction)."""
+    """Evaluates a policy on a fixed set of items of one side of the split, ``cfg.side`` (chosen once, at
+    construction)."""
 
     def __init__(
         self,
@@ -171,12 +186,13 @@ class Evaluator:
         self.temperature = rollout.temperature
         self.top_p = rollout.top_p
         self.max_new_tokens = cfg.max_new_tokens or rollout.max_new_tokens
+        self.side: Side = cfg.side
         n = items_per_family or cfg.items_per_family
-        refs = tasks.heldout_refs(n, cfg.seed)
+        refs = tasks.split_refs(self.side, n, cfg.seed)
         self.items: dict[str, list[TaskItem]] = {fam: [tasks.materialize(r) for r in rs] for fam, rs in refs.items()}
         for fam, items in self.items.items():
             if len(items) < n:
-                logger.warning("held-out split of %r has only %d distinct items (asked for %d)", fam, len(items), n)
+                logger.warning("%s side of %r has only %d distinct items (asked for %d)", self.side, fam, len(items), n)
 
     @property
     def refs(self) -> dict[str, list[TaskRef]]:
@@ -210,16 +226,20 @@ class Evaluator:
                 greedy,
                 [len(c.token_ids) for comps in sampled for c in comps],
             )
-        return summarize(families, step=step, samples=self.cfg.samples, eval_s=time.perf_counter() - t0)
+        return summarize(families, step=step, samples=self.cfg.samples, eval_s=time.perf_counter() - t0, side=self.side)
 
 
-def summarize(families: dict[str, FamilyResult], *, step: int, samples: int, eval_s: float) -> dict[str, Any]:
-    """One evaluation's summary (an ``eval.jsonl`` line): unweighted means over families and the families."""
+def summarize(
+    families: dict[str, FamilyResult], *, step: int, samples: int, eval_s: float, side: Side = "test"
+) -> dict[str, Any]:
+    """One evaluation's summary (an ``eval.jsonl`` line): the side it read, unweighted means over families and the
+    families."""
     values = list(families.values())
     greedy_vals = [f.greedy_accuracy for f in values if f.greedy_accuracy is not None]
     pass_k = [f.pass_at_8 for f in values]
     return {
         "step": step,
+        "side": side,
         "accuracy": _mean([f.accuracy for f in values]),
         "reward": _mean([f.reward for f in values]),
         "pass_at_1": _mean([f.pass_at_1 for f in values]),
@@ -249,8 +269,9 @@ def summary_line(result: dict[str, Any]) -> str:
         return "n/a" if value is None else f"{float(value):.3f}"
 
     fams = result.get("families") or {}
+    side = f" ({result['side']} side)" if result.get("side") else ""  # lines before split v2 name no side
     line = (
-        f"held-out exact accuracy {num(result.get('accuracy'))} (reward {num(result.get('reward'))}, "
+        f"held-out{side} exact accuracy {num(result.get('accuracy'))} (reward {num(result.get('reward'))}, "
         f"pass@8 {num(result.get('pass_at_8'))}, greedy {num(result.get('greedy_accuracy'))}) over {len(fams)} "
         f"families in {float(result.get('eval_s', 0.0)):.1f}s"
     )
@@ -331,10 +352,16 @@ class EvalRunError(SwarmError):
 
 
 def evaluate_run(
-    run_dir: Path, *, step: int | None = None, initial: bool = False, items: int | None = None
+    run_dir: Path,
+    *,
+    step: int | None = None,
+    initial: bool = False,
+    items: int | None = None,
+    side: Side | None = None,
 ) -> dict[str, Any]:
-    """Evaluate a run's checkpoint (the latest, or ``step``) or, with ``initial``, the run's initial model, on the
-    run's held-out split (its resolved ``config.yaml``); the body of ``swarm-node eval``. Blocking."""
+    """Evaluate a run's checkpoint (the latest, or ``step``) or, with ``initial``, the run's initial model, on
+    ``side`` of the run's split (default: its ``eval.side``; shares from its resolved ``config.yaml``); the body of
+    ``swarm-node eval``. Blocking."""
     from node.config import NodeConfig
     from node.learn.checkpoint import available_steps, load_latest, load_step, load_weights
     from node.model.policy import load_policy
@@ -361,5 +388,6 @@ def evaluate_run(
         load_weights(policy.model, ckpt)
     engine = TransformersEngine(policy, batch_size=cfg.rollout.batch_size)
     tasks = TaskSource(cfg.tasks)
-    evaluator = Evaluator(tasks, policy, engine, cfg.eval, cfg.rollout, items_per_family=items)
+    eval_cfg = cfg.eval if side is None else cfg.eval.model_copy(update={"side": side})
+    evaluator = Evaluator(tasks, policy, engine, eval_cfg, cfg.rollout, items_per_family=items)
     return evaluator.evaluate(0 if ckpt is None else ckpt.step)

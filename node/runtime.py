@@ -348,7 +348,7 @@ class Node:
 
     def score_external(self, ref: TaskRef, texts: Sequence[str]) -> list[float]:
         """The receiver's verifier for peers' groups: regenerate the task from its ref, score every text."""
-        item = self.tasks.materialize_for_training(ref)  # TaskError: not our family, or a held-out question
+        item = self.tasks.materialize_for_training(ref)  # TaskError: not our family, or a dev/test question
         return [self.reward(item, t) for t in texts]
 
     # ------------------------------------------------------------------ held-out evaluation

@@ -11,13 +11,15 @@ text between the last ``<answer>`` and ``</answer>`` of a completion. The verifi
 ``score_answer`` (partial credit included), clamped to [0, 1]; ``propositional_logic`` has no single gold answer
 and is scored against its premises by reasoning-gym.
 
-**Held-out split.** A fixed share (``tasks.heldout_fraction``) of every family's *problem space* is reserved for
-evaluation: an item is held out when a hash of its family and canonical problem falls below that share
-(:func:`is_heldout_question`; ``node.canonical``: sums, products and arithmetic up to bracketing and
-commutativity, word tasks by their word(s), other families by question text). Training draws
-(:meth:`TaskSource.sample`) skip held-out items, peers' groups on held-out items are refused
-(:meth:`TaskSource.materialize_for_training`), and evaluation draws only held-out items
-(:meth:`TaskSource.heldout_refs`), so the two are disjoint on canonical problems whatever the seeds or indices.
+**Split (SPEC 13, v2).** Every problem falls on one of three sides, by a 64-bit hash of its *split key*
+(:func:`split_key`; ``node.canonical``): ``test`` (reported results only), ``dev`` (probes and choices of family,
+size and hyper-parameters) and ``train`` (RL prompts, warm starts, peers' groups). Arithmetic keys are value-level
+and family-independent (signs folded, brackets and order ignored; the hash leaves the family out), so one problem
+asked by chain_sum and by basic_arithmetic lies on one side; word tasks are keyed by their word(s), other families
+by question text, both with the family in the hash. The shares are ``tasks.test_fraction`` and
+``tasks.dev_fraction`` (:func:`split_side`). Training draws (:meth:`TaskSource.sample`) take train items only,
+peers' groups on dev or test items are refused (:meth:`TaskSource.materialize_for_training`), and evaluation reads
+one named side (:meth:`TaskSource.split_refs`), so the sides are disjoint on problems whatever the seeds or indices.
 
 Knows nothing about models, tokenizers or prompts' chat formatting (see ``node.model.policy``), nor about who sent a
 ref: :meth:`TaskSource.materialize` only accepts the families and configs this node itself trains on, which
@@ -36,10 +38,10 @@ import re
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, Protocol
 
 import node.arith  # noqa: F401  (registers the laboratory families with reasoning-gym)
-from node.canonical import canonical_problem
+from node.canonical import canonical_problem, is_expression_key
 from node.config import TaskConfig
 from protocol.errors import SwarmError
 from protocol.types import Scalar, TaskRef
@@ -72,7 +74,7 @@ SAPO_FAMILIES = (
 )
 
 
-#: Redraws of a training index that landed in the held-out split before giving up (a 10% split needs ~1.1).
+#: Redraws of a training index that landed on the dev or test side before giving up (a 20% share needs ~1.25).
 _MAX_REDRAWS = 1000
 
 
@@ -105,19 +107,54 @@ def extract_answer(text: str) -> str | None:
     return matches[-1].strip() if matches else None
 
 
-def heldout_key(family: str, question: str) -> str:
-    """What the held-out split hashes for ``question``: its canonical problem (``node.canonical``: a re-bracketed or
-    reordered question gives the same key) where its family has one, else the question text."""
+#: A side of the split.
+Side = Literal["train", "dev", "test"]
+SIDES: tuple[Side, ...] = ("train", "dev", "test")
+
+
+class SplitShares(Protocol):
+    """The shares of the problem space a split reserves (``TaskConfig``, ``WarmStartConfig``)."""
+
+    @property
+    def test_fraction(self) -> float: ...
+    @property
+    def dev_fraction(self) -> float: ...
+
+
+def split_key(family: str, question: str) -> str:
+    """What the split hashes for ``question``: its canonical problem (``node.canonical``: ``expr:`` value-level
+    arithmetic, ``word:``/``words:`` word tasks) where it has one, else the question text."""
     canonical = canonical_problem(family, question)
     return question if canonical is None else canonical
 
 
-def is_heldout_question(family: str, question: str, fraction: float) -> bool:
-    """Whether ``question`` of ``family`` lies in the held-out share ``fraction`` of the problem space: the first
-    8 bytes of SHA-256 over ``family``, a NUL byte and the UTF-8 :func:`heldout_key`, read as a big-endian
-    integer, are below ``fraction * 2**64``. Depends on the text alone, so every peer draws the same line."""
-    digest = hashlib.sha256(family.encode() + b"\0" + heldout_key(family, question).encode()).digest()
-    return int.from_bytes(digest[:8], "big") < fraction * 2**64
+def split_preimage(family: str, question: str) -> bytes:
+    """The bytes whose SHA-256 decides the side: the UTF-8 :func:`split_key` alone for an arithmetic key (the same
+    problem in any family is one problem), else the UTF-8 family, a NUL byte and the UTF-8 key."""
+    key = split_key(family, question)
+    return key.encode() if is_expression_key(key) else family.encode() + b"\0" + key.encode()
+
+
+def split_hash(family: str, question: str) -> int:
+    """``hash64``: the first 8 bytes of SHA-256 over :func:`split_preimage`, as a big-endian unsigned integer."""
+    return int.from_bytes(hashlib.sha256(split_preimage(family, question)).digest()[:8], "big")
+
+
+def side_of_hash(hash64: int, test_fraction: float, dev_fraction: float) -> Side:
+    """``test`` when ``hash64 < test_fraction * 2**64``, else ``dev`` when ``hash64 < (test_fraction +
+    dev_fraction) * 2**64`` (the sum a binary64 addition), else ``train``. Multiplying a binary64 by 2**64 is exact
+    and Python compares an int with a float exactly, so every peer draws the same lines."""
+    if hash64 < test_fraction * 2**64:
+        return "test"
+    if hash64 < (test_fraction + dev_fraction) * 2**64:
+        return "dev"
+    return "train"
+
+
+def split_side(family: str, question: str, shares: SplitShares) -> Side:
+    """The side of ``question`` of ``family`` under ``shares`` (``tasks.test_fraction``, ``tasks.dev_fraction``).
+    Depends on the text alone, so every peer with the same shares puts it on the same side."""
+    return side_of_hash(split_hash(family, question), shares.test_fraction, shares.dev_fraction)
 
 
 def _config_key(config: Mapping[str, Scalar]) -> str:
@@ -189,7 +226,7 @@ class TaskSource:
 
     def sample(self, rng: random.Random, n: int) -> list[TaskRef]:
         """``n`` training refs: a family drawn by weight, then an index uniform in ``[0, pool_size)``, redrawn
-        while the item is held out (a bounded number of times: a family whose whole space is held out fails)."""
+        while the item is not on the train side (a bounded number of times: a family with no train item fails)."""
         picks = rng.choices(range(len(self._families)), weights=self._weights, k=n)
         refs = []
         for i in picks:
@@ -198,31 +235,33 @@ class TaskSource:
                 ref = TaskRef(
                     family=name, config=dict(config), seed=self.cfg.seed, index=rng.randrange(self.cfg.pool_size)
                 )
-                if not self.is_heldout(self.materialize(ref)):
+                if self.side(self.materialize(ref)) == "train":
                     break
             else:
                 raise TaskError(f"task family {name!r}: no training item found in {_MAX_REDRAWS} draws")
             refs.append(ref)
         return refs
 
-    def is_heldout(self, item: TaskItem) -> bool:
-        """Whether ``item`` belongs to the held-out (evaluation) split of this node's tasks."""
-        return is_heldout_question(item.ref.family, item.question, self.cfg.heldout_fraction)
+    def side(self, item: TaskItem) -> Side:
+        """The side of ``item`` under this node's shares (:func:`split_side`)."""
+        return split_side(item.ref.family, item.question, self.cfg)
 
     def materialize_for_training(self, ref: TaskRef) -> TaskItem:
-        """:meth:`materialize`, refusing (:class:`TaskError`) held-out items: a peer's group on an evaluation
-        question must not reach the learner, or held-out accuracy would stop measuring generalization."""
+        """:meth:`materialize`, refusing (:class:`TaskError`) dev and test items: a peer's group on an evaluation
+        question must not reach the learner, or evaluation would stop measuring generalization."""
         item = self.materialize(ref)
-        if self.is_heldout(item):
-            raise TaskError(f"task {ref.family!r} index {ref.index} is in this node's held-out split")
+        side = self.side(item)
+        if side != "train":
+            raise TaskError(f"task {ref.family!r} index {ref.index} is on this node's {side} side of the split")
         return item
 
-    def heldout_refs(self, n: int, seed: int) -> dict[str, list[TaskRef]]:
-        """Up to ``n`` held-out refs per family with distinct problems (:func:`heldout_key`), scanning indices
+    def split_refs(self, side: Side, n: int, seed: int) -> dict[str, list[TaskRef]]:
+        """Up to ``n`` refs per family on ``side`` with distinct problems (:func:`split_key`), scanning indices
         ``0, 1, ...`` of task seed ``seed`` (deterministic). A family whose problem space is small may yield
         fewer."""
+        share = {"test": self.cfg.test_fraction, "dev": self.cfg.dev_fraction}.get(side, 1.0)
         out: dict[str, list[TaskRef]] = {}
-        budget = max(1000, int(20 * n / max(self.cfg.heldout_fraction, 1e-6)))
+        budget = max(1000, int(20 * n / max(share, 1e-6)))
         for name, config in self._families:
             refs: list[TaskRef] = []
             seen: set[str] = set()
@@ -230,8 +269,8 @@ class TaskSource:
             for index in range(min(budget, size)):
                 ref = TaskRef(family=name, config=dict(config), seed=seed, index=index)
                 item = self._generate(ref)
-                key = heldout_key(name, item.question)
-                if key in seen or not self.is_heldout(item):
+                key = split_key(name, item.question)
+                if key in seen or self.side(item) != side:
                     continue
                 seen.add(key)
                 refs.append(ref)

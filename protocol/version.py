@@ -28,8 +28,9 @@ logger = logging.getLogger(__name__)
 #: This code's protocol version. 1.0 was the first signed wire format (``schema_version`` 1); 1.1 added signed
 #: peer advertisements (the ``peers`` op) on the libp2p sync protocol; 2.0 put the version into records (``minor``)
 #: and index entries (``version``), which 1.x readers refuse; 2.1 added the optional work stamp of index entries
-#: (``work``, SPEC 7.4), which 2.0 readers ignore.
-PROTOCOL_VERSION: tuple[int, int] = (2, 1)
+#: (``work``, SPEC 7.4), which 2.0 readers ignore; 2.2 is split v2 (SPEC 13: family-independent value-level keys
+#: for arithmetic, train/dev/test sides), which changes no bytes on the wire but which peers' groups a node refuses.
+PROTOCOL_VERSION: tuple[int, int] = (2, 2)
 #: Test-only override of the advertised version (``MAJOR.MINOR``).
 ENV_OVERRIDE = "RL_SWARM_PROTOCOL_VERSION"
 #: Rejection reason of records and advertisements of another major version.

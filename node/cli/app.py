@@ -121,9 +121,16 @@ def eval_(
     items: Annotated[
         int | None, typer.Option("--items", min=1, help="Held-out items per family (default: the run's eval config).")
     ] = None,
+    side: Annotated[
+        str | None,
+        typer.Option(
+            "--side", help="Side of the split to read: test (reported results) or dev (probes); default: the run's."
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
 ) -> None:
-    """Evaluate a run's checkpoint (or its initial model) on held-out questions it never trained on."""
+    """Evaluate a run's checkpoint (or its initial model) on held-out questions it never trained on (the test or
+    dev side of the split; the result names it)."""
     import json
 
     from node.cli.logs import setup_cli_logging
@@ -132,10 +139,14 @@ def eval_(
     setup_cli_logging("INFO")  # a first use builds or converts the model: its progress lines show on stderr
     if step is not None and initial:
         fail("--step and --initial exclude each other")
+    if side not in (None, "dev", "test"):
+        fail(f"--side must be dev or test, not {side!r}")
     try:
         from node.eval import evaluate_run
 
-        result = evaluate_run(run_dir, step=step, initial=initial, items=items)
+        result = evaluate_run(
+            run_dir, step=step, initial=initial, items=items, side="dev" if side == "dev" else "test" if side else None
+        )
     except SwarmError as e:
         fail(str(e))
     if as_json:

@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 
 LAB_NAME = "builtin:lab"
 #: Bump when the build code changes in a way the recipe fields do not capture.
-BUILD_CODE_VERSION = 1
+BUILD_CODE_VERSION = 2  # 2: split v2 (train-side draws changed)
 EOS_TOKEN, PAD_TOKEN = "<|endoftext|>", "<|pad|>"
 SPECIAL_TOKENS = ["<answer>", "</answer>", "<think>", "</think>"]
 _RECIPE_FILE = "rl_swarm_recipe.json"

@@ -8,7 +8,8 @@ The build (once per recipe, cached; about 2-3 minutes on 2 CPU cores) has three 
 2. a randomly initialised Qwen2 model (Qwen Team, *Qwen2 Technical Report*, arXiv 2407.10671) sized to generate
    thousands of tokens/s on two CPU cores;
 3. a short supervised warm start on the default task mix (question -> ``<answer>x</answer>`` + EOS), drawn
-   only from the training split of each family (``node.tasks``: the held-out split is never seen): first on
+   only from the train side of each family under the default shares (``node.tasks``: dev and test items are
+   never seen; ``NodeConfig`` refuses larger shares with the built-in model): first on
    gold answers only, then on a mix where only a fraction ``correct_fraction`` of the targets are gold and the
    rest are the gold answers of *other* items of the same family (plausible, question-independent
    distractors). The model learns the format, part of each skill and a calibrated *habit of answering at
@@ -50,7 +51,7 @@ logger = logging.getLogger(__name__)
 
 BUILTIN_NAME = "builtin:tiny"
 #: Bump when the build code changes in a way the recipe fields do not capture.
-BUILD_CODE_VERSION = 4
+BUILD_CODE_VERSION = 5  # 5: split v2 (SPEC 13): warm-start items avoid the new dev and test sides
 EOS_TOKEN, PAD_TOKEN = "<|endoftext|>", "<|pad|>"
 _RECIPE_FILE = "rl_swarm_recipe.json"
 

@@ -3,8 +3,8 @@ training items, built once per recipe and cached as an ordinary model directory.
 
 An example is the node's own prompt for a training-split question (chat template and format example included, so
 the warm start teaches exactly the prompts RL will show) and the target ``<answer>gold</answer>`` followed by EOS.
-Items of the held-out split are never drawn (``TaskSource.sample`` redraws them), so held-out accuracy still
-measures generalization. The directory is ``<cache>/warm-<base>-<hash of recipe>``; its ``rl_swarm_warm.json``
+Items of the dev and test sides of the split are never drawn (``TaskSource.sample`` redraws them), so evaluation
+still measures generalization. The directory is ``<cache>/warm-<base>-<hash of recipe>``; its ``rl_swarm_warm.json``
 records the recipe (base model, families, examples, learning rate, seeds) and is written last.
 
 Knows nothing about RL or the swarm.
@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 RECIPE_FILE = "rl_swarm_warm.json"
 #: Bump when the warm-start code changes in a way the recipe does not capture.
-WARM_CODE_VERSION = 1
+WARM_CODE_VERSION = 2  # 2: split v2 (SPEC 13: family-independent arithmetic keys, dev and test sides)
 
 
 def recipe(policy: Any, cfg: WarmStartConfig) -> dict[str, Any]:
@@ -59,7 +59,14 @@ def warm_dir(cache_root: Path, base: str, rec: dict[str, Any]) -> Path:
 
 def items(cfg: WarmStartConfig) -> list[TaskItem]:
     """The warm start's ``cfg.examples`` items, from the training split only, in a seeded order."""
-    src = TaskSource(TaskConfig(families=list(cfg.families), seed=cfg.task_seed, heldout_fraction=cfg.heldout_fraction))
+    src = TaskSource(
+        TaskConfig(
+            families=list(cfg.families),
+            seed=cfg.task_seed,
+            test_fraction=cfg.test_fraction,
+            dev_fraction=cfg.dev_fraction,
+        )
+    )
     rng = random.Random(cfg.seed)
     out: list[TaskItem] = []
     for _ in range(100):  # a family whose items all lack a gold answer cannot loop forever

@@ -76,6 +76,11 @@ def test_eval_json_is_repeatable_and_matches_the_run(run_dir: Path) -> None:
         assert 0.0 <= f["majority_baseline"] <= 1.0 and 0.0 <= f["top_answer_share"] <= 1.0
     in_run = read_results(run_dir)[-1]  # the node's own evaluation of the same weights
     assert in_run["accuracy"] == ra["accuracy"]
+    assert ra["side"] == in_run["side"] == "test"  # every result names the side of the split it read
+    for f in ra["families"].values():  # per-item records for re-analysis, in item order
+        assert [r["samples_right"] for r in f["items"]] == f["correct"] and len(f["items"]) == 4
+        assert all(r["n_samples"] == 8 and isinstance(r["greedy_right"], bool) for r in f["items"])
+        assert len({r["key"] for r in f["items"]}) == 4
 
 
 @pytest.mark.timeout(900)
@@ -89,5 +94,13 @@ def test_eval_initial_and_step_and_their_errors(run_dir: Path) -> None:
     missing = cli("eval", "--run-dir", str(run_dir), "--step", "3")
     assert missing.returncode == 1 and "no intact checkpoint of step 3" in missing.stderr
     assert len(missing.stderr.strip().splitlines()) == 1 and "Traceback" not in missing.stderr
+    dev = cli("eval", "--run-dir", str(run_dir), "--side", "dev", "--json", "--items", "2")
+    assert dev.returncode == 0, dev.stderr[-2000:]
+    rd, rt = json.loads(dev.stdout), json.loads(two.stdout)
+    assert rd["side"] == "dev" and rt["side"] == "test"
+    dev_keys = {r["key"] for f in rd["families"].values() for r in f["items"]}
+    assert dev_keys and not dev_keys & {r["key"] for f in rt["families"].values() for r in f["items"]}
+    bad = cli("eval", "--run-dir", str(run_dir), "--side", "train")
+    assert bad.returncode == 1 and "--side must be dev or test" in bad.stderr
     nowhere = cli("eval", "--run-dir", str(run_dir / "nope"))
     assert nowhere.returncode == 1 and "not a run directory" in nowhere.stderr

@@ -133,8 +133,14 @@ def test_pretrained_learning_rate_does_not_touch_a_shared_learner_config():
     assert shared.lr == 3e-4 and NodeConfig(learner=shared).learner.lr == 3e-4
 
 
-def test_a_warm_start_may_not_reach_into_the_held_out_split():
-    warm = "model.warm_start={families: [{name: chain_sum}], heldout_fraction: 0.1}"
+def test_a_warm_start_may_not_reach_into_the_dev_or_test_side():
+    warm = "model.warm_start={families: [{name: chain_sum}], test_fraction: 0.1, dev_fraction: 0.1}"
     assert load_config(NodeConfig, None, [warm]).model.warm_start is not None
-    with pytest.raises(ConfigError, match="warm start would train on held-out items"):
-        load_config(NodeConfig, None, [warm, "tasks.heldout_fraction=0.2"])
+    wider = "model.warm_start={families: [{name: chain_sum}], test_fraction: 0.05, dev_fraction: 0.2}"
+    assert load_config(NodeConfig, None, [wider, "model.name=x", "tasks.test_fraction=0.15"]).model.warm_start
+    with pytest.raises(ConfigError, match="warm start would train on dev or test items"):
+        load_config(NodeConfig, None, [warm, "model.name=x", "tasks.dev_fraction=0.2"])
+    with pytest.raises(ConfigError, match="built-in model's warm start"):
+        load_config(NodeConfig, None, ["tasks.test_fraction=0.2"])
+    with pytest.raises(ConfigError, match="heldout_fraction was replaced by"):
+        load_config(NodeConfig, None, ["tasks.heldout_fraction=0.1"])

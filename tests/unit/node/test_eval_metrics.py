@@ -170,7 +170,7 @@ def _scripted_evaluator(cfg: EvalConfig) -> tuple[TaskSource, Evaluator, Recordi
     """An evaluator over the default tasks whose engine answers from a scripted mix (gold answers by prompt)."""
     tasks = TaskSource(TaskConfig())
     policy = _PlainPolicy()
-    refs = tasks.heldout_refs(cfg.items_per_family, cfg.seed)
+    refs = tasks.split_refs(cfg.side, cfg.items_per_family, cfg.seed)
     gold = {
         policy.format_prompt(tasks.materialize(r).question): tasks.materialize(r).answer or ""
         for rs in refs.values()

@@ -26,9 +26,10 @@ def test_the_warm_start_draws_train_side_items_of_its_families_only() -> None:
     recipe = lab.recipe_with({"families": [{"name": "lab_sub"}]})
     pairs = lab.training_examples(recipe, recipe.families, 50, 1, trace=True)
     assert all(" - " in p and c.startswith("<think>") and c.endswith("</answer>") for p, c in pairs)
-    from node.tasks import is_heldout_question
+    from node.config import TaskConfig
+    from node.tasks import split_side
 
-    assert not any(is_heldout_question("lab_sub", p.split("\n")[0], 0.1) for p, _ in pairs)
+    assert {split_side("lab_sub", p.split("\n")[0], TaskConfig()) for p, _ in pairs} == {"train"}
 
 
 def test_builtin_lab_builds_and_loads_offline(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import torch
 from node.config import ModelConfig, TaskConfig, TaskFamily, WarmStartConfig
 from node.model import tiny, warm
 from node.model.policy import load_policy
-from node.tasks import TaskSource
+from node.tasks import TaskSource, split_key
 
 FAMILY = TaskFamily(name="chain_sum", config={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1})
 
@@ -25,10 +25,15 @@ def test_examples_come_from_the_training_split_only() -> None:
     src = TaskSource(TaskConfig(families=[FAMILY], seed=0))
     chosen = warm.items(cfg)
     assert len(chosen) == 300 and all(it.answer is not None for it in chosen)
-    assert not any(src.is_heldout(it) for it in chosen)
-    # the same items an evaluation of tasks.seed 0 holds out never appear (a small problem space: 100 sums)
-    held = {src.materialize(r).question for r in src.heldout_refs(48, 1_000_003)[FAMILY.name]}
-    assert held and not held & {it.question for it in chosen}
+    assert all(src.side(it) == "train" for it in chosen)
+    # the problems an evaluation of tasks.seed 0 reads on either side never appear (a small space: ~100 sums)
+    chosen_keys = {split_key(FAMILY.name, it.question) for it in chosen}
+    for side in ("test", "dev"):
+        held = {
+            split_key(FAMILY.name, src.materialize(r).question)
+            for r in src.split_refs(side, 48, 1_000_003)[FAMILY.name]
+        }
+        assert held and not held & chosen_keys, side
 
 
 def test_warm_start_is_built_once_records_its_recipe_and_changes_the_weights(

@@ -258,17 +258,30 @@ def test_answer_vectors():
 
 
 def test_split_vectors():
-    """SPEC.md 13: each question's split key, its 64-bit hash (recomputed here) and its side at fraction 0.1."""
-    from node.tasks import heldout_key, is_heldout_question
+    """SPEC.md 13: each question's split key, its 64-bit hash (recomputed here from the preimage rule) and its side
+    at test_fraction 0.1, dev_fraction 0.1; the vectors cover every side, sign-folding twins, one problem in two
+    families and a non-arithmetic family."""
+    from node.config import TaskConfig
+    from node.tasks import split_key, split_side
 
     vectors = spec_json_vectors("split-vectors")
-    assert {v["heldout"] for v in vectors} == {True, False}
+    assert {v["side"] for v in vectors} == {"train", "dev", "test"}
+    shares = TaskConfig(test_fraction=0.1, dev_fraction=0.1)
     for v in vectors:
-        assert heldout_key(v["family"], v["question"]) == v["key"], v
-        digest = hashlib.sha256(v["family"].encode() + b"\0" + v["key"].encode()).digest()
+        assert split_key(v["family"], v["question"]) == v["key"], v
+        key = v["key"].encode()
+        preimage = key if v["key"].startswith("expr:") else v["family"].encode() + b"\0" + key
+        digest = hashlib.sha256(preimage).digest()
         assert digest[:8].hex() == v["hash64"], v
-        assert (int(v["hash64"], 16) < 0.1 * 2**64) == v["heldout"], v
-        assert is_heldout_question(v["family"], v["question"], 0.1) == v["heldout"], v
+        h = int(v["hash64"], 16)
+        side = "test" if h < 0.1 * 2**64 else "dev" if h < (0.1 + 0.1) * 2**64 else "train"
+        assert side == v["side"], v
+        assert split_side(v["family"], v["question"], shares) == v["side"], v
+    by_key: dict[str, set[str]] = {}
+    for v in vectors:
+        by_key.setdefault(v["key"], set()).add(v["family"])
+    assert any({"chain_sum", "basic_arithmetic"} <= families for families in by_key.values())  # cross-family
+    assert any(not v["key"].startswith("expr:") for v in vectors)
 
 
 if __name__ == "__main__":
