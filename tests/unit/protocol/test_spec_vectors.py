@@ -284,6 +284,22 @@ def test_split_vectors():
     assert any(not v["key"].startswith("expr:") for v in vectors)
 
 
+def test_lab_vectors():
+    """SPEC.md 13: the laboratory families regenerate each item (question, gold answer) from its ref, and the
+    reference trace writer writes the trace shown."""
+    from node.arith import write_trace
+    from node.config import TaskConfig, TaskFamily
+    from node.tasks import TaskSource
+    from protocol.types import TaskRef
+
+    vectors = spec_json_vectors("lab-vectors")
+    assert {v["family"] for v in vectors} == {"lab_add", "lab_sub"}
+    for v in vectors:
+        src = TaskSource(TaskConfig(families=[TaskFamily(name=v["family"], config=v["config"])]))
+        item = src.materialize(TaskRef(family=v["family"], config=v["config"], seed=v["seed"], index=v["index"]))
+        assert (item.question, item.answer) == (v["question"], v["answer"]), v
+        assert write_trace(item.metadata["terms"], item.metadata["op"]) == v["trace"], v
+
 if __name__ == "__main__":
     for k, v in derived().items():
         for i in range(0, len(v), 96):
