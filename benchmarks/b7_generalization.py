@@ -10,7 +10,7 @@ Prints a Markdown table (per seed and per family, mean ± std over seeds) and wr
     python benchmarks/b7_generalization.py                  # 150 steps, seeds 0 1 2
     python benchmarks/b7_generalization.py --config configs/node/lab.yaml --seeds 0 1 2 3 4 --name b7_lab
 
-**The laboratory model, pre-registered (written before its first test-side run).** ``configs/node/lab.yaml``
+**The laboratory model, pre-registered (committed before any test-side result was read).** ``configs/node/lab.yaml``
 (``builtin:lab``, ``lab_add`` + ``lab_sub``, lr 3e-5 and 32 prompts a step, both chosen on the DEV side), seeds
 0-4, 150 steps, evaluation on the TEST side, 64 items per family, 8 samples + greedy. Metric: per seed, the mean over
 the two families of sampled exact accuracy after minus before (the run's initial model). The target (BENCHMARKS.md)
