@@ -5,7 +5,7 @@
   ``TrainSample``
 * ``tasks``     -- reasoning-gym task sources addressed by TaskRef; answer extraction and scoring; the 3-sided split
 * ``canonical`` -- the canonical problem the split hashes (arithmetic value-level and family-independent)
-* ``arith``     -- the laboratory families ``lab_add``/``lab_sub`` (registered with reasoning-gym) and their trace writer
+* ``arith``     -- the laboratory families ``lab_add``/``lab_sub`` (registered with reasoning-gym), their traces
 * ``runtime``   -- the node loop (generate, publish, SAPO mix, learn, checkpoint)
 * ``eval``      -- evaluation on the dev or test side: questions no node trains on
 * ``model/``    -- the policy: load a causal LM (built-in tiny, packaged SmolLM2, local dir, hub), build, cache
@@ -17,7 +17,8 @@
 * ``cli/``      -- ``swarm-node`` and what it shares with ``swarm-sim`` (preflight, logs)
 
 Layers, top to bottom (an import-linter contract): ``cli`` -> ``observer`` -> ``runtime`` -> ``eval`` | ``mnpo`` ->
-``learn`` | ``rollout`` -> ``model`` | ``telemetry`` -> ``seams`` -> ``tasks`` -> ``canonical`` | ``config`` | ``arith``.
+``learn`` | ``rollout`` -> ``model`` | ``telemetry`` -> ``seams`` -> ``tasks`` -> ``canonical`` | ``config`` |
+``arith``.
 
 Components, as ``file [config section] <- called by -> calls``:
 

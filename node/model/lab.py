@@ -178,7 +178,7 @@ def build(recipe: LabRecipe, out: Path) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     tok = build_tokenizer(recipe)
-    model = build_model(recipe, tok)  # type: ignore[arg-type]  (the same model fields as a TinyRecipe)
+    model = build_model(recipe, tok)
     stats = warm_start(recipe, model, tok)
     stats.update(total_s=round(time.perf_counter() - t0, 2))
     out.mkdir(parents=True, exist_ok=True)

@@ -229,8 +229,9 @@ def build_tokenizer(recipe: TinyRecipe) -> Any:
     return tok
 
 
-def build_model(recipe: TinyRecipe, tok: Any) -> Any:
-    """A freshly initialised Qwen2 causal LM (seeded) matching the tokenizer."""
+def build_model(recipe: Any, tok: Any) -> Any:
+    """A freshly initialised Qwen2 causal LM (seeded) matching the tokenizer; ``recipe`` is any recipe with the model
+    fields of :class:`TinyRecipe` (``seed``, ``hidden_size``, ... -- the laboratory model's too)."""
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(recipe.seed)

@@ -300,6 +300,7 @@ def test_lab_vectors():
         assert (item.question, item.answer) == (v["question"], v["answer"]), v
         assert write_trace(item.metadata["terms"], item.metadata["op"]) == v["trace"], v
 
+
 if __name__ == "__main__":
     for k, v in derived().items():
         for i in range(0, len(v), 96):

@@ -1,4 +1,5 @@
-"""The laboratory specialists experiment in its quick form: the real ``swarm-sim`` CLI on ``configs/sim/lab-specialists.yaml --quick``.
+"""The laboratory specialists experiment in its quick form: the real ``swarm-sim`` CLI on
+``configs/sim/lab-specialists.yaml --quick``.
 
 Two specialised laboratory nodes (small recipes) in the three configurations; the report has a row per
 configuration, the per-node per-family table and the per-family panels."""
@@ -20,7 +21,8 @@ def test_the_demo_runs_and_reports_per_family(tmp_path: Path) -> None:
     exe = shutil.which("swarm-sim")
     cmd = [exe] if exe else [sys.executable, "-m", "sim.cli"]
     out = tmp_path / "demo"
-    args = ["run", "configs/sim/lab-specialists.yaml", "--quick", "--out", str(out), "--set", f"node.model.cache_dir={tmp_path}"]
+    config = "configs/sim/lab-specialists.yaml"
+    args = ["run", config, "--quick", "--out", str(out), "--set", f"node.model.cache_dir={tmp_path}"]
     subprocess.run([*cmd, *args], check=True, cwd=ROOT, capture_output=True, text=True)
     text = (out / "results.md").read_text()
     for config in ("alone", "alone-labels", "sharing"):
