@@ -175,7 +175,18 @@ def main() -> None:
     ap.add_argument("--set", dest="sets", action="append", default=[], help="extra config overrides")
     ap.add_argument("--config", default=None, help="node config YAML (e.g. configs/node/lab.yaml, the lab model)")
     ap.add_argument("--name", default="b7_generalization", help="results file name (default b7_generalization)")
+    merge_help = "report only: combine the JSON results of runs made apart (e.g. seeds in two processes)"
+    ap.add_argument("--merge", type=Path, nargs="+", default=None, help=merge_help)
     args = ap.parse_args()
+    if args.merge:
+        results = sorted((r for f in args.merge for r in json.loads(f.read_text())), key=lambda r: r["seed"])
+        sets = ([f"--config {args.config}"] if args.config else []) + args.sets
+        table = report(results, args.steps, sets)
+        print(table)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"{args.name}.md").write_text(table)
+        (args.out / f"{args.name}.json").write_text(json.dumps(results, indent=1))
+        return
     if args.quick:
         args.steps, args.seeds, args.items = 4, args.seeds[:1], 4
     extra = [x for s in args.sets for x in ("--set", s)]
