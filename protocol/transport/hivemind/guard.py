@@ -62,6 +62,19 @@ def key_id(key: str) -> bytes:
     return data
 
 
+def answer_pings_during_create() -> None:
+    """Work around a hivemind 1.1.12 race: ``DHTProtocol.create`` registers its RPC handlers before it sets
+    ``node_info``, so a ping that arrives in between -- a peer re-pinging a node whose DHT is restarting after p2pd
+    died -- raised ``AttributeError`` inside hivemind (logged as a traceback, the ping unanswered). Until ``create``
+    sets the instance's own, a protocol answers with an empty ``NodeInfo``, as a client-mode node always does: the
+    pinging peer learns nothing and asks again later. Idempotent."""
+    from hivemind.dht.protocol import DHTProtocol
+    from hivemind.proto import dht_pb2
+
+    if "node_info" not in vars(DHTProtocol):
+        DHTProtocol.node_info = dht_pb2.NodeInfo()
+
+
 def keep_valid_subkeys(protocol: Any) -> None:
     """Make a hivemind ``DHTProtocol`` judge a dictionary value (a shard key's entries, SPEC 9) one subkey at a time.
 

@@ -78,11 +78,18 @@ from protocol.layout import (
 from protocol.transport.base import RecordCheck, Transport
 from protocol.transport.config import DHT_REPLICAS, HivemindTransportConfig, ProtocolConfig
 from protocol.transport.hivemind.capacity import CappedStorage, install
-from protocol.transport.hivemind.guard import NO_SUBKEY, DHTRecordGuard, keep_valid_subkeys, key_id
+from protocol.transport.hivemind.guard import (
+    NO_SUBKEY,
+    DHTRecordGuard,
+    answer_pings_during_create,
+    keep_valid_subkeys,
+    key_id,
+)
 from protocol.transport.hivemind.loop import LoopThread, T, port_of
 from protocol.transport.netkey import NetworkKey
 
 logger = logging.getLogger(__name__)
+answer_pings_during_create()  # before any DHT process forks from this one (hivemind's DHT is a ForkProcess)
 
 
 #: Seconds p2pd gets to exit after SIGTERM on close before it is killed.

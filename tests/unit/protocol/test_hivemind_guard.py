@@ -118,3 +118,17 @@ def test_a_bad_entry_in_a_shard_response_drops_only_itself():
     # a response of bad entries only is dropped whole, as before
     only_bad = _shard_response({ALICE.peer_id: other_swarm})
     assert protocol._validate_dictionary(key, only_bad) is False and g.rejections == {"wrong_swarm": 2}
+
+
+def test_a_protocol_answers_a_ping_before_create_has_set_its_node_info() -> None:
+    """hivemind registers DHTProtocol's handlers before it sets node_info; a ping in between must not raise."""
+    import asyncio
+
+    from hivemind.dht.protocol import DHTProtocol
+    from hivemind.proto import dht_pb2
+
+    import protocol.transport.hivemind.transport  # noqa: F401  (installs the workaround at import)
+
+    half_made = DHTProtocol(_initialized_with_create=True)  # what create has built when its handlers go live
+    response = asyncio.run(half_made.rpc_ping(dht_pb2.PingRequest(), None))
+    assert response.peer == dht_pb2.NodeInfo() and response.available is False
