@@ -106,7 +106,9 @@ def verdict(rows: list[dict]) -> list[str]:
     out = []
     for prefix, by in groups.items():
         base = by.get("8-0") or groups.get(prefix.replace("-paper", "-same"), {}).get("8-0")
-        if "4-4" in by and base is not None:
+        if "4-4" in by and base is not None and not by["4-4"]["own_ratio"]:
+            out.append(f"{prefix}: no 4/4 vs 8/0 ratio (8/0's own-rollout reward was 0 on every seed)")
+        elif "4-4" in by and base is not None:
             ratios = by["4-4"]["own_ratio"]
             mean = statistics.fmean(ratios)
             spread = statistics.stdev(ratios) if len(ratios) > 1 else 0.0
