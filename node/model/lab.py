@@ -25,7 +25,6 @@ Knows nothing about sampling, RL or the swarm; it only turns a :class:`LabRecipe
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import random
@@ -46,7 +45,6 @@ logger = logging.getLogger(__name__)
 LAB_NAME = "builtin:lab"
 #: Bump when the build code changes in a way the recipe fields do not capture.
 BUILD_CODE_VERSION = 2  # 2: split v2 (train-side draws changed)
-EOS_TOKEN, PAD_TOKEN = "<|endoftext|>", "<|pad|>"
 SPECIAL_TOKENS = ["<answer>", "</answer>", "<think>", "</think>"]
 _RECIPE_FILE = "rl_swarm_recipe.json"
 
@@ -95,8 +93,9 @@ class LabRecipe:
 
     def key(self) -> str:
         """16 hex chars of SHA-256 over the canonical JSON of the recipe and the build code version."""
-        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+        from node.model.tiny import recipe_key
+
+        return recipe_key(self.to_dict())
 
 
 DEFAULT_LAB_RECIPE = LabRecipe()
@@ -150,26 +149,10 @@ def training_examples(recipe: LabRecipe, families: tuple[TaskFamily, ...], n: in
 
 def build_tokenizer(recipe: LabRecipe) -> Any:
     """Byte-level BPE (digits one per token) over prompts and traces of both laboratory families."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    from node.model.tiny import train_byte_bpe
 
     corpus = [p + c for p, c in training_examples(recipe, lab_task_families(), recipe.tokenizer_items, 0, trace=True)]
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
-    )
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=recipe.vocab_size,
-        special_tokens=[EOS_TOKEN, PAD_TOKEN],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    bpe.train_from_iterator(corpus, trainer=trainer)
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN)
-    tok.add_tokens(SPECIAL_TOKENS)
-    tok.padding_side = "left"
-    return tok
+    return train_byte_bpe(corpus, recipe.vocab_size, SPECIAL_TOKENS)
 
 
 def build(recipe: LabRecipe, out: Path) -> dict[str, Any]:

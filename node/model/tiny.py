@@ -112,9 +112,13 @@ class TinyRecipe:
         return d
 
     def key(self) -> str:
-        """16 hex chars of SHA-256 over the canonical JSON of the recipe and the build code version."""
-        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+        return recipe_key(self.to_dict())
+
+
+def recipe_key(recipe: dict[str, Any]) -> str:
+    """16 hex chars of SHA-256 over the canonical JSON of a recipe (with its build code version): its cache name."""
+    blob = json.dumps(recipe, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 DEFAULT_RECIPE = TinyRecipe()
@@ -199,9 +203,6 @@ def _format_prompt(question: str) -> str:
 
 def build_tokenizer(recipe: TinyRecipe) -> Any:
     """Byte-level BPE over prompts and answers of the SAPO families and the warm-start families."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
     families = [TaskFamily(name=n) for n in SAPO_FAMILIES] + list(recipe.tokenizer_families or recipe.sft_families)
     corpus = []
     rng = random.Random(recipe.seed)
@@ -211,20 +212,30 @@ def build_tokenizer(recipe: TinyRecipe) -> Any:
             item = src.materialize(ref)
             answer = item.answer if item.answer is not None else str(item.metadata.get("example_answer", ""))
             corpus.append(_format_prompt(item.question) + format_answer(answer))
+    # one token each for the answer tags: the format costs two tokens, not eight
+    return train_byte_bpe(corpus, recipe.vocab_size, ["<answer>", "</answer>"])
+
+
+def train_byte_bpe(corpus: list[str], vocab_size: int, added_tokens: list[str]) -> Any:
+    """A byte-level BPE tokenizer over ``corpus`` with digits split one per token, EOS and pad special tokens and
+    ``added_tokens`` as single tokens; left padding (generation batches)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
     )
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=recipe.vocab_size,
+        vocab_size=vocab_size,
         special_tokens=[EOS_TOKEN, PAD_TOKEN],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     bpe.train_from_iterator(corpus, trainer=trainer)
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN)
-    tok.add_tokens(["<answer>", "</answer>"])  # one token each: the format costs two tokens, not eight
+    tok.add_tokens(added_tokens)
     tok.padding_side = "left"
     return tok
 
