@@ -104,19 +104,13 @@ DEFAULT_LAB_RECIPE = LabRecipe()
 def recipe_with(overrides: dict[str, Any]) -> LabRecipe:
     """:data:`DEFAULT_LAB_RECIPE` with ``overrides`` (``model.builtin``) applied; ``families`` is a list of
     ``{name, config, weight}`` mappings of laboratory families. ``ValueError`` names an unknown field or family."""
-    if not overrides:
-        return DEFAULT_LAB_RECIPE
-    known = {f.name for f in dataclasses.fields(LabRecipe)}
-    unknown = sorted(set(overrides) - known)
-    if unknown:
-        raise ValueError(f"unknown laboratory recipe field(s) {unknown}; known: {sorted(known)}")
-    values = dict(overrides)
-    if "families" in values:
-        values["families"] = tuple(TaskFamily.model_validate(f) for f in values["families"])
-        bad = sorted({f.name for f in values["families"]} - set(LAB_FAMILIES))
-        if bad:
-            raise ValueError(f"the laboratory model warm-starts on {list(LAB_FAMILIES)} only, not {bad}")
-    return dataclasses.replace(DEFAULT_LAB_RECIPE, **values)
+    from node.model.tiny import replace_recipe
+
+    recipe = replace_recipe(DEFAULT_LAB_RECIPE, overrides, "laboratory", ("families",))
+    bad = sorted({f.name for f in recipe.families} - set(LAB_FAMILIES))
+    if bad:
+        raise ValueError(f"the laboratory model warm-starts on {list(LAB_FAMILIES)} only, not {bad}")
+    return recipe
 
 
 def model_dir(cache_dir: Path | None, recipe: LabRecipe) -> Path:

@@ -39,7 +39,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -50,6 +50,7 @@ from node.tasks import PLAIN_TEMPLATE, SAPO_FAMILIES, TaskSource, format_answer
 logger = logging.getLogger(__name__)
 
 BUILTIN_NAME = "builtin:tiny"
+R = TypeVar("R")
 #: Bump when the build code changes in a way the recipe fields do not capture.
 BUILD_CODE_VERSION = 5  # 5: split v2 (SPEC 13): warm-start items avoid the new dev and test sides
 EOS_TOKEN, PAD_TOKEN = "<|endoftext|>", "<|pad|>"
@@ -127,17 +128,23 @@ DEFAULT_RECIPE = TinyRecipe()
 def recipe_with(overrides: dict[str, Any]) -> TinyRecipe:
     """:data:`DEFAULT_RECIPE` with ``overrides`` (``model.builtin``) applied; family lists are lists of
     ``{name, config, weight}`` mappings. Raises ``ValueError`` naming an unknown field or a bad family."""
+    return replace_recipe(DEFAULT_RECIPE, overrides, "built-in", ("sft_families", "tokenizer_families"))
+
+
+def replace_recipe(default: R, overrides: dict[str, Any], what: str, family_fields: tuple[str, ...]) -> R:
+    """``default`` (a recipe dataclass) with ``overrides`` applied, ``family_fields`` given as lists of ``{name,
+    config, weight}`` mappings; ``ValueError`` names an unknown field (of the ``what`` recipe) or a bad family."""
     if not overrides:
-        return DEFAULT_RECIPE
-    known = {f.name for f in dataclasses.fields(TinyRecipe)}
+        return default
+    known = {f.name for f in dataclasses.fields(default)}  # type: ignore[arg-type]  (R: any recipe dataclass)
     unknown = sorted(set(overrides) - known)
     if unknown:
-        raise ValueError(f"unknown built-in recipe field(s) {unknown}; known: {sorted(known)}")
+        raise ValueError(f"unknown {what} recipe field(s) {unknown}; known: {sorted(known)}")
     values = dict(overrides)
-    for key in ("sft_families", "tokenizer_families"):
+    for key in family_fields:
         if key in values:
             values[key] = tuple(TaskFamily.model_validate(f) for f in values[key])
-    return dataclasses.replace(DEFAULT_RECIPE, **values)
+    return dataclasses.replace(default, **values)  # type: ignore[type-var]
 
 
 def default_cache_root() -> Path:
