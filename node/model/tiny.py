@@ -136,7 +136,7 @@ def replace_recipe(default: R, overrides: dict[str, Any], what: str, family_fiel
     config, weight}`` mappings; ``ValueError`` names an unknown field (of the ``what`` recipe) or a bad family."""
     if not overrides:
         return default
-    known = {f.name for f in dataclasses.fields(default)}  # type: ignore[arg-type]  (R: any recipe dataclass)
+    known = {f.name for f in dataclasses.fields(default)}  # type: ignore[arg-type]
     unknown = sorted(set(overrides) - known)
     if unknown:
         raise ValueError(f"unknown {what} recipe field(s) {unknown}; known: {sorted(known)}")
