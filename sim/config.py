@@ -268,6 +268,10 @@ class SimConfig(StrictModel):
     """Simulated unix time of round 0 (fixed, so runs are reproducible)."""
     torch_threads: int = Field(default=1, ge=1, le=256)
     """torch intra-op threads of the simulator process (in-process nodes share them)."""
+    workers: int = Field(default=1, ge=1, le=64)
+    """In-process mode: run this many (configuration, seed) pairs at once, each in its own process with
+    ``torch_threads`` threads. A pair's records do not depend on it (every pair seeds its own generators), so on
+    a machine with spare cores it divides an experiment's wall time without changing a number."""
     mnpo_game: MnpoGameConfig | None = None
     """The MNPO experiment (B6): after the configurations ran, the non-transitive population game and the report
     ``mnpo.md`` (``sim.experiments.mnpo_game``); None for other experiments."""

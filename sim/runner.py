@@ -25,6 +25,13 @@ def run_experiment(sim: SimConfig, out: str | Path, progress: Callable[[str], No
     from sim.report.progress import StepProgress
 
     n_runs = len(sim.configurations) * len(sim.seeds)
+    if sim.mode == "inprocess" and sim.workers > 1 and n_runs > 1:
+        results.extend(_run_parallel(sim, out, progress))
+        if sim.mnpo_game is not None:
+            from sim.experiments.mnpo_game import run_mnpo_report
+
+            run_mnpo_report(sim, out, progress)
+        return results
     for variant in sim.configurations:
         for seed in sim.seeds:
             t0 = time.perf_counter()
@@ -52,3 +59,36 @@ def run_experiment(sim: SimConfig, out: str | Path, progress: Callable[[str], No
 
         run_mnpo_report(sim, out, progress)
     return results
+
+
+def _run_pair(sim_json: dict[str, Any], variant: str, seed: int, out: str) -> tuple[str, float]:
+    """One (configuration, seed) pair in a worker process; returns its run directory and wall seconds."""
+    from node.cli.logs import setup_cli_logging
+    from sim.inprocess import run_seed
+
+    setup_cli_logging("INFO")  # a spawned process starts with no handlers: its build lines would be lost
+    t0 = time.perf_counter()
+    result = asyncio.run(run_seed(SimConfig.model_validate(sim_json), variant, seed, out))
+    return str(result.run_dir), time.perf_counter() - t0
+
+
+def _run_parallel(sim: SimConfig, out: Path, progress: Callable[[str], None] | None) -> list[Any]:
+    """``sim.workers`` pairs at a time, each in a fresh process (spawned: no inherited torch state). The workers
+    rebuild the config from its JSON form, so each pair runs exactly as it would in the sequential loop; the
+    results are the pairs' run directories, in the sequential loop's order."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    pairs = [(v.name, seed) for v in sim.configurations for seed in sim.seeds]
+    sim_json = sim.model_dump(mode="json")
+    done: dict[tuple[str, int], Path] = {}
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(sim.workers, len(pairs)), mp_context=ctx) as pool:
+        futures = {pool.submit(_run_pair, sim_json, v, seed, str(out)): (v, seed) for v, seed in pairs}
+        for fut in as_completed(futures):
+            v, seed = futures[fut]
+            run_dir, wall = fut.result()  # a pair's exception propagates here, as in the sequential loop
+            done[(v, seed)] = Path(run_dir)
+            line = f"[{len(done)}/{len(pairs)}] {v} seed {seed}: {sim.nodes} nodes x {sim.steps} steps in {wall:.1f}s"
+            (progress or logger.info)(line)
+    return [done[p] for p in pairs]
