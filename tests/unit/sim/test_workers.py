@@ -32,7 +32,8 @@ def _records(run: Path) -> dict[str, list[dict]]:
 @pytest.mark.timeout(900)
 def test_parallel_pairs_give_the_sequential_records(tmp_path: Path) -> None:
     cache = f"node.model.cache_dir={tmp_path / 'cache'}"
-    seq = load_sim_config(CONFIG, [cache, "seeds=[0, 1]", "configurations=[{name: alone}, {name: sharing}]"], quick=True)
+    two = "configurations=[{name: alone}, {name: sharing}]"  # the default sapo mix: peers' groups in both
+    seq = load_sim_config(CONFIG, [cache, "seeds=[0, 1]", two], quick=True)
     par = seq.model_copy(update={"workers": 2})
     run_experiment(seq, tmp_path / "seq")
     dirs = run_experiment(par, tmp_path / "par")
