@@ -17,43 +17,47 @@ from sim.config import SimConfig
 logger = logging.getLogger(__name__)
 
 
-def run_experiment(sim: SimConfig, out: str | Path, progress: Callable[[str], None] | None = None) -> list[Any]:
-    """Run all (configuration, seed) pairs of ``sim`` into ``out``; returns the in-process results (or run dirs)."""
+def run_experiment(
+    sim: SimConfig,
+    out: str | Path,
+    progress: Callable[[str], None] | None = None,
+    pairs: list[tuple[str, int]] | None = None,
+) -> list[Any]:
+    """Run all (configuration, seed) pairs of ``sim`` into ``out`` (or only ``pairs``, e.g. the unfinished ones of a
+    resumed benchmark); returns the in-process results (or run dirs)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     results: list[Any] = []
     from sim.report.progress import StepProgress
 
-    n_runs = len(sim.configurations) * len(sim.seeds)
+    todo = pairs if pairs is not None else [(v.name, seed) for v in sim.configurations for seed in sim.seeds]
+    n_runs = len(todo)
     if sim.mode == "inprocess" and sim.workers > 1 and n_runs > 1:
-        results.extend(_run_parallel(sim, out, progress))
+        results.extend(_run_parallel(sim, out, progress, todo))
         if sim.mnpo_game is not None:
             from sim.experiments.mnpo_game import run_mnpo_report
 
             run_mnpo_report(sim, out, progress)
         return results
-    for variant in sim.configurations:
-        for seed in sim.seeds:
-            t0 = time.perf_counter()
-            # Per-step progress goes to stderr only when someone watches (``progress`` given: the CLI).
-            label = f"[{len(results) + 1}/{n_runs}] {variant.name} seed {seed}"
-            bar = StepProgress(label, sim.steps) if progress is not None else None
-            on_step = bar.update if bar is not None else None
-            if sim.mode == "inprocess":
-                from sim.inprocess import run_seed
+    for name, seed in todo:
+        t0 = time.perf_counter()
+        # Per-step progress goes to stderr only when someone watches (``progress`` given: the CLI).
+        label = f"[{len(results) + 1}/{n_runs}] {name} seed {seed}"
+        bar = StepProgress(label, sim.steps) if progress is not None else None
+        on_step = bar.update if bar is not None else None
+        if sim.mode == "inprocess":
+            from sim.inprocess import run_seed
 
-                results.append(asyncio.run(run_seed(sim, variant.name, seed, out, on_step=on_step)))
-            else:
-                from sim.multiproc import run_seed_multiprocess
+            results.append(asyncio.run(run_seed(sim, name, seed, out, on_step=on_step)))
+        else:
+            from sim.multiproc import run_seed_multiprocess
 
-                results.append(run_seed_multiprocess(sim, variant.name, seed, out, on_step=on_step))
-            line = (
-                f"{variant.name} seed {seed}: {sim.nodes} nodes x {sim.steps} steps in {time.perf_counter() - t0:.1f}s"
-            )
-            if bar is not None:
-                bar.done(f"{label}: {sim.nodes} nodes x {sim.steps} steps in {time.perf_counter() - t0:.1f}s")
-            else:
-                logger.info(line)
+            results.append(run_seed_multiprocess(sim, name, seed, out, on_step=on_step))
+        line = f"{name} seed {seed}: {sim.nodes} nodes x {sim.steps} steps in {time.perf_counter() - t0:.1f}s"
+        if bar is not None:
+            bar.done(f"{label}: {sim.nodes} nodes x {sim.steps} steps in {time.perf_counter() - t0:.1f}s")
+        else:
+            logger.info(line)
     if sim.mnpo_game is not None:
         from sim.experiments.mnpo_game import run_mnpo_report
 
@@ -72,14 +76,15 @@ def _run_pair(sim_json: dict[str, Any], variant: str, seed: int, out: str) -> tu
     return str(result.run_dir), time.perf_counter() - t0
 
 
-def _run_parallel(sim: SimConfig, out: Path, progress: Callable[[str], None] | None) -> list[Any]:
+def _run_parallel(
+    sim: SimConfig, out: Path, progress: Callable[[str], None] | None, pairs: list[tuple[str, int]]
+) -> list[Any]:
     """``sim.workers`` pairs at a time, each in a fresh process (spawned: no inherited torch state). The workers
     rebuild the config from its JSON form, so each pair runs exactly as it would in the sequential loop; the
     results are the pairs' run directories, in the sequential loop's order."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    pairs = [(v.name, seed) for v in sim.configurations for seed in sim.seeds]
     sim_json = sim.model_dump(mode="json")
     done: dict[tuple[str, int], Path] = {}
     ctx = multiprocessing.get_context("spawn")

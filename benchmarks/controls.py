@@ -1,0 +1,337 @@
+"""Controls: does a peer's completion carry something a node cannot get alone? (the sharing comparison)
+
+The laboratory model (``builtin:lab``) in the deterministic in-process simulator, many seeds, every arm at the same
+number of learner updates (one a step, the same steps), paired by seed: a seed gives every arm the same initial
+models and task draws.
+
+Settings (``configs/sim/controls-<setting>.yaml``; the YAML's configurations are the arms):
+
+* ``het``: specialised nodes, as in the laboratory demo. Node 0 is warm-started on traces of ``lab_add`` with a
+  fifth as many of ``lab_sub``, node 1 the other way round, so each *half-knows* one family (its lacking family):
+  held-out pass@8 about 0.2, pass@1 about 0.06 (dev side, ``benchmarks/results/controls.md``).
+* ``homo``: identical nodes (the default laboratory recipe), SAPO's own setting: 8/0 against 4/4.
+
+Arms:
+
+* (a) ``alone``: RL on own groups only (8 a step);
+* (b) ``labels``: (a) plus supervised training on the node's own gold labels, bare ``<answer>x</answer>``, of its
+  lacking family (``het``) or of both families (``homo``), credited ``1 - b`` (``labels``): what the task generator
+  gives every node for free;
+* (c) ``share``: SAPO group credit, 8 own + 8 peers' groups (``homo``: 4 + 4);
+* (d) ``receiver``: receiver credit, peers' solved completions credited ``1 - b`` (``sapo.peer_advantage``), solved
+  groups published;
+* (e) ``answers``: (d) with every peer completion stripped to its ``<answer>`` tag (``sapo.peer_text: answer``):
+  labels only, from peers;
+* (f) ``stronger``: (d) taking peers' groups only where the peer's solve share beats the node's own rate
+  (``sapo.peer_groups: stronger``), so a node learns a family's working only from peers that do it better.
+
+PRE-REGISTRATION (fixed before the first test-side run; the pilot that chose the setting read the dev side only)
+
+* Set-up (``configs/sim/controls-het.yaml``, chosen on the DEV side, ``benchmarks/results/controls_pilot.md``): 60
+  steps of 8 prompts x G = 8, lr 1e-4 for every arm (on dev, alone's lacking family ended the same at 3e-5 and
+  1e-4; 3e-4 collapsed a sharing node), 8 peer groups a step from the one peer (``max_per_peer: 8``).
+* Metric: held-out TEST-side exact accuracy (mean over 8 samples a problem, the evaluation's ``accuracy``), 64
+  problems a family, at the FINAL step (``steps`` of the YAML), nothing else read as the result.
+  ``het``: each node's lacking family (node 0 ``lab_sub``, node 1 ``lab_add``), averaged over the two nodes, per
+  seed. ``homo``: both families, all nodes, averaged, per seed.
+* Analysis: per seed, arm minus arm (paired), mean and 95% t-interval over the seeds (10 or more); pass@8 of the
+  same problems beside it, and the own (known) family's exact, so harm is visible.
+* Target (``het``): some sharing arm (c, d or f) beats (a) and (b) with the interval's lower end above 0, and beats
+  (e) likewise. Anything else is reported as not met, with what limits it.
+
+    python benchmarks/controls.py --setting het --seeds 0-9 --workers 2     # runs what is missing, then reports
+    python benchmarks/controls.py --setting het --analyze                    # report only
+    python benchmarks/controls.py --setting het --quick                      # the YAML's quick overrides (a test)
+
+Writes ``benchmarks/results/controls_<setting>.md`` / ``.json`` / ``.png`` (or under ``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.common.machine import machine_info  # noqa: E402
+from benchmarks.common.multirun import read_evals, write_results  # noqa: E402
+
+#: Node index -> the family it lacks, for the ``het`` setting's primary metric.
+LACKING = {0: "lab_sub", 1: "lab_add"}
+KNOWN = {0: "lab_add", 1: "lab_sub"}
+#: Sharing arms and the comparisons the target names (arm, control).
+COMPARISONS = [(s, c) for s in ("share", "receiver", "stronger") for c in ("alone", "labels", "answers")] + [
+    ("labels", "alone"),
+    ("answers", "alone"),
+]
+
+
+def parse_seeds(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        if "-" in part:
+            lo, hi = part.split("-")
+            out += list(range(int(lo), int(hi) + 1))
+        elif part:
+            out.append(int(part))
+    return out
+
+
+def pair_done(run_dir: Path, nodes: int, steps: int) -> bool:
+    """Every node evaluated at the last step (the in-process simulator writes evaluations as they happen)."""
+    return all((e := read_evals(run_dir / f"node{i}")) and e[-1]["step"] >= steps for i in range(nodes))
+
+
+def run_pending(sim: Any, work: Path, seeds: list[int]) -> None:
+    """Run every (arm, seed) pair not finished yet; an unfinished pair's directory is cleared and run again (the
+    in-process simulator keeps no checkpoints)."""
+    from sim.runner import run_experiment
+
+    pending = []
+    for seed in seeds:
+        for arm in [c.name for c in sim.configurations]:
+            run_dir = work / arm / f"seed{seed}"
+            if pair_done(run_dir, sim.nodes, sim.steps):
+                continue
+            shutil.rmtree(run_dir, ignore_errors=True)
+            pending.append((arm, seed))
+    print(f"{len(pending)} pairs to run", file=sys.stderr, flush=True)
+    if pending:
+        run_experiment(sim, work, progress=lambda line: print(line, file=sys.stderr, flush=True), pairs=pending)
+
+
+def _family_value(ev: dict[str, Any], fam: str, key: str) -> float:
+    v = ev["families"][fam][key]
+    return math.nan if v is None else float(v)  # pass@8 of an evaluation with fewer samples
+
+
+def seed_values(run_dir: Path, nodes: int, setting: str, key: str, when: int) -> dict[str, float]:
+    """The seed's metric ``key`` (``accuracy``, ``pass_at_8``) at evaluation step ``when``: the lacking family
+    (``het``), the known one, and every family (``all``), averaged over nodes."""
+    lacking, known, every = [], [], []
+    for i in range(nodes):
+        evs = {e["step"]: e for e in read_evals(run_dir / f"node{i}")}
+        ev = evs[when]
+        fams = sorted(ev["families"])
+        every += [_family_value(ev, f, key) for f in fams]
+        if setting == "het":
+            lacking.append(_family_value(ev, LACKING[i], key))
+            known.append(_family_value(ev, KNOWN[i], key))
+    out = {"all": statistics.fmean(every)}
+    if lacking:
+        out |= {"lacking": statistics.fmean(lacking), "known": statistics.fmean(known)}
+    return out
+
+
+#: Student's t 0.975 quantiles for 1..30 degrees of freedom (no scipy dependency for one table).
+_T975 = (
+    *(12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131),
+    *(2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042),
+)
+
+
+def t975(df: int) -> float:
+    """The two-sided 95% t multiplier; above 30 degrees of freedom the normal's 1.96 plus a 1/df correction."""
+    return _T975[df - 1] if df <= len(_T975) else 1.96 + 2.4 / df
+
+
+def t_interval(xs: list[float]) -> tuple[float, float, float]:
+    """Mean and two-sided 95% t-interval of ``xs`` (at least two values)."""
+    m = statistics.fmean(xs)
+    if len(xs) < 2:
+        return m, math.nan, math.nan
+    half = t975(len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
+    return m, m - half, m + half
+
+
+def collect(work: Path, sim: Any, setting: str) -> dict[str, dict[int, dict[str, Any]]]:
+    """arm -> seed -> {start/end: {metric: {lacking, known, all}}} for every finished pair."""
+    data: dict[str, dict[int, dict[str, Any]]] = {}
+    for arm in [c.name for c in sim.configurations]:
+        for seed_dir in sorted((work / arm).glob("seed*")):
+            if not pair_done(seed_dir, sim.nodes, sim.steps):
+                continue
+            seed = int(seed_dir.name[4:])
+            data.setdefault(arm, {})[seed] = {
+                when: {k: seed_values(seed_dir, sim.nodes, setting, k, step) for k in ("accuracy", "pass_at_8")}
+                for when, step in (("start", 0), ("end", sim.steps))
+            }
+    return data
+
+
+def report(data: dict[str, dict[int, dict[str, Any]]], sim: Any, setting: str, command: str) -> tuple[str, dict]:
+    part = "lacking" if setting == "het" else "all"
+    arms = list(data)
+    n = sim.node_config(arms[0], 0, sim.seeds[0])
+    lines = [
+        f"# Controls ({setting}): does a peer's completion carry something a node cannot get alone?",
+        "",
+        f"- {machine_info()}",
+        f"- command: `{command}`",
+        f"- {sim.nodes} nodes x {sim.steps} steps, {n.rollout.prompts_per_step} prompts x {n.rollout.group_size} a "
+        f"step, lr {n.learner.lr:g}; held-out {n.eval.side.upper()} side, {n.eval.items_per_family} problems a "
+        f"family x {n.eval.samples} samples",
+        "- pre-registered (benchmarks/controls.py docstring): exact accuracy at the final step, "
+        + ("each node's lacking family" if setting == "het" else "both families")
+        + ", averaged over nodes; paired by seed, mean and 95% t-interval",
+        "",
+        "## Per arm (mean ± sd over seeds)",
+        "",
+        "| arm | seeds | exact start | exact end | gain | pass@8 start -> end |"
+        + (" known-family exact start -> end |" if setting == "het" else ""),
+        "|---|---:|---:|---:|---:|---:|" + ("---:|" if setting == "het" else ""),
+    ]
+
+    def ms(xs: list[float]) -> str:
+        return f"{statistics.fmean(xs):.3f} ± {statistics.stdev(xs):.3f}" if len(xs) > 1 else f"{xs[0]:.3f}"
+
+    summary: dict[str, Any] = {"setting": setting, "arms": {}, "comparisons": []}
+    for arm in arms:
+        seeds = sorted(data[arm])
+        s = [data[arm][k]["start"]["accuracy"][part] for k in seeds]
+        e = [data[arm][k]["end"]["accuracy"][part] for k in seeds]
+        p0 = [data[arm][k]["start"]["pass_at_8"][part] for k in seeds]
+        p1 = [data[arm][k]["end"]["pass_at_8"][part] for k in seeds]
+        gain = [b - a for a, b in zip(s, e, strict=True)]
+        row = f"| {arm} | {len(seeds)} | {ms(s)} | {ms(e)} | {ms(gain)} | {ms(p0)} -> {ms(p1)} |"
+        if setting == "het":
+            k0 = [data[arm][k]["start"]["accuracy"]["known"] for k in seeds]
+            k1 = [data[arm][k]["end"]["accuracy"]["known"] for k in seeds]
+            row += f" {ms(k0)} -> {ms(k1)} |"
+        lines.append(row)
+        summary["arms"][arm] = {"seeds": seeds, "start": s, "end": e, "pass8_start": p0, "pass8_end": p1}
+    lines += [
+        "",
+        "## Paired differences at the final step (arm minus control, same seeds)",
+        "",
+        "| arm | control | seeds | exact diff | 95% interval | pass@8 diff | 95% interval | beats it |",
+        "|---|---|---:|---:|---|---:|---|---|",
+    ]
+    for arm, ctl in COMPARISONS:
+        if arm not in data or ctl not in data:
+            continue
+        seeds = sorted(set(data[arm]) & set(data[ctl]))
+        if len(seeds) < 2:
+            continue
+        d = [data[arm][k]["end"]["accuracy"][part] - data[ctl][k]["end"]["accuracy"][part] for k in seeds]
+        d8 = [data[arm][k]["end"]["pass_at_8"][part] - data[ctl][k]["end"]["pass_at_8"][part] for k in seeds]
+        m, lo, hi = t_interval(d)
+        m8, lo8, hi8 = t_interval(d8)
+        beats = "yes" if lo > 0 else ("worse" if hi < 0 else "no")
+        lines.append(
+            f"| {arm} | {ctl} | {len(seeds)} | {m:+.3f} | [{lo:+.3f}, {hi:+.3f}] | {m8:+.3f} | [{lo8:+.3f}, {hi8:+.3f}]"
+            f" | {beats} |"
+        )
+        summary["comparisons"].append({"arm": arm, "control": ctl, "seeds": seeds, "diff": d, "pass8_diff": d8,
+                                       "mean": m, "lo": lo, "hi": hi, "beats": beats})  # fmt: skip
+    seeds_all = sorted({k for arm in arms for k in data[arm]})
+    lines += ["", "## Per seed (the primary metric at the final step)", "",
+              "| arm | " + " | ".join(f"s{k}" for k in seeds_all) + " |",
+              "|---|" + "---:|" * len(seeds_all)]  # fmt: skip
+    for arm in arms:
+        cells = [f"{data[arm][k]['end']['accuracy'][part]:.3f}" if k in data[arm] else "" for k in seeds_all]
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    lines += ["", verdict(summary, setting), ""]
+    summary["data"] = {a: {str(k): v for k, v in d.items()} for a, d in data.items()}
+    return "\n".join(lines), summary
+
+
+def verdict(summary: dict[str, Any], setting: str) -> str:
+    """The pre-registered target, read off the comparison table."""
+    won: dict[str, dict[str, bool]] = {}
+    for c in summary["comparisons"]:
+        won.setdefault(c["arm"], {})[c["control"]] = c["beats"] == "yes"
+    winners = [a for a, w in won.items() if a in ("share", "receiver", "stronger") and all(
+        w.get(c, False) for c in ("alone", "labels", "answers"))]  # fmt: skip
+    if setting != "het":
+        return "Target: defined for the het setting; this setting is reported beside it."
+    if winners:
+        return f"**Target met** by {', '.join(winners)}: beyond the 95% interval above (a) alone, (b) labels and (e)."
+    return "**Target not met**: no sharing arm beats (a), (b) and (e) each beyond its 95% interval."
+
+
+def plot(work: Path, sim: Any, setting: str, data: dict[str, Any], path: Path) -> Path | None:
+    """Exact accuracy (lacking family for het) at every evaluation step, mean over seeds with the seeds' range."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for arm in data:
+        curves: dict[int, list[float]] = {}
+        for seed in data[arm]:
+            run_dir = work / arm / f"seed{seed}"
+            steps = sorted({e["step"] for e in read_evals(run_dir / "node0")})
+            for step in steps:
+                v = seed_values(run_dir, sim.nodes, setting, "accuracy", step)
+                curves.setdefault(step, []).append(v["lacking" if setting == "het" else "all"])
+        xs = sorted(curves)
+        mean = [statistics.fmean(curves[x]) for x in xs]
+        ax.plot(xs, mean, marker="o", label=f"{arm} ({len(data[arm])} seeds)")
+        ax.fill_between(xs, [min(curves[x]) for x in xs], [max(curves[x]) for x in xs], alpha=0.12)
+    ax.set_xlabel("step")
+    ax.set_ylabel("held-out exact" + (" (lacking family)" if setting == "het" else ""))
+    ax.set_title(f"controls ({setting}): mean over seeds, band = seeds' range")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--setting", choices=("het", "homo"), default="het")
+    ap.add_argument("--seeds", default="0-9", help="e.g. 0-9 or 0,2,5")
+    ap.add_argument("--workers", type=int, default=2, help="(arm, seed) pairs at once, one process each")
+    ap.add_argument("--only", default="", help="comma-separated arms to run (the report reads every finished one)")
+    ap.add_argument("--work", type=Path, default=None, help="run directory (default runs/controls-<setting>)")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    ap.add_argument("--set", action="append", default=[], help="sim override, e.g. steps=20")
+    ap.add_argument("--quick", action="store_true", help="the YAML's quick overrides (seconds; a test)")
+    ap.add_argument("--analyze", action="store_true", help="only read the run directory and write the report")
+    args = ap.parse_args()
+
+    from sim.config import load_sim_config
+
+    config = ROOT / "configs" / "sim" / f"controls-{args.setting}.yaml"
+    overrides = [*args.set, f"seeds={parse_seeds(args.seeds)}", f"workers={args.workers}"]
+    sim = load_sim_config(str(config), overrides, quick=args.quick)
+    if args.quick:
+        sim = sim.model_copy(update={"seeds": parse_seeds(args.seeds)})
+    work = args.work or ROOT / "runs" / f"controls-{args.setting}{'-quick' if args.quick else ''}"
+    work.mkdir(parents=True, exist_ok=True)
+    if not args.analyze:
+        run_sim = sim
+        if args.only:
+            keep = set(args.only.split(","))
+            run_sim = sim.model_copy(update={"configurations": [c for c in sim.configurations if c.name in keep]})
+        t0 = time.perf_counter()
+        run_pending(run_sim, work, sim.seeds)
+        print(f"ran in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
+    data = collect(work, sim, args.setting)
+    if not data:
+        print("no finished pairs to report", file=sys.stderr)
+        return 1
+    stem = f"controls_{args.setting}{'_quick' if args.quick else ''}"
+    command = "python benchmarks/controls.py " + " ".join(sys.argv[1:])
+    text, summary = report(data, sim, args.setting, command)
+    args.out.mkdir(parents=True, exist_ok=True)
+    png = plot(work, sim, args.setting, data, args.out / f"{stem}.png")
+    if png is not None:
+        text += f"\n![exact accuracy over steps]({png.name})\n"
+    write_results(args.out, stem, text, summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
