@@ -103,10 +103,13 @@ class ModelConfig(StrictModel):
 class TaskFamily(StrictModel):
     """One task family and how often to draw it."""
 
-    name: str
-    """reasoning-gym dataset name, e.g. ``chain_sum``, ``basic_arithmetic``, ``base_conversion``."""
+    name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.:\-/]{0,95}$")
+    """A task family (``node.tasks.family``): a reasoning-gym dataset name (``chain_sum``, ``basic_arithmetic``), a
+    laboratory family (``lab_add``), a family an installed package registers (entry point group ``rl_swarm.tasks``),
+    or ``verifiers:<module>`` for an installed single-turn verifiers environment."""
     config: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
-    """Keyword arguments of the reasoning-gym generator (difficulty knobs); scalars only, they travel in TaskRefs."""
+    """Keyword arguments of the family's generator (difficulty knobs; a verifiers environment's taskset config);
+    scalars only, they travel in TaskRefs."""
     weight: float = Field(default=1.0, gt=0)
     """Relative sampling weight among families."""
 
@@ -172,7 +175,12 @@ class TaskConfig(StrictModel):
     seed: int = 0
     """Seed of the task items (shared by the swarm so peers can regenerate each other's tasks)."""
     pool_size: int = Field(default=100_000, ge=1)
-    """Number of distinct items per family (indices are drawn from [0, pool_size))."""
+    """Number of distinct items per family (indices are drawn from [0, pool_size), or fewer when the family has
+    fewer items)."""
+    plugin_timeout_s: float = Field(default=5.0, gt=0, le=600)
+    """Time limit of one call into a task plug-in's code (generate, score, split_key, trace; ``node.tasks.guard``):
+    a call past it drops the peer's group (``plugin_timeout``) or scores an own completion 0, and a plug-in with two
+    such calls still running is quarantined. Built-in families run without it."""
 
     @model_validator(mode="before")
     @classmethod
