@@ -189,6 +189,8 @@ class SapoBatch:
             # who the peers' groups trained on came from (at most J senders a step): an operator, or a test, can
             # then tell an honest peer's share of the external data from a sybil flood's
             "external_by_sender": dict(Counter(g.source for g in self.external)),
+            # and which task families (the refs' ``family``: ``name`` or ``name@version``) they were on
+            "external_by_family": dict(Counter(g.group.task.family for g in self.external)),
             "dropped_zero_adv": self.dropped_local_zero_adv,
             "external_candidates": self.external_candidates,
             "external_newcomer": self.external_newcomer,

@@ -1,7 +1,7 @@
 """Tasks: families behind one plug-in interface, addressed by :class:`~protocol.types.TaskRef`; answers; the split.
 
-* ``family``        -- the interface a task family implements, its registry (entry point group ``rl_swarm.tasks``),
-  ``TaskItem`` and the errors a receiver counts
+* ``family``        -- the interface a task family implements, ``TaskItem``, the errors a receiver counts
+* ``registry``      -- find a family by name (installed plug-ins: entry point group ``rl_swarm.tasks``)
 * ``builtin``       -- reasoning-gym datasets and the laboratory families as families (trusted, unversioned)
 * ``verifiers_env`` -- a single-turn verifiers environment as a family (``verifiers:<module>``)
 * ``guard``         -- a plug-in's calls under a time limit; quarantine of one that hangs
@@ -9,8 +9,8 @@
 * ``split``         -- the three-sided split by a hash of the canonical problem (SPEC 13)
 * ``source``        -- ``TaskSource``: draw refs, materialize own and peers' refs, score, write traces
 
-Layers, top to bottom: ``source`` -> ``verifiers_env`` | ``builtin`` | ``guard`` -> ``answer`` | ``split`` ->
-``family``.
+Layers, top to bottom (an import-linter contract): ``source`` -> ``registry`` -> ``verifiers_env`` | ``builtin`` |
+``guard`` -> ``answer`` | ``split`` -> ``family``.
 """
 
 from node.tasks.answer import (
@@ -29,10 +29,10 @@ from node.tasks.family import (
     PluginError,
     TaskError,
     TaskItem,
-    resolve_family,
     split_wire_family,
     wire_family,
 )
+from node.tasks.registry import resolve_family
 from node.tasks.source import SAPO_FAMILIES, TaskSource
 from node.tasks.split import (
     SIDES,

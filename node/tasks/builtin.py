@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
@@ -22,16 +21,11 @@ from typing import Any
 import node.arith  # noqa: F401  (registers the laboratory families with reasoning-gym)
 from node.arith import LAB_FAMILIES, completion_for
 from node.tasks.answer import extract_answer
-from node.tasks.family import TaskError, TaskItem
+from node.tasks.family import TaskError, TaskItem, config_key
 from protocol.types import Scalar
 
 #: Virtual dataset size (upper bound on item indices) when a family's config does not set ``size``.
 DEFAULT_SIZE = 1_000_000_000
-
-
-def config_key(config: Mapping[str, Scalar]) -> str:
-    """A config as canonical JSON (sorted keys): equal configs, equal keys."""
-    return json.dumps(dict(config), sort_keys=True, separators=(",", ":"))
 
 
 def _datasets() -> dict[str, Any]:

@@ -12,7 +12,7 @@ It names itself (``name``) and its ``version``: the version travels in every tas
 (SPEC 13: ``family`` is ``name@version`` on the wire), so a receiver with another version of the same family, whose
 items or verdicts may differ, drops the group instead of training on it under a different question.
 
-Families are found by name (:func:`resolve_family`), in this order:
+Families are found by name (``node.tasks.registry.resolve_family``), in this order:
 
 1. ``verifiers:<module>``: an installed verifiers environment (``node.tasks.verifiers_env``);
 2. the built-in laboratory families ``lab_add`` and ``lab_sub`` (``node.tasks.builtin``);
@@ -27,7 +27,7 @@ Knows nothing about models, the swarm or time limits (``node.tasks.guard`` conta
 
 from __future__ import annotations
 
-import importlib.metadata as md
+import json
 import logging
 import re
 from collections.abc import Mapping
@@ -105,6 +105,11 @@ class Family(Protocol):
 DEFAULT_ITEMS = 1_000_000_000
 
 
+def config_key(config: Mapping[str, Scalar]) -> str:
+    """A config as canonical JSON (sorted keys): equal configs, equal keys."""
+    return json.dumps(dict(config), sort_keys=True, separators=(",", ":"))
+
+
 def wire_family(name: str, version: str) -> str:
     """The ``family`` string of a task ref: the name alone for an unversioned (built-in) family, else
     ``name@version``."""
@@ -131,57 +136,3 @@ def check_family(obj: Any, name: str) -> Family:
             "task_unknown",
         )
     return obj  # type: ignore[no-any-return]
-
-
-def entry_point_names() -> list[str]:
-    """Names of the families installed packages register (entry point group :data:`ENTRY_POINT_GROUP`)."""
-    return sorted({ep.name for ep in md.entry_points(group=ENTRY_POINT_GROUP)})
-
-
-def _from_entry_point(name: str) -> Family | None:
-    eps = [ep for ep in md.entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
-    if not eps:
-        return None
-    if len({ep.value for ep in eps}) > 1:
-        raise TaskError(
-            f"task family {name!r} is registered by several installed packages: {[ep.value for ep in eps]}",
-            "task_unknown",
-        )
-    try:
-        obj = eps[0].load()
-        if isinstance(obj, type) or (callable(obj) and not hasattr(obj, "generate")):
-            obj = obj()
-    except Exception as e:  # a plug-in that fails to import is a configuration error the user must see
-        raise TaskError(f"task plug-in {name!r} ({eps[0].value}) failed to load: {e!r}", "task_unknown") from e
-    return check_family(obj, name)
-
-
-_RESOLVED: dict[str, Family] = {}
-
-
-def resolve_family(name: str) -> Family:
-    """The family named ``name`` (module docstring: verifiers environments, built-ins, reasoning-gym, entry points);
-    :class:`TaskError` (reason ``task_unknown``) when none is installed here. Cached per process."""
-    if name in _RESOLVED:
-        return _RESOLVED[name]
-    if not NAME_RE.fullmatch(name):
-        raise TaskError(f"task family name {name!r} is not a valid name", "task_unknown")
-    family: Family | None
-    if name.startswith("verifiers:"):
-        from node.tasks.verifiers_env import VerifiersFamily
-
-        family = VerifiersFamily.load(name.removeprefix("verifiers:"))
-    else:
-        from node.tasks.builtin import builtin_family
-
-        family = builtin_family(name) or _from_entry_point(name)
-    if family is None:
-        installed = entry_point_names()
-        raise TaskError(
-            f"unknown task family {name!r}: not a reasoning-gym dataset, not a built-in family, and no installed "
-            f"package registers it under the entry point group {ENTRY_POINT_GROUP!r}"
-            + (f" (installed plug-ins: {installed})" if installed else ""),
-            "task_unknown",
-        )
-    _RESOLVED[name] = family
-    return family

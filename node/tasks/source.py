@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from node.config import TaskConfig
-from node.tasks.builtin import DEFAULT_SIZE, GymFamily, builtin_family, config_key
+from node.tasks.builtin import DEFAULT_SIZE, GymFamily, builtin_family
 from node.tasks.family import (
     DEFAULT_ITEMS,
     MAX_ANSWER_CHARS,
@@ -43,12 +43,12 @@ from node.tasks.family import (
     PluginError,
     TaskError,
     TaskItem,
-    entry_point_names,
-    resolve_family,
+    config_key,
     split_wire_family,
     wire_family,
 )
 from node.tasks.guard import PluginGuard
+from node.tasks.registry import entry_point_names, resolve_family
 from node.tasks.split import Side, key_preimage, side_of_hash, split_key, split_side
 from protocol.types import Scalar, TaskRef
 

@@ -37,8 +37,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from node.tasks.builtin import config_key
-from node.tasks.family import VERSION_RE, TaskError, TaskItem
+from node.tasks.family import VERSION_RE, TaskError, TaskItem, config_key
 from protocol.types import Scalar
 
 #: Rows read from one taskset at most (an infinite or huge taskset is cut here).
@@ -148,8 +147,8 @@ class VerifiersFamily:
         except Exception as e:
             text = f"{type(e).__module__}.{type(e).__name__}: {e}".lower()
             if any(h in text for h in _HUB_HINTS):
-                raise _refuse(self.module, f"its dataset is not available offline ({type(e).__name__}: {e}); only "
-                                           "environments whose data is local or generated work here") from e  # fmt: skip
+                why = f"its dataset is not available offline ({type(e).__name__}: {e}); only environments whose data"
+                raise _refuse(self.module, why + " is local or generated work here") from e
             raise _refuse(self.module, f"reading its rows failed: {e!r}") from e
         if not rows:
             raise _refuse(self.module, f"its taskset has no rows under config {key}")
@@ -193,8 +192,8 @@ class VerifiersFamily:
         if prompt is not None and not isinstance(prompt, str):
             roles = {getattr(m, "role", None) for m in prompt}
             if not roles <= {"system", "user"}:
-                raise _refuse(self.module, f"row {index} has a conversation as its prompt (roles {sorted(map(str, roles))}); "
-                                           "only single-turn prompts are supported")  # fmt: skip
+                why = f"row {index} has a conversation as its prompt (roles {sorted(map(str, roles))})"
+                raise _refuse(self.module, why + "; only single-turn prompts are supported")
         question = "\n\n".join(t for t in (data.system_prompt, data.prompt_text) if t)
         answer = getattr(data, "answer", None)
         return {
