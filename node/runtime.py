@@ -406,7 +406,13 @@ class Node:
 
             if not isinstance(self.tasks, TaskSource):
                 raise TypeError(f"held-out evaluation needs a real task source, not {type(self.tasks).__name__}")
-            self._evaluator = Evaluator(self.tasks, self.policy, self.engine, self.cfg.eval, self.cfg.rollout)
+            eval_cfg = self.cfg.eval.sized_for(self.cfg.model.name)
+            if eval_cfg is not self.cfg.eval:
+                logger.info(
+                    "evaluations are quick for a real model (eval.quick): %d items x %d samples per family; "
+                    "swarm-node eval measures at full size", eval_cfg.items_per_family, eval_cfg.samples,
+                )  # fmt: skip
+            self._evaluator = Evaluator(self.tasks, self.policy, self.engine, eval_cfg, self.cfg.rollout)
         if self.engine.policy_version != self.learner.policy_version:  # vllm.sync_every > 1: measure the learner
             self.engine.sync_weights(self.learner.policy_version)
         result = self._evaluator.evaluate(step)
