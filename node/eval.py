@@ -213,6 +213,7 @@ class Evaluator:
             "" if self._item_s is None else f", about {self._item_s * total:.0f} s",
         )  # fmt: skip
         done = 0
+        first: tuple[int, float] | None = None
         for offset, (fam, items) in enumerate(self.items.items()):
             if not items:
                 continue
@@ -238,13 +239,17 @@ class Evaluator:
             )
             done += len(items)
             elapsed = time.perf_counter() - t0
+            if first is None:  # the first family carries the warm-up: the next estimate leaves it out
+                first = (done, elapsed)
             if done < total:
                 logger.info(
                     "evaluation: %s done (%d/%d items, %.0f s); about %.0f s left",
                     fam, done, total, elapsed, elapsed / done * (total - done),
                 )  # fmt: skip
-        if total:
-            self._item_s = (time.perf_counter() - t0) / total
+        if first is not None:
+            n0, s0 = first
+            rest = total - n0
+            self._item_s = (time.perf_counter() - t0 - s0) / rest if rest else s0 / max(1, n0)
         return summarize(families, step=step, samples=self.cfg.samples, eval_s=time.perf_counter() - t0, side=self.side)
 
 
