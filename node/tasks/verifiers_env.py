@@ -33,6 +33,7 @@ import importlib.metadata as md
 import inspect
 import os
 import re
+import sys
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -42,7 +43,7 @@ from protocol.types import Scalar
 
 #: Rows read from one taskset at most (an infinite or huge taskset is cut here).
 MAX_ROWS = 100_000
-_HUB_HINTS = ("huggingface", "hf_hub", "hub", "offline", "connection", "resolve", "couldn't reach", "could not reach")
+_HUB_HINTS = ("huggingface", "hf_hub", "hub", "offline", "connection", "couldn't reach", "could not reach")
 
 
 def _refuse(module: str, why: str) -> TaskError:
@@ -51,12 +52,23 @@ def _refuse(module: str, why: str) -> TaskError:
 
 @contextlib.contextmanager
 def _offline() -> Iterator[None]:
+    """Hub downloads fail at once: the environment variables for libraries imported from here on, and the module
+    constants of those already imported (they read the variables at import)."""
     keys = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
     saved = {k: os.environ.get(k) for k in keys}
     os.environ.update(dict.fromkeys(keys, "1"))
+    patched: list[tuple[Any, str, Any]] = []
+    for module, attr in (("huggingface_hub.constants", "HF_HUB_OFFLINE"), ("datasets.config", "HF_DATASETS_OFFLINE"),
+                         ("datasets.config", "HF_HUB_OFFLINE")):  # fmt: skip
+        mod = sys.modules.get(module)
+        if mod is not None and hasattr(mod, attr):
+            patched.append((mod, attr, getattr(mod, attr)))
+            setattr(mod, attr, True)
     try:
         yield
     finally:
+        for mod, attr, value in patched:
+            setattr(mod, attr, value)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
