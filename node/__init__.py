@@ -3,7 +3,8 @@
 * ``config``    -- pydantic models of a node's configuration (no torch)
 * ``seams``     -- typed seams (Protocols) for policy, engine, tasks, learner and a side phase; ``GenerationSettings``,
   ``TrainSample``
-* ``tasks``     -- reasoning-gym task sources addressed by TaskRef; answer extraction and scoring; the 3-sided split
+* ``tasks/``    -- task families behind one plug-in interface (reasoning-gym, laboratory, installed plug-ins, verifiers
+  environments), addressed by TaskRef; answer extraction and scoring; the 3-sided split
 * ``canonical`` -- the canonical problem the split hashes (arithmetic value-level and family-independent)
 * ``arith``     -- the laboratory families ``lab_add``/``lab_sub`` (registered with reasoning-gym), their traces
 * ``runtime``   -- the node loop (generate, publish, SAPO mix, learn, checkpoint)
@@ -39,7 +40,7 @@ Components, as ``file [config section] <- called by -> calls``:
 * ``mnpo/phase`` [``mnpo``] <- ``Node`` (a ``StepPhase``) -> planner, batch, learner, ``mnpo/oracles``,
   ``swarm.mnpo``, the channel
 * ``eval`` [``eval``] <- ``Node``, ``swarm-node eval`` -> tasks, the engine (sampled and greedy)
-* ``tasks`` [``tasks``] <- planner, ``Node``, ``eval``, the observer -> reasoning-gym
+* ``tasks`` [``tasks``] <- planner, ``Node``, ``eval``, the observer -> reasoning-gym, plug-ins (time-limited)
 * ``telemetry`` [``report_to``, ``runtime``] <- ``Node``, ``cli/export``, ``sim/report`` -> JSONL files, trackers
 * ``observer`` [``transport``, ``protocol``] <- ``swarm-node watch`` -> its reader child, the tasks' verifier, HTTP
 

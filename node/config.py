@@ -103,10 +103,13 @@ class ModelConfig(StrictModel):
 class TaskFamily(StrictModel):
     """One task family and how often to draw it."""
 
-    name: str
-    """reasoning-gym dataset name, e.g. ``chain_sum``, ``basic_arithmetic``, ``base_conversion``."""
+    name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.:\-/]{0,95}$")
+    """A task family (``node.tasks.family``): a reasoning-gym dataset name (``chain_sum``, ``basic_arithmetic``), a
+    laboratory family (``lab_add``), a family an installed package registers (entry point group ``rl_swarm.tasks``),
+    or ``verifiers:<module>`` for an installed single-turn verifiers environment."""
     config: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
-    """Keyword arguments of the reasoning-gym generator (difficulty knobs); scalars only, they travel in TaskRefs."""
+    """Keyword arguments of the family's generator (difficulty knobs; a verifiers environment's taskset config);
+    scalars only, they travel in TaskRefs."""
     weight: float = Field(default=1.0, gt=0)
     """Relative sampling weight among families."""
 
@@ -172,7 +175,12 @@ class TaskConfig(StrictModel):
     seed: int = 0
     """Seed of the task items (shared by the swarm so peers can regenerate each other's tasks)."""
     pool_size: int = Field(default=100_000, ge=1)
-    """Number of distinct items per family (indices are drawn from [0, pool_size))."""
+    """Number of distinct items per family (indices are drawn from [0, pool_size), or fewer when the family has
+    fewer items)."""
+    plugin_timeout_s: float = Field(default=5.0, gt=0, le=600)
+    """Time limit of one call into a task plug-in's code (generate, score, split_key, trace; ``node.tasks.guard``):
+    a call past it drops the peer's group (``plugin_timeout``) or scores an own completion 0, and a plug-in with two
+    such calls still running is quarantined. Built-in families run without it."""
 
     @model_validator(mode="before")
     @classmethod
@@ -568,6 +576,33 @@ class EvalConfig(StrictModel):
     samples: int = Field(default=8, ge=1, le=64)
     """n: completions per item at the training temperature (accuracy is their exact-match rate); 8 so that
     pass@8 is reported (it is ``None`` below 8). On the built-in model 8 cost 1.3-1.7x the time of 4 (~1.4-2.4 s)."""
+    quick: bool | None = None
+    """Size the node's own evaluations (start, every ``every_steps``, end) down to ``quick_items_per_family`` items
+    and ``quick_samples`` samples per family, so a real model starts training within a minute or two instead of
+    after a full evaluation (SmolLM2 with vLLM: 447 s for 4 families x 48 items x 9 completions). ``None`` (auto):
+    quick for a model that is not built-in, unless ``items_per_family`` or ``samples`` is set; the built-in models
+    evaluate in seconds and keep the full size. ``swarm-node eval`` and the benchmarks evaluate at full size."""
+    quick_items_per_family: int = Field(default=8, ge=1, le=10_000)
+    """Items per family of a quick evaluation."""
+    quick_samples: int = Field(default=2, ge=1, le=64)
+    """Samples per item of a quick evaluation (pass@8 is then not reported)."""
+
+    def sized_for(self, model_name: str) -> EvalConfig:
+        """This config as the node evaluates ``model_name`` (``quick``): the quick sizes where they apply, else
+        itself."""
+        quick = self.quick
+        if quick is None:
+            explicit = {"items_per_family", "samples"} & self.model_fields_set
+            quick = not model_name.startswith("builtin:") and not explicit
+        if not quick:
+            return self
+        return self.model_copy(
+            update={
+                "items_per_family": min(self.items_per_family, self.quick_items_per_family),
+                "samples": min(self.samples, self.quick_samples),
+            }
+        )
+
     greedy: bool = True
     """Also decode each item greedily (``greedy_accuracy``)."""
     seed: int = Field(default=1_000_003, ge=0)

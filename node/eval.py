@@ -187,6 +187,8 @@ class Evaluator:
         self.top_p = rollout.top_p
         self.max_new_tokens = cfg.max_new_tokens or rollout.max_new_tokens
         self.side: Side = cfg.side
+        #: Seconds per item of the last evaluation: the next one's announced duration.
+        self._item_s: float | None = None
         n = items_per_family or cfg.items_per_family
         refs = tasks.split_refs(self.side, n, cfg.seed)
         self.items: dict[str, list[TaskItem]] = {fam: [tasks.materialize(r) for r in rs] for fam, rs in refs.items()}
@@ -203,6 +205,15 @@ class Evaluator:
         """Evaluate the engine's current policy; returns the summary (see the module docstring). Blocking."""
         t0 = time.perf_counter()
         families: dict[str, FamilyResult] = {}
+        total = sum(len(items) for items in self.items.values())
+        per_item = self.cfg.samples + (1 if self.cfg.greedy else 0)
+        logger.info(
+            "step %d: evaluating %d %s items x %d completions (%d families)%s",
+            step, total, self.side, per_item, len(self.items),
+            "" if self._item_s is None else f", about {self._item_s * total:.0f} s",
+        )  # fmt: skip
+        done = 0
+        first: tuple[int, float] | None = None
         for offset, (fam, items) in enumerate(self.items.items()):
             if not items:
                 continue
@@ -226,6 +237,19 @@ class Evaluator:
                 greedy,
                 [len(c.token_ids) for comps in sampled for c in comps],
             )
+            done += len(items)
+            elapsed = time.perf_counter() - t0
+            if first is None:  # the first family carries the warm-up: the next estimate leaves it out
+                first = (done, elapsed)
+            if done < total:
+                logger.info(
+                    "evaluation: %s done (%d/%d items, %.0f s); about %.0f s left",
+                    fam, done, total, elapsed, elapsed / done * (total - done),
+                )  # fmt: skip
+        if first is not None:
+            n0, s0 = first
+            rest = total - n0
+            self._item_s = (time.perf_counter() - t0 - s0) / rest if rest else s0 / max(1, n0)
         return summarize(families, step=step, samples=self.cfg.samples, eval_s=time.perf_counter() - t0, side=self.side)
 
 

@@ -35,7 +35,7 @@ from node.learn.batch import SampleBuilder, TrainBatch
 from node.rollout.groups import OwnRollouts, own_rollouts
 from node.rollout.planner import Planner, RolloutPlanner, UniformPlanner, planner_enabled
 from node.seams import EngineLike, GenerationSettings, LearnerLike, NoPhase, PolicyLike, StepPhase, TasksLike
-from node.tasks import TaskItem, extract_answer, is_exact
+from node.tasks import PluginError, TaskError, TaskItem, extract_answer, is_exact
 from node.telemetry.metrics import JsonlWriter, LiveView, truncate_after_step
 from node.telemetry.trackers import open_metrics
 from protocol.channel import Channel
@@ -155,6 +155,7 @@ class Node:
             label_families = [f for f in cfg.tasks.families if f.name in set(cfg.labels.families)]
             self._label_tasks = TaskSource(cfg.tasks.model_copy(update={"families": label_families}))
         self.ingest_counts: Counter[str] = Counter()
+        self._task_refusals_logged: set[tuple[str, str]] = set()
         self.totals: Counter[str] = Counter()
         self._live_enabled = live
         self._live: LiveView | None = None
@@ -322,7 +323,18 @@ class Node:
         return random.Random(f"{self.cfg.seed}:{self.name}:{purpose}:{self.step}")
 
     def reward(self, item: TaskItem, text: str) -> float:
-        """The training reward of one completion: the verifier's score, or exact match (``tasks.reward``)."""
+        """The training reward of one of this node's own completions (:meth:`verified_reward`). A task plug-in that
+        fails on it scores it 0 (counted as ``plugin_own_failures``, logged once per family)."""
+        try:
+            return self.verified_reward(item, text)
+        except PluginError as e:
+            self.totals["plugin_own_failures"] += 1
+            self._note_task_refusal(item.ref.family, e)
+            return 0.0
+
+    def verified_reward(self, item: TaskItem, text: str) -> float:
+        """The verifier's score, or exact match (``tasks.reward``); :class:`PluginError` when a plug-in's scorer
+        fails."""
         score = float(self.tasks.score(item, text))
         if self.cfg.tasks.reward == "partial":
             return score
@@ -347,9 +359,25 @@ class Node:
         return own
 
     def score_external(self, ref: TaskRef, texts: Sequence[str]) -> list[float]:
-        """The receiver's verifier for peers' groups: regenerate the task from its ref, score every text."""
-        item = self.tasks.materialize_for_training(ref)  # TaskError: not our family, or a dev/test question
-        return [self.reward(item, t) for t in texts]
+        """The receiver's verifier for peers' groups: regenerate the task from its ref, score every text. A
+        :class:`TaskError` (not our family or version, a dev/test question, a plug-in failing on the item) drops the
+        group; ``ingest_rollouts`` counts it under the error's ``reason``."""
+        try:
+            item = self.tasks.materialize_for_training(ref)
+            return [self.verified_reward(item, t) for t in texts]
+        except TaskError as e:
+            self._note_task_refusal(ref.family, e)
+            raise
+
+    def _note_task_refusal(self, family: str, e: TaskError) -> None:
+        """One log line per (family, reason) for the life of the node; the counts go to ``rejected_by_reason``."""
+        key = (family[:128], e.reason)
+        if key in self._task_refusals_logged or len(self._task_refusals_logged) >= 256:
+            return
+        self._task_refusals_logged.add(key)
+        level = logging.DEBUG if e.reason == "task_rejected" else logging.WARNING
+        logger.log(level, "dropping peers' groups of task family %r (%s, counted in rejected_by_reason; logged "
+                   "once per family): %s", family[:128], e.reason, e)  # fmt: skip
 
     # ------------------------------------------------------------------ held-out evaluation
 
@@ -378,7 +406,13 @@ class Node:
 
             if not isinstance(self.tasks, TaskSource):
                 raise TypeError(f"held-out evaluation needs a real task source, not {type(self.tasks).__name__}")
-            self._evaluator = Evaluator(self.tasks, self.policy, self.engine, self.cfg.eval, self.cfg.rollout)
+            eval_cfg = self.cfg.eval.sized_for(self.cfg.model.name)
+            if eval_cfg is not self.cfg.eval:
+                logger.info(
+                    "evaluations are quick for a real model (eval.quick): %d items x %d samples per family; "
+                    "swarm-node eval measures at full size", eval_cfg.items_per_family, eval_cfg.samples,
+                )  # fmt: skip
+            self._evaluator = Evaluator(self.tasks, self.policy, self.engine, eval_cfg, self.cfg.rollout)
         if self.engine.policy_version != self.learner.policy_version:  # vllm.sync_every > 1: measure the learner
             self.engine.sync_weights(self.learner.policy_version)
         result = self._evaluator.evaluate(step)

@@ -145,6 +145,10 @@ class ScriptedTasks:
         split (held-out evaluation needs a real policy)."""
         return self.materialize(ref)
 
+    def trace(self, item: TaskItem) -> str | None:
+        """No written working: scripted items are bare sums."""
+        return None
+
     def warn_if_small(self, total_draws: int) -> list[str]:
         """Nothing to warn about: scripted items cannot be memorized."""
         return []

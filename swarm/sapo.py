@@ -49,9 +49,11 @@ def ingest_rollouts(
     """Re-score a validated peer record's groups locally and add them to the pool.
 
     Returns outcome counts: ``accepted``, ``duplicate``, ``bad_group_size``, ``task_rejected`` (the scorer
-    refused the TaskRef), ``score_error`` (anything else the scorer raised), ``zero_advantage`` (all local
-    rewards equal, e.g. forged rewards on wrong answers; with ``receiver``, no completion solved: nothing a
-    receiver-credited learner would train on). Never raises: a peer's data cannot crash the node.
+    refused the TaskRef; a :class:`SwarmError` with a ``reason`` attribute is counted under that reason instead, e.g.
+    ``task_version``, ``task_unknown``, ``plugin_timeout``), ``score_error`` (anything else the scorer raised),
+    ``zero_advantage`` (all local rewards equal, e.g. forged rewards on wrong answers; with ``receiver``, no
+    completion solved: nothing a receiver-credited learner would train on). Never raises: a peer's data cannot
+    crash the node.
     """
     counts: Counter[str] = Counter()
     batch = envelope.payload
@@ -71,7 +73,8 @@ def ingest_rollouts(
             rewards = scorer(group.task, [c.text for c in group.completions])
         except SwarmError as e:
             logger.debug("dropping group %s from %s: %s", index, envelope.sender, e)
-            counts["task_rejected"] += 1
+            reason = getattr(e, "reason", "task_rejected")
+            counts[reason if isinstance(reason, str) and reason.isidentifier() else "task_rejected"] += 1
             continue
         except Exception as e:  # a verifier crashing on hostile text must not take the node down
             logger.debug("scorer failed on group %s from %s: %r", index, envelope.sender, e)
@@ -186,6 +189,8 @@ class SapoBatch:
             # who the peers' groups trained on came from (at most J senders a step): an operator, or a test, can
             # then tell an honest peer's share of the external data from a sybil flood's
             "external_by_sender": dict(Counter(g.source for g in self.external)),
+            # and which task families (the refs' ``family``: ``name`` or ``name@version``) they were on
+            "external_by_family": dict(Counter(g.group.task.family for g in self.external)),
             "dropped_zero_adv": self.dropped_local_zero_adv,
             "external_candidates": self.external_candidates,
             "external_newcomer": self.external_newcomer,

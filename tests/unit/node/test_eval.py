@@ -186,3 +186,17 @@ def test_live_view_keeps_showing_the_latest_heldout_accuracy() -> None:
         assert "held-out 0.250" in view._progress.tasks[0].fields["info"]
     finally:
         view.close()
+
+
+def test_a_real_models_own_evaluations_are_quick_unless_sized_explicitly() -> None:
+    from node.config import EvalConfig
+
+    auto = EvalConfig()
+    quick = auto.sized_for("smollm2-135m")
+    assert (quick.items_per_family, quick.samples) == (8, 2)
+    assert auto.sized_for("builtin:tiny") is auto  # built-in models evaluate in seconds: full size
+    explicit = EvalConfig(items_per_family=24)
+    assert explicit.sized_for("smollm2-135m") is explicit  # a benchmark that sets a size keeps it
+    forced = EvalConfig(quick=True, quick_items_per_family=4, quick_samples=1).sized_for("builtin:tiny")
+    assert (forced.items_per_family, forced.samples) == (4, 1)
+    assert EvalConfig(quick=False).sized_for("smollm2-135m").items_per_family == 48
