@@ -30,6 +30,8 @@ PRE-REGISTRATION (fixed before the first test-side run; the pilot that chose the
 * Set-up (``configs/sim/controls-het.yaml``, chosen on the DEV side, ``benchmarks/results/controls_pilot.md``): 60
   steps of 8 prompts x G = 8, lr 1e-4 for every arm (on dev, alone's lacking family ended the same at 3e-5 and
   1e-4; 3e-4 collapsed a sharing node), 8 peer groups a step from the one peer (``max_per_peer: 8``).
+* ``homo`` (``configs/sim/controls-homo.yaml``): 4 identical nodes, 40 steps of 8 x 8, lr 3e-5 (B7's dev-chosen
+  rate), 4 own + 4 peers' groups in the sharing arms, arms (a)-(e); (b) labels both families.
 * Metric: held-out TEST-side exact accuracy (mean over 8 samples a problem, the evaluation's ``accuracy``), 64
   problems a family, at the FINAL step (``steps`` of the YAML), nothing else read as the result.
   ``het``: each node's lacking family (node 0 ``lab_sub``, node 1 ``lab_add``), averaged over the two nodes, per

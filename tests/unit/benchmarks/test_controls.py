@@ -1,0 +1,72 @@
+"""The sharing comparison's driver (``benchmarks/controls.py``): its interval arithmetic, and a quick run of the
+heterogeneous setting end to end (two specialised real-policy nodes, four arms, two seeds) whose report pairs
+the arms by seed and reads the pre-registered verdict off the intervals."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.controls import parse_seeds, t975, t_interval, verdict  # noqa: E402
+
+
+def test_t_interval_matches_student_t() -> None:
+    assert t975(9) == pytest.approx(2.262, abs=1e-3) and t975(60) == pytest.approx(2.000, abs=2e-3)
+    m, lo, hi = t_interval([0.1, 0.2, 0.3, 0.4])  # mean 0.25, sd 0.1291, t(3) 3.182
+    assert m == pytest.approx(0.25) and hi - m == pytest.approx(3.182 * 0.129099 / 2, rel=1e-3) and lo < m
+    assert math.isnan(t_interval([0.5])[1])
+    assert parse_seeds("0-3,7") == [0, 1, 2, 3, 7]
+
+
+def test_verdict_needs_all_three_controls_beaten() -> None:
+    def c(arm: str, ctl: str, beats: str) -> dict:
+        return {"arm": arm, "control": ctl, "beats": beats}
+
+    two = {
+        "comparisons": [c("receiver", "alone", "yes"), c("receiver", "labels", "yes"), c("receiver", "answers", "no")]
+    }
+    assert "not met" in verdict(two, "het")
+    three = {"comparisons": [*two["comparisons"][:2], c("receiver", "answers", "yes"), c("labels", "alone", "yes")]}
+    assert "Target met** by receiver" in verdict(three, "het")
+
+
+@pytest.mark.timeout(900)
+def test_quick_het_run_reports_paired_differences(tmp_path: Path) -> None:
+    args = [
+        "--setting",
+        "het",
+        "--quick",
+        "--seeds",
+        "0-1",
+        "--workers",
+        "2",
+        "--only",
+        "alone,labels,receiver,answers",
+    ]
+    args += ["--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")]
+    args += ["--set", f"node.model.cache_dir={tmp_path / 'cache'}"]
+    subprocess.run([sys.executable, "benchmarks/controls.py", *args], check=True, cwd=ROOT, capture_output=True)
+    text = (tmp_path / "out" / "controls_het_quick.md").read_text()
+    for arm in ("alone", "labels", "receiver", "answers"):
+        assert f"| {arm} | 2 |" in text
+    assert "| receiver | alone | 2 |" in text and "| receiver | answers | 2 |" in text
+    assert "| share |" not in text  # an arm that did not run is not reported
+    assert "Target" in text
+    data = json.loads((tmp_path / "out" / "controls_het_quick.json").read_text())
+    comp = {(c["arm"], c["control"]): c for c in data["comparisons"]}
+    ra = comp[("receiver", "alone")]
+    assert ra["seeds"] == [0, 1] and len(ra["diff"]) == 2
+    ends = data["arms"]
+    assert ra["diff"][0] == pytest.approx(ends["receiver"]["end"][0] - ends["alone"]["end"][0])
+    # a second call finds every pair finished and runs nothing
+    res = subprocess.run([sys.executable, "benchmarks/controls.py", *args], check=True, cwd=ROOT, capture_output=True,
+                         text=True)  # fmt: skip
+    assert "0 pairs to run" in res.stderr
