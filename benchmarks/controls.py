@@ -181,6 +181,8 @@ def report(data: dict[str, dict[int, dict[str, Any]]], sim: Any, setting: str, c
         f"- {sim.nodes} nodes x {sim.steps} steps, {n.rollout.prompts_per_step} prompts x {n.rollout.group_size} a "
         f"step, lr {n.learner.lr:g}; held-out {n.eval.side.upper()} side, {n.eval.items_per_family} problems a "
         f"family x {n.eval.samples} samples",
+        "- every seed starts from the same warm-started models (the recipes' own seed is fixed), so the step-0 "
+        "values agree; a seed varies the task draws and every sample after that",
         "- pre-registered (benchmarks/controls.py docstring): exact accuracy at the final step, "
         + ("each node's lacking family" if setting == "het" else "both families")
         + ", averaged over nodes; paired by seed, mean and 95% t-interval",
