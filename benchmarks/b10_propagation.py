@@ -95,7 +95,19 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
         "(sapo.peer_groups: stronger)",
         {**RECEIVER, "peer_groups": "stronger"},
     ),
+    "labels": (
+        "4 own / 0 peers' groups a step plus 16 of the node's own gold labels (bare <answer>x</answer>) of the "
+        "family, credited 1 - b like receiver's peer answers: the control receiver's gain must beat (issue 54)",
+        {"local_groups": 4, "external_groups": 0},
+    ),
+    "answers": (
+        "as receiver, with every peer completion stripped to its <answer> tag (sapo.peer_text: answer): labels "
+        "only, from peers",
+        {**RECEIVER, "peer_text": "answer"},
+    ),
 }
+#: Node settings beyond ``sapo`` a configuration needs, given the task family names.
+EXTRA: dict[str, Any] = {"labels": lambda names: {"labels": {"families": names, "per_step": 16}}}
 
 
 def population(args: argparse.Namespace) -> str:
@@ -143,7 +155,8 @@ def sim_mapping(args: argparse.Namespace) -> dict[str, Any]:
             "checkpoint": {"every": 10, "keep": 1},
         },
         "configurations": [
-            {"name": name, "description": CONFIGS[name][0], "node": {"sapo": CONFIGS[name][1]}}
+            {"name": name, "description": CONFIGS[name][0],
+             "node": {"sapo": CONFIGS[name][1], **(EXTRA[name]([f["name"] for f in family]) if name in EXTRA else {})}}
             for name in args.configs
         ],
         "heterogeneity": {"node_overrides": overrides},
