@@ -16,7 +16,10 @@ is ``share`` with peers' completions credited by the receiver (``sapo.peer_advan
 answer is worth ``1 - b``, ``b`` the receiver's own solve rate, its wrong ones nothing) and all-right groups
 published (``sapo.publish_solved``); ``stronger`` is ``receiver`` taking a peer's group only when it is solved more
 often than the receiver's own rate (``sapo.peer_groups: stronger``, so the strong node stops training on the weaker
-nodes' right answers). The strong node keeps publishing in all. Every node evaluates on the same
+nodes' right answers); ``labels`` is ``alone`` plus 16 of each node's own gold labels a step (bare
+``<answer>x</answer>``, credited ``1 - b``), the control that tells a peer's part from gold labels a node can write
+itself, and ``answers`` is ``receiver`` on peers' answers only (``sapo.peer_text: answer``). The strong node keeps
+publishing in all. Every node evaluates on the same
 held-out items of F (problems no node trained on).
 
     python benchmarks/b10_propagation.py run --seeds 0 1 2          # resumable: finished (config, seed) pairs are kept
