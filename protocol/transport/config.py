@@ -116,8 +116,11 @@ class HivemindTransportConfig(StrictModel):
     """Multiaddrs of peers to bootstrap from; empty starts a new swarm."""
     announce_maddrs: list[str] = Field(default_factory=list)
     """Multiaddrs to announce instead of the listen addresses (public address behind port forwarding)."""
-    client_mode: bool = False
-    """Do not accept incoming connections (nodes behind NAT); the node still reads and writes records."""
+    client_mode: bool | Literal["auto"] = "auto"
+    """``true``: a DHT client (serves no keys, for nodes behind NAT; it still reads and writes records); ``false``: a
+    DHT server; ``auto``: found out by asking peers to dial this node back (``protocol/transport/hivemind/reach.py``):
+    a node started with peers runs as a client until a peer could dial it, a node that starts a swarm as a server
+    until peers say they cannot; the switch is one log line and re-checked every few minutes."""
     expiration_windows: int = Field(default=4, ge=1, le=1024)
     """Records expire this many windows after the end of their window (should be >= max_past_windows)."""
     request_timeout_s: float = Field(default=10.0, gt=0, le=600)
