@@ -110,3 +110,36 @@ def test_nat_peers_switch_to_client_mode_and_reach_each_other(tmp_path):
         out, err = doctor.communicate(timeout=60)
         behind = [line for line in out.splitlines() if "could not dial this node back" in line]
         assert doctor.returncode == 0 and behind and behind[0].startswith("warn"), out + err[-2000:]
+
+
+def _seqs_from(peer: LabPeer, tag: str) -> dict[int, float]:
+    """Sequence number -> receive time of the records ``peer`` received from the peer tagged ``tag``."""
+    if not peer.out.exists():
+        return {}
+    lines = [json.loads(x) for x in peer.out.read_text().splitlines() if x.strip()]
+    return {rec["seq"]: rec["t"] for rec in lines if rec["head"].startswith(tag + ":")}
+
+
+def test_cut_link_node_keeps_running_and_is_seen_again(tmp_path):
+    """A peer's uplink goes down for 15 s mid-run and comes back: the peer keeps publishing and polling meanwhile
+    (its process survives), and the other peer receives its records again once the link is back."""
+    with Lab(parse("public=2")) as lab:
+        common = ["--mode", "auto", "--publish-interval", "1", "--poll-s", "0.5", "--duration", "100"]
+        a = LabPeer(lab, "pub0", tmp_path, *common, "--records", "0")
+        boot = a.addr()
+        b = LabPeer(lab, "pub1", tmp_path, *common, "--records", "60", "--bootstrap", boot)
+        b.addr()
+        wait_until(lambda: len(_seqs_from(a, "pub1")) >= 3, 40, "records before the cut", [a, b])
+        lab.link_down("pub1")
+        cut = time.time()
+        time.sleep(15)
+        assert b.proc.poll() is None, b.tail()
+        before = max(_seqs_from(a, "pub1"))
+        lab.link_up("pub1")
+        back = time.time()
+        wait_until(lambda: max(_seqs_from(a, "pub1")) > before + 2, 45, "records after the link came back", [a, b])
+        got = _seqs_from(a, "pub1")
+        recovered = min(t for s, t in got.items() if s > before) - back
+        assert all(t < cut + 2 for s, t in got.items() if s <= before)  # nothing arrived through a cut link
+        assert recovered < 40, recovered
+        assert b.proc.poll() is None, b.tail()
