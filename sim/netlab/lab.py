@@ -150,7 +150,7 @@ table inet netlab_fw {{
             cmd += ["--delay-ms", str(spec.delay_ms), "--jitter-ms", str(spec.jitter_ms)]
             cmd += ["--seed", str(len(self._wires))]
             wire = subprocess.Popen(
-                cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env=_env()
+                cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env=lab_env()
             )
             self._wires[f"{a_ns}:{a_if}"] = wire
             assert wire.stdout is not None
@@ -192,7 +192,7 @@ table inet netlab_loss {{
         """Start ``cmd`` inside ``host``'s namespace, in its own process group; ended at teardown if still running."""
         h = self.hosts[host]
         kwargs.setdefault("start_new_session", True)
-        kwargs.setdefault("env", _env())
+        kwargs.setdefault("env", lab_env())
         proc = subprocess.Popen(["ip", "netns", "exec", h.ns, *cmd], **kwargs)
         self._procs.append(proc)
         return proc
@@ -201,7 +201,7 @@ table inet netlab_loss {{
         """Run ``cmd`` to completion inside ``host``'s namespace."""
         h = self.hosts[host]
         return subprocess.run(
-            ["ip", "netns", "exec", h.ns, *cmd], capture_output=True, text=True, timeout=timeout, env=_env()
+            ["ip", "netns", "exec", h.ns, *cmd], capture_output=True, text=True, timeout=timeout, env=lab_env()
         )
 
     # -- faults ---------------------------------------------------------------------------------------------------
@@ -255,7 +255,7 @@ def _stop(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
         os.killpg(proc.pid, signal.SIGKILL)  # its children (p2pd) share its process group
 
 
-def _env() -> dict[str, str]:
+def lab_env() -> dict[str, str]:
     """The environment of processes in the lab: this interpreter's import path first (a worktree's checkout)."""
     root = str(Path(__file__).resolve().parents[2])
     path = os.environ.get("PYTHONPATH", "")

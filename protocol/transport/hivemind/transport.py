@@ -507,6 +507,7 @@ class HivemindTransport(Transport):
         }
         storage = self._storage()
         if storage is not None:
+            out["storage_keys"] = len(storage)  # keys this node stores for the swarm (a soak watches it)
             out["shard_key_entries_max"] = storage.max_entries
             out["shard_key_bytes_max"] = storage.max_bytes
             out["shard_evicted"] = sum(self.evictions().values())
