@@ -36,7 +36,9 @@ from sim.netlab.swarm import Peer, delivery, start_join, start_peer, wait_publis
 from sim.netlab.topology import parse  # noqa: E402
 
 
-def run_swarm(topo: str, mode: str, records: int, interval: float, settle_s: float, workdir: Path) -> dict:
+def run_swarm(
+    topo: str, mode: str, records: int, interval: float, settle_s: float, workdir: Path, home_args: tuple = ()
+) -> dict:
     """Every host runs a peer (the first public one bootstraps the rest); each publishes ``records`` records every
     ``interval`` s; polling goes on ``settle_s`` after the last. Delivery over all pairs and per reader kind."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -47,7 +49,10 @@ def run_swarm(topo: str, mode: str, records: int, interval: float, settle_s: flo
         hosts = list(lab.hosts)
         first = start_peer(lab, hosts[0], workdir, common)
         boot = first.wait_addr()
-        peers = [first] + [start_peer(lab, h, workdir, [*common, "--bootstrap", boot]) for h in hosts[1:]]
+        peers = [first] + [
+            start_peer(lab, h, workdir, [*common, "--bootstrap", boot, *(home_args if lab.hosts[h].natted else ())])
+            for h in hosts[1:]
+        ]
         for p in peers:
             p.wait_addr()
         wait_published(peers, records, records * interval + 120)
@@ -83,18 +88,24 @@ def scenario_nat(opts: argparse.Namespace, work: Path) -> str:
         (f"public={opts.public} homes={opts.homes} nat=symmetric", "auto", "NAT, client_mode auto (default)"),
         (f"public={opts.public} homes={opts.homes} nat=symmetric", "server", "NAT, every node a DHT server (old)"),
         (f"public={opts.public} homes={opts.homes} nat=cone", "auto", "NAT (cone), client_mode auto"),
+        (f"public={opts.public} homes={opts.homes} nat=symmetric", "server+relay", "NAT, servers, relay_via_peers"),
     ]
     lines = [
         "| swarm | topology | mode | delivered (all pairs) | NATed -> NATed | p50 s | p95 s | wall s |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for i, (topo, mode, label) in enumerate(rows):
-        r = run_swarm(topo, mode, opts.records, opts.interval, opts.settle_s, work / f"nat{i}")
+        if opts.nat_rows and str(i) not in opts.nat_rows.split(","):
+            continue
+        relay = mode == "server+relay"
+        mode = "server" if relay else mode
+        home_args = ("--relay",) if relay else ()
+        r = run_swarm(topo, mode, opts.records, opts.interval, opts.settle_s, work / f"nat{i}", home_args)
         print(json.dumps(r), file=sys.stderr, flush=True)
         a = r["all"]
         lines.append(
-            f"| {label} | `{topo}` | {mode} | {fmt(a)} | {fmt(r['nat_to_nat'])} | {a['p50_s']:.2f} | "
-            f"{a['p95_s']:.2f} | {r['wall_s']} |"
+            f"| {label} | `{topo}` | {mode}{' + relay' if relay else ''} | {fmt(a)} | {fmt(r['nat_to_nat'])} | "
+            f"{a['p50_s']:.2f} | {a['p95_s']:.2f} | {r['wall_s']} |"
         )
         clients = sum(1 for c, _ in r["modes"].values() if c == 1.0)
         lines[-1] += f" <!-- DHT clients at the end: {clients} of {len(r['modes'])} -->"
@@ -291,6 +302,7 @@ def main() -> None:
     ap.add_argument("--interval", type=float, default=5.0)
     ap.add_argument("--settle-s", type=float, default=30.0)
     ap.add_argument("--cut-s", type=float, default=60.0)
+    ap.add_argument("--nat-rows", default="", help="nat scenario: comma-separated row numbers to run (default all)")
     ap.add_argument("--out", type=Path, help="write the tables here (markdown) as well as to stdout")
     opts = ap.parse_args()
     parts = []

@@ -77,6 +77,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--client-mode", action="store_true", help="same as --mode client")
     ap.add_argument("--mode", choices=["auto", "client", "server"], default="server", help="DHT client mode")
     ap.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    ap.add_argument("--relay", action="store_true", help="transport.relay_via_peers (circuit relay at --bootstrap)")
     ap.add_argument("--hostile", action="store_true")
     ap.add_argument("--sybils", type=int, default=0, help="sybil role: fresh identities per round")
     ap.add_argument("--sybil-concurrency", type=int, default=1, help="sybil role: publishes in flight at once")
@@ -103,7 +104,8 @@ async def honest(a: argparse.Namespace, stop: asyncio.Event) -> None:
     validator = RecordValidator.from_config(a.swarm, pc)
     mode = {"auto": "auto", "client": True, "server": False}["client" if a.client_mode else a.mode]
     cfg = HivemindTransportConfig(
-        initial_peers=a.bootstrap, client_mode=mode, request_timeout_s=5, port=a.port, host=a.host
+        initial_peers=a.bootstrap, client_mode=mode, request_timeout_s=5, port=a.port, host=a.host,
+        relay_via_peers=a.relay,
     )
     transport = await create_transport(
         cfg, swarm=a.swarm, peer_id=identity.peer_id, validate=validator.verdict, protocol=pc, identity=identity

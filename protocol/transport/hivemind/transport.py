@@ -209,6 +209,8 @@ class HivemindTransport(Transport):
         )
         if cfg.announce_maddrs:
             kwargs["announce_maddrs"] = list(cfg.announce_maddrs)
+        if cfg.relay_via_peers and cfg.initial_peers:
+            kwargs.update(use_auto_relay=True, trusted_relays=list(cfg.initial_peers), force_reachability="private")
         try:
             node = await runner.call(_create_capped(kwargs, protocol.index_work_bits), timeout=cfg.startup_timeout_s)
             maddrs = await runner.call(node.get_visible_maddrs(), timeout=cfg.request_timeout_s)
