@@ -44,10 +44,11 @@ def open_tap(ns: str, name: str) -> int:
 def serve(fd_a: int, fd_b: int, delay_s: float, jitter_s: float, seed: int = 0) -> None:
     """Copy frames a->b and b->a, each held ``delay_s + U(0, jitter_s)`` but never overtaking an earlier frame."""
     rng = random.Random(seed)
-    queues = {fd_a: collections.deque(), fd_b: collections.deque()}  # destination fd -> (due, frame)
+    # destination fd -> (due, frame)
+    queues: dict[int, collections.deque[tuple[float, bytes]]] = {fd_a: collections.deque(), fd_b: collections.deque()}
     last_due = {fd_a: 0.0, fd_b: 0.0}
     other = {fd_a: fd_b, fd_b: fd_a}
-    stop = []
+    stop: list[int] = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     signal.signal(signal.SIGINT, lambda *_: stop.append(1))
     while not stop:

@@ -106,7 +106,7 @@ def _ip_of(addr: Any) -> str | None:
             return None
         for proto in ("ip4", "ip6"):
             with contextlib.suppress(Exception):
-                return m.value_for_protocol(proto)
+                return str(m.value_for_protocol(proto))
     except Exception:
         return None
     return None
