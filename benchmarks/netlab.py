@@ -113,7 +113,7 @@ def scenario_nat(opts: argparse.Namespace, work: Path) -> str:
 
 
 def scenario_latency(opts: argparse.Namespace, work: Path) -> str:
-    rows = [("public=8", "127-style (no delay)"), ("public=8 link=25ms/0ms/1%", "100 ms RTT, 1% loss")]
+    rows = [("public=8", "no delay (namespaces, veth)"), ("public=8 link=25ms/0ms/1%", "100 ms RTT, 1% loss")]
     rows.append(("public=8 link=75ms/0ms/5%", "300 ms RTT, 5% loss"))
     lines = ["| link | topology | delivered | p50 s | p95 s | wall s |", "|---|---|---|---|---|---|"]
     for i, (topo, label) in enumerate(rows):

@@ -59,7 +59,7 @@ import msgpack
 from hivemind.dht.node import DHTNode
 from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord
-from hivemind.p2p import PeerID
+from hivemind.p2p import P2PDaemonError, PeerID
 from multiaddr import Multiaddr
 from multiaddr.protocols import P_P2P as P2P_CODE
 
@@ -704,7 +704,16 @@ async def _create_capped(kwargs: dict[str, Any], work_bits: int) -> DHTNode:
     """``DHTNode.create`` with the shard capacity of SPEC 7.4 (ranking entries at the swarm's ``work_bits``) installed
     in the node's storage and cache, and shard keys' entries judged one by one (SPEC 9); on the DHT's own loop,
     before anyone else holds the node."""
-    node = await DHTNode.create(**kwargs)
+    try:
+        node = await DHTNode.create(**kwargs)
+    except P2PDaemonError as e:
+        # p2pd started with bootstrap peers exits when none of them can be dialled ("failed to connect to bootstrap
+        # peers": the field's most reported start-up failure). Start without them: the node trains alone and
+        # pings them again every REJOIN_INTERVAL_S (_rejoin_if_alone) until one answers.
+        if not kwargs.get("initial_peers") or "bootstrap" not in str(e):
+            raise
+        logger.debug("p2pd could not reach its bootstrap peers (%s); starting without them", e)
+        node = await DHTNode.create(**{**kwargs, "initial_peers": None})
     install(node, work_bits)
     keep_valid_subkeys(node.protocol)
     await DialBackService().register(node.p2p)
