@@ -143,3 +143,26 @@ def test_cut_link_node_keeps_running_and_is_seen_again(tmp_path):
         assert all(t < cut + 2 for s, t in got.items() if s <= before)  # nothing arrived through a cut link
         assert recovered < 40, recovered
         assert b.proc.poll() is None, b.tail()
+
+
+@pytest.mark.slow
+def test_peer_started_while_its_only_peer_is_down_joins_when_it_comes_up(tmp_path):
+    """The field's most reported failure ("DHTNode bootstrap failed: none of the initial_peers responded"): a peer
+    whose every --peers address is down starts anyway, says so in one line, keeps publishing alone, and exchanges
+    records once the peer's link comes up."""
+    with Lab(parse("public=2")) as lab:
+        common = ["--mode", "auto", "--publish-interval", "1", "--poll-s", "0.5", "--duration", "100"]
+        a = LabPeer(lab, "pub0", tmp_path, *common, "--records", "60")
+        boot = a.addr()
+        lab.link_down("pub0")
+        b = LabPeer(lab, "pub1", tmp_path, *common, "--records", "60", "--bootstrap", boot)
+        b.addr()
+        time.sleep(20)
+        assert b.proc.poll() is None, b.tail()
+        alone = [line for line in b.tail().splitlines() if "none of the 1 --peers address(es) answered" in line]
+        assert len(alone) == 1, b.tail()
+        assert not _seqs_from(b, "pub0")
+        lab.link_up("pub0")
+        wait_until(
+            lambda: _seqs_from(b, "pub0") and _seqs_from(a, "pub1"), 60, "the two peers to exchange records", [a, b]
+        )
