@@ -104,7 +104,11 @@ async def honest(a: argparse.Namespace, stop: asyncio.Event) -> None:
     validator = RecordValidator.from_config(a.swarm, pc)
     mode = {"auto": "auto", "client": True, "server": False}["client" if a.client_mode else a.mode]
     cfg = HivemindTransportConfig(
-        initial_peers=a.bootstrap, client_mode=mode, request_timeout_s=5, port=a.port, host=a.host,
+        initial_peers=a.bootstrap,
+        client_mode=mode,
+        request_timeout_s=5,
+        port=a.port,
+        host=a.host,
         relay_via_peers=a.relay,
     )
     transport = await create_transport(
