@@ -230,6 +230,11 @@ class HivemindTransport(Transport):
                 REJOIN_INTERVAL_S,
             )
         if cfg.client_mode == "auto":
+            if node.protocol.routing_table.peer_id_to_uid:
+                # decide before the node is handed out (a NATed node: within the probe's 4 s dial timeout), so
+                # peers and the node's own first publish see it in its mode
+                with contextlib.suppress(Exception):
+                    await runner.call(self._reach_step(), timeout=30.0)
             self._reach_future = asyncio.run_coroutine_threadsafe(self._reach_loop(), runner.loop)
         return self
 
@@ -394,31 +399,37 @@ class HivemindTransport(Transport):
         return await probe(node.p2p, peers, [port]) if peers else UNKNOWN
 
     async def _reach_loop(self) -> None:
-        """``client_mode: auto``: probe until a peer answers, switch to what it found (one log line), re-check
-        every few minutes. Runs on the DHT's loop."""
+        """``client_mode: auto``: probe until a peer answers, re-check every few minutes. Runs on the DHT's loop."""
         while not self._closed:
+            await asyncio.sleep(REACH_RETRY_S[0] if self.reachability == UNKNOWN else REACH_RETRY_S[1])
+            if self._closed:
+                return
             try:
-                verdict = await asyncio.wait_for(self._probe(), 60.0)
+                await asyncio.wait_for(self._reach_step(), 60.0)
             except Exception as e:  # nobody awaits this task: it must not end in an exception
                 logger.debug("reachability probe failed: %s: %s", e.__class__.__name__, e)
-                verdict = UNKNOWN
-            if verdict != UNKNOWN and not self._closed:
-                client = verdict == UNREACHABLE
-                node = self._node
-                changed = node.protocol.client_mode != client
-                first = self.reachability == UNKNOWN
-                self.reachability = verdict
-                if changed:
-                    await set_client_mode(node, client)
-                    self._create_kwargs["client_mode"] = client
-                if client and (changed or first):
-                    logger.warning(
-                        "peers cannot dial this node (behind NAT or a firewall): running as a DHT client "
-                        "(reads and writes records, stores none for others)"
-                    )
-                elif changed or first:
-                    logger.info("peers can dial this node: serving the DHT")
-            await asyncio.sleep(REACH_RETRY_S[0] if verdict == UNKNOWN else REACH_RETRY_S[1])
+
+    async def _reach_step(self) -> None:
+        """One dial-back probe; switch to what it found, saying so in one log line (on a change, or the first
+        verdict). Runs on the DHT's loop."""
+        verdict = await self._probe()
+        if verdict == UNKNOWN or self._closed:
+            return
+        client = verdict == UNREACHABLE
+        node = self._node
+        changed = node.protocol.client_mode != client
+        first = self.reachability == UNKNOWN
+        self.reachability = verdict
+        if changed:
+            await set_client_mode(node, client)
+            self._create_kwargs["client_mode"] = client
+        if client and (changed or first):
+            logger.warning(
+                "peers cannot dial this node (behind NAT or a firewall): running as a DHT client "
+                "(reads and writes records, stores none for others)"
+            )
+        elif changed or first:
+            logger.info("peers can dial this node: serving the DHT")
 
     def addresses(self) -> list[str]:
         """Full multiaddrs other peers can bootstrap from (``/ip4/HOST/tcp/PORT/p2p/PEERID``)."""
