@@ -10,6 +10,10 @@ polling; all hosts listen on 0.0.0.0, nobody is told whether it is behind NAT un
 * ``drop``    -- recovery times: a peer's link down ``--cut-s`` mid-run; the bootstrap host's namespace removed; a peer
   started while its only ``--peers`` address is down (that host's link comes up ``--cut-s`` later).
 
+With real ``swarm-node join`` processes: ``train`` (4 nodes, no delay vs 100 ms RTT / 1%), ``train-drop`` (a node's
+link cut ``--cut-s`` mid-run), ``nat-join`` (the ``nat`` swarm as real nodes: which senders' groups each node trained
+on). ``libp2p-nat``: py-libp2p peers (``tests/libp2p_isolated/peer_lp2p.py``) on one segment and behind NAT.
+
 Usage::
 
     python benchmarks/netlab.py nat latency drop --out benchmarks/results/netlab.md
@@ -294,9 +298,126 @@ def scenario_train_drop(opts: argparse.Namespace, work: Path) -> str:
     )
 
 
+def _join_pairs(topo: str, steps: int, work: Path, extra: tuple[str, ...] = ()) -> dict:
+    """Real nodes on every host of ``topo`` (the first bootstraps the rest, a start barrier); the share of (sender,
+    reader) pairs where the reader trained on at least one of the sender's groups (``external_by_sender``)."""
+    from protocol.identity import Identity
+
+    barrier = ("--set", "runtime.wait_for_peers=2", "--set", "runtime.wait_for_peers_s=300")
+    t0 = time.monotonic()
+    with Lab(parse(topo)) as lab:
+        hosts = list(lab.hosts)
+        first = start_join(lab, hosts[0], work / hosts[0], steps, [], (*barrier, *extra))
+        boot = first.wait_addr()
+        nodes = [first] + [start_join(lab, h, work / h, steps, [boot], (*barrier, *extra)) for h in hosts[1:]]
+        deadline = time.monotonic() + 1500
+        while time.monotonic() < deadline and any(n.proc.poll() is None for n in nodes):
+            time.sleep(3)
+        codes = [n.proc.poll() for n in nodes]
+        natted = {h for h, info in lab.hosts.items() if info.natted}
+    ids = {Identity.load_or_create(work / h / "identity.key").peer_id: h for h in hosts}
+    trained: dict[str, set[str]] = {}
+    client = {}
+    for n in nodes:
+        ms = n.metrics()
+        got = set()
+        for m in ms:
+            got |= {ids[s] for s in (m.get("external_by_sender") or {}) if s in ids}
+        trained[n.host] = got
+        client[n.host] = ms[-1].get("dht_client_mode") if ms else None
+    pairs = [(s, r) for r in hosts for s in hosts if s != r]
+    nat_pairs = [(s, r) for s, r in pairs if s in natted and r in natted]
+    ok = lambda ps: sum(1 for s, r in ps if s in trained[r])  # noqa: E731
+    return {
+        "topology": topo,
+        "exit": codes,
+        "pairs": f"{ok(pairs)}/{len(pairs)}",
+        "nat_pairs": f"{ok(nat_pairs)}/{len(nat_pairs)}" if nat_pairs else "-",
+        "clients": sum(1 for v in client.values() if v == 1),
+        "wall_s": round(time.monotonic() - t0, 1),
+    }
+
+
+def scenario_nat_join(opts: argparse.Namespace, work: Path) -> str:
+    homes = f"public={opts.public} homes={opts.homes} nat=symmetric"
+    n = opts.public + sum(int(x) for x in opts.homes.split(","))
+    rows = [
+        (f"public={n}", (), "one segment"),
+        (homes, (), "NAT, client_mode auto (default)"),
+        (homes, ("--set", "transport.client_mode=false"), "NAT, every node a DHT server (old)"),
+    ]
+    lines = [
+        "| swarm | topology | exit codes | (sender, reader) pairs trained on | NATed -> NATed | DHT clients | wall s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for i, (topo, extra, label) in enumerate(rows):
+        if opts.nat_rows and str(i) not in opts.nat_rows.split(","):
+            continue
+        r = _join_pairs(topo, opts.train_steps, work / f"natjoin{i}", extra)
+        print(json.dumps(r), file=sys.stderr, flush=True)
+        lines.append(
+            f"| {label} | `{topo}` | {r['exit']} | {r['pairs']} | {r['nat_pairs']} | {r['clients']} | {r['wall_s']} |"
+        )
+    return "\n".join(lines)
+
+
+def _libp2p_run(topo: str, records: int, work: Path) -> dict:
+    """py-libp2p peers (``tests/libp2p_isolated/peer_lp2p.py``) on every host; the share of (sender, reader) pairs
+    where the reader got at least one of the sender's records."""
+    import subprocess
+
+    work.mkdir(parents=True, exist_ok=True)
+    common = ["--host", "0.0.0.0", "--port", "31337", "--records", str(records), "--every", "3", "--duration", "75"]
+    t0 = time.monotonic()
+    with Lab(parse(topo)) as lab:
+        hosts = list(lab.hosts)
+        procs = {}
+        boot = None
+        for h in hosts:
+            cmd = [sys.executable, "-m", "tests.libp2p_isolated.peer_lp2p", "--out", str(work / f"{h}.json")]
+            cmd += [*common, "--tag", h, *(["--bootstrap", boot] if boot else [])]
+            log = (work / f"{h}.log").open("w")
+            procs[h] = lab.popen(h, cmd, stdout=subprocess.PIPE, stderr=log, text=True)
+            if boot is None:
+                for line in procs[h].stdout:
+                    if line.startswith("listening on /ip4/") and not line.startswith("listening on /ip4/127."):
+                        boot = line.split()[-1]
+                        break
+                if boot is None:
+                    raise RuntimeError(f"libp2p peer in {h} printed no address; see {work / (h + '.log')}")
+        for p in procs.values():
+            p.communicate(timeout=200)
+        natted = {h for h, info in lab.hosts.items() if info.natted}
+    got = {h: set(json.loads((work / f"{h}.json").read_text())["tags"]) for h in hosts if (work / f"{h}.json").exists()}
+    pairs = [(s, r) for r in hosts for s in hosts if s != r]
+    nat_pairs = [(s, r) for s, r in pairs if s in natted and r in natted]
+    ok = lambda ps: sum(1 for s, r in ps if s in got.get(r, set()))  # noqa: E731
+    return {
+        "topology": topo,
+        "pairs": f"{ok(pairs)}/{len(pairs)}",
+        "nat_pairs": f"{ok(nat_pairs)}/{len(nat_pairs)}" if nat_pairs else "-",
+        "wall_s": round(time.monotonic() - t0, 1),
+    }
+
+
+def scenario_libp2p_nat(opts: argparse.Namespace, work: Path) -> str:
+    lines = [
+        "| swarm | topology | (sender, reader) pairs with a record | NATed -> NATed | wall s |",
+        "|---|---|---|---|---|",
+    ]
+    for i, (topo, label) in enumerate(
+        (("public=6", "one segment"), ("public=2 homes=2,2 nat=symmetric", "NAT (symmetric)"))
+    ):
+        r = _libp2p_run(topo, 3, work / f"lp2p{i}")
+        print(json.dumps(r), file=sys.stderr, flush=True)
+        lines.append(f"| {label} | `{topo}` | {r['pairs']} | {r['nat_pairs']} | {r['wall_s']} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("scenarios", nargs="+", choices=["nat", "latency", "drop", "train", "train-drop"])
+    scenarios = ["nat", "latency", "drop", "train", "train-drop", "nat-join", "libp2p-nat"]
+    ap.add_argument("scenarios", nargs="+", choices=scenarios)
     ap.add_argument("--train-steps", type=int, default=150)
     ap.add_argument("--public", type=int, default=2)
     ap.add_argument("--homes", default="3,3,2")
@@ -317,6 +438,8 @@ def main() -> None:
                 "drop": scenario_drop,
                 "train": scenario_train,
                 "train-drop": scenario_train_drop,
+                "nat-join": scenario_nat_join,
+                "libp2p-nat": scenario_libp2p_nat,
             }[s]
             table = run(opts, Path(tmp))
             parts.append(f"## {s} ({time.monotonic() - t0:.0f} s)\n\n{table}\n")
