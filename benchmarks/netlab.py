@@ -381,7 +381,8 @@ def _libp2p_run(topo: str, records: int, work: Path) -> dict:
             if boot is None:
                 for line in procs[h].stdout:
                     if line.startswith("listening on /ip4/") and not line.startswith("listening on /ip4/127."):
-                        boot = line.split()[-1]
+                        # the libp2p transport prints its listen address as is (/ip4/0.0.0.0/...): not dialable
+                        boot = line.split()[-1].replace("/ip4/0.0.0.0/", f"/ip4/{lab.hosts[h].addr}/")
                         break
                 if boot is None:
                     raise RuntimeError(f"libp2p peer in {h} printed no address; see {work / (h + '.log')}")
