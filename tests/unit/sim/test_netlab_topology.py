@@ -39,3 +39,15 @@ def test_defaults_and_short_links():
 def test_bad_descriptions_say_what_is_expected(text, message):
     with pytest.raises(NetlabError, match=message):
         parse(text)
+
+
+def test_preconditions_fail_with_one_line_naming_each_problem(monkeypatch):
+    from sim.netlab import ns
+
+    monkeypatch.setattr(ns.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(ns.shutil, "which", lambda tool: None if tool == "nft" else f"/usr/sbin/{tool}")
+    with pytest.raises(NetlabError) as e:
+        ns.check_preconditions()
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("network lab unavailable: ")
+    assert "must run as root" in msg and "apt-get install -y nftables" in msg and "iproute2" not in msg
