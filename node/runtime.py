@@ -611,6 +611,9 @@ class Node:
             # the record peer ids (SPEC 1) this node follows at its next poll (SPEC 7.4, 11), most wanted first
             "following": self.channel.following() if self.channel is not None else [],
             "transport_restarts": int((chan.get("transport") or {}).get("restarts", 0)),
+            # keys this node's DHT stores for the swarm, and whether it runs as a DHT client (client_mode: auto)
+            "dht_storage_keys": int((chan.get("transport") or {}).get("storage_keys", 0)),
+            "dht_client_mode": int((chan.get("transport") or {}).get("client_mode", 0)),
             "published": chan.get("published", 0),
             "received": chan.get("received", 0),
             "rejected": sum(reasons.values()),

@@ -3,7 +3,8 @@
 Checks, in order: the configured rollout engine imports (``rollout.engine: vllm``: vLLM and the torchvision trap);
 the listening port can be bound; hivemind's p2pd daemon starts (the most frequent failure
 people report); which addresses it listens on and whether any is public (only private or loopback addresses
-means peers elsewhere cannot dial in: use client mode or port forwarding); each ``--peers`` address answers.
+means peers elsewhere cannot dial in: a guess); each ``--peers`` address answers, and whether that peer can dial
+this host back (the real NAT test: ``protocol/transport/hivemind/reach.py``).
 Exit status 0 when nothing failed, 1 otherwise (a NATed host is a warning: client mode works there).
 
 Knows nothing about models or training; it starts the real transport, exactly as ``swarm-node join`` does, and
@@ -98,9 +99,10 @@ def classify_addresses(maddrs: list[str]) -> Finding:
     return Finding(
         WARN,
         f"no public address ({kind}): peers on other networks cannot dial this node (behind NAT?)",
-        "join with --set transport.client_mode=true (reads and writes records without accepting connections), "
-        "or forward the port and set transport.announce_maddrs=[/ip4/PUBLIC_IP/tcp/PORT]; --host 0.0.0.0 to "
-        "listen on every interface",
+        "a guess from addresses: pass --peers to ask a peer to dial back; join with --peers finds out by itself "
+        "and runs as a DHT client when nobody can dial it (transport.client_mode=true forces that); to serve, "
+        "forward the port and set transport.announce_maddrs=[/ip4/PUBLIC_IP/tcp/PORT]; --host 0.0.0.0 to listen "
+        "on every interface",
     )
 
 
@@ -152,7 +154,8 @@ async def run_checks(
     try:
         addrs = transport.addresses()
         note(Finding(OK, "p2pd started; listening on " + ", ".join(addrs)))
-        note(classify_addresses(addrs))
+        if not peers:  # with peers, the dial-back probe below tells instead of guessing from addresses
+            note(classify_addresses(addrs))
     finally:
         await transport.close()
     for peer in peers:
@@ -161,21 +164,38 @@ async def run_checks(
         except SwarmError as e:
             note(Finding(FAIL, str(e), "copy the peer's whole 'listening on' line"))
             continue
+        remedy = (
+            "check that the peer runs, that its address is current (a restarted node gets a new "
+            "/p2p/ id) and that no firewall blocks its port"
+        )
         try:
-            probe = await _start(host, 0, [peer], timeout_s)
+            probe = await _start(host, port, [peer], timeout_s)
         except (SwarmError, OSError) as e:
-            note(
-                Finding(
-                    FAIL,
-                    f"peer {peer} did not answer ({str(e).splitlines()[0][:160]})",
-                    "check that the peer runs, that its address is current (a restarted node gets a new "
-                    "/p2p/ id) and that no firewall blocks its port",
-                )
-            )
+            note(Finding(FAIL, f"peer {peer} did not answer ({str(e).splitlines()[0][:160]})", remedy))
             continue
-        await probe.close()
-        note(Finding(OK, f"peer {peer} answered"))
+        try:
+            if not await probe.peers():
+                note(Finding(FAIL, f"peer {peer} did not answer (no DHT ping reply)", remedy))
+                continue
+            note(Finding(OK, f"peer {peer} answered"))
+            note(reachability_finding(peer, await probe.check_reachability()))
+        finally:
+            await probe.close()
     return findings
+
+
+def reachability_finding(peer: str, verdict: str) -> Finding:
+    """What a dial-back probe (``protocol/transport/hivemind/reach.py``) through ``peer`` says about this host."""
+    if verdict == "reachable":
+        return Finding(OK, f"peer {peer} dialed this node back: reachable; join serves the DHT")
+    if verdict == "unreachable":
+        return Finding(
+            WARN,
+            f"peer {peer} could not dial this node back: behind NAT or a firewall; join runs as a DHT client "
+            "by itself (client_mode: auto) and still reads and writes records",
+            "to serve the DHT, forward the port and set transport.announce_maddrs=[/ip4/PUBLIC_IP/tcp/PORT]",
+        )
+    return Finding(WARN, f"peer {peer} did not answer the dial-back probe (an older node?): reachability unknown")
 
 
 def doctor(

@@ -116,8 +116,15 @@ class HivemindTransportConfig(StrictModel):
     """Multiaddrs of peers to bootstrap from; empty starts a new swarm."""
     announce_maddrs: list[str] = Field(default_factory=list)
     """Multiaddrs to announce instead of the listen addresses (public address behind port forwarding)."""
-    client_mode: bool = False
-    """Do not accept incoming connections (nodes behind NAT); the node still reads and writes records."""
+    client_mode: bool | Literal["auto"] = "auto"
+    """``true``: a DHT client (serves no keys, for nodes behind NAT; it still reads and writes records); ``false``: a
+    DHT server; ``auto``: found out by asking peers to dial this node back (``protocol/transport/hivemind/reach.py``):
+    a node started with peers runs as a client until a peer could dial it, a node that starts a swarm as a server
+    until peers say they cannot; the switch is one log line and re-checked every few minutes."""
+    relay_via_peers: bool = False
+    """Reserve a circuit-relay slot at the initial peers (p2pd ``-autoRelay`` with them as trusted relays, reachability
+    forced private) so that peers can reach this node through them. For a node known to be behind NAT that must
+    serve; measured in ``benchmarks/results/netlab.md`` (the default, client_mode auto, needs no relay)."""
     expiration_windows: int = Field(default=4, ge=1, le=1024)
     """Records expire this many windows after the end of their window (should be >= max_past_windows)."""
     request_timeout_s: float = Field(default=10.0, gt=0, le=600)

@@ -74,7 +74,10 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--duration", type=float, default=120.0)
     ap.add_argument("--window-seconds", type=int, default=15)
     ap.add_argument("--max-record-kb", type=int, default=512)
-    ap.add_argument("--client-mode", action="store_true")
+    ap.add_argument("--client-mode", action="store_true", help="same as --mode client")
+    ap.add_argument("--mode", choices=["auto", "client", "server"], default="server", help="DHT client mode")
+    ap.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    ap.add_argument("--relay", action="store_true", help="transport.relay_via_peers (circuit relay at --bootstrap)")
     ap.add_argument("--hostile", action="store_true")
     ap.add_argument("--sybils", type=int, default=0, help="sybil role: fresh identities per round")
     ap.add_argument("--sybil-concurrency", type=int, default=1, help="sybil role: publishes in flight at once")
@@ -86,6 +89,11 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def _shown(addresses: list[str]) -> str:
+    """The address others dial: the first one not on loopback (a peer listening on 0.0.0.0), else the first."""
+    return next((a for a in addresses if not a.startswith("/ip4/127.")), addresses[0])
+
+
 def _protocol(a: argparse.Namespace) -> ProtocolConfig:
     return ProtocolConfig(window_seconds=a.window_seconds, max_record_bytes=a.max_record_kb * 1024)
 
@@ -94,14 +102,20 @@ async def honest(a: argparse.Namespace, stop: asyncio.Event) -> None:
     pc = _protocol(a)
     identity = Identity.load_or_create(a.key) if a.key else Identity.generate()
     validator = RecordValidator.from_config(a.swarm, pc)
+    mode = {"auto": "auto", "client": True, "server": False}["client" if a.client_mode else a.mode]
     cfg = HivemindTransportConfig(
-        initial_peers=a.bootstrap, client_mode=a.client_mode, request_timeout_s=5, port=a.port
+        initial_peers=a.bootstrap,
+        client_mode=mode,
+        request_timeout_s=5,
+        port=a.port,
+        host=a.host,
+        relay_via_peers=a.relay,
     )
     transport = await create_transport(
         cfg, swarm=a.swarm, peer_id=identity.peer_id, validate=validator.verdict, protocol=pc, identity=identity
     )
     channel = await Channel.create(identity, transport, validator, fetch_past_windows=2, timeout_s=20)
-    print("ADDR", transport.addresses()[0], identity.peer_id, flush=True)
+    print("ADDR", _shown(transport.addresses()), identity.peer_id, flush=True)
     out = a.out.open("a")
     metrics_path = Path(f"{a.out}.metrics.json")
     end = time.monotonic() + a.duration

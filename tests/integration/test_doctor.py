@@ -20,7 +20,7 @@ def test_doctor_healthy_loopback_host_gets_client_mode_advice():
     lines = res.stdout.splitlines()
     assert any(line.startswith("ok   p2pd started; listening on /ip4/127.0.0.1/tcp/") for line in lines), lines
     nat = [line for line in lines if line.startswith("warn no public address")]
-    assert nat and "transport.client_mode=true" in nat[0]
+    assert nat and "pass --peers to ask a peer to dial back" in nat[0] and "transport.client_mode=true" in nat[0]
     assert lines[-1] == "healthy" and "Traceback" not in res.stderr
 
 
@@ -42,6 +42,7 @@ def test_doctor_checks_peers(tmp_path):
         live = cli("swarm-node", "doctor", "--peers", addr)
         assert live.returncode == 0, live.stdout + live.stderr
         assert f"ok   peer {addr} answered" in live.stdout
+        assert f"ok   peer {addr} dialed this node back: reachable" in live.stdout  # 127.0.0.1 is reachable
         port = addr.split("/")[4]
         dead = addr.replace(f"/tcp/{port}/", "/tcp/1/")  # same peer id, a port nobody listens on
         res = cli("swarm-node", "doctor", "--peers", dead, "--peers", "garbage")

@@ -202,10 +202,22 @@ async def test_close_ends_p2pd():
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
-async def test_bootstrap_failure_is_a_transport_error():
+async def test_a_node_whose_peers_are_all_down_starts_alone_and_says_so(caplog):
+    """p2pd exits when it cannot reach its bootstrap peers ("failed to connect to bootstrap peers"); the node starts
+    without them instead of failing, says so in one line, and keeps pinging them (issue 56)."""
+    import logging
+
     bogus = "/ip4/127.0.0.1/tcp/9/p2p/12D3KooWCY9GtMZB47pjfuy1VLPuoYm4gHm15kLmLgu4UDnSDiSt"
-    with pytest.raises(TransportError):
-        await _start([bogus], startup_timeout_s=20)
+    with caplog.at_level(logging.INFO, logger="protocol.transport.hivemind.transport"):
+        t = await _start([bogus], startup_timeout_s=20)
+    try:
+        said = [r.getMessage() for r in caplog.records if "--peers" in r.getMessage()]
+        assert said == ["none of the 1 --peers address(es) answered: training alone, retrying every 10 s"]
+        assert await t.peers() == [] and t.reachability == "unknown"
+        assert await t.fetch_recent([now_window()]) == []  # polls work alone (and start the rejoin pings)
+        await eventually(lambda: asyncio.sleep(0.2), lambda _: t.stats()["rejoins"] >= 1, timeout=10)
+    finally:
+        await t.close()
 
 
 async def test_a_lookup_asks_about_lookup_beam_nodes_not_the_whole_swarm(make_transports):

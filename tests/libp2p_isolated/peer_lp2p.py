@@ -124,6 +124,7 @@ async def run(a: argparse.Namespace) -> dict:
         inline_max_bytes=a.inline_max,
         expiration_windows=8,
         port=a.port,
+        host=a.host,
     )
     transport = await Libp2pTransport.create(
         cfg,
@@ -202,6 +203,7 @@ def main() -> int:
     ap.add_argument("--bootstrap", action="append", default=[])
     ap.add_argument("--key", type=Path, help="identity key file (kept across restarts; created if missing)")
     ap.add_argument("--port", type=int, default=0, help="TCP port (0: any free port)")
+    ap.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     ap.add_argument("--tag", default="", help="the start of the text of every record this peer publishes")
     ap.add_argument("--expect-tag", default="", help="with --exit-when-done: also wait for a record with this tag")
     ap.add_argument("--hostile", action="store_true")

@@ -59,7 +59,7 @@ import msgpack
 from hivemind.dht.node import DHTNode
 from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord
-from hivemind.p2p import PeerID
+from hivemind.p2p import P2PDaemonError, PeerID
 from multiaddr import Multiaddr
 from multiaddr.protocols import P_P2P as P2P_CODE
 
@@ -86,6 +86,7 @@ from protocol.transport.hivemind.guard import (
     key_id,
 )
 from protocol.transport.hivemind.loop import LoopThread, T, port_of
+from protocol.transport.hivemind.reach import REACHABLE, UNKNOWN, UNREACHABLE, DialBackService, probe, set_client_mode
 from protocol.transport.netkey import NetworkKey
 
 logger = logging.getLogger(__name__)
@@ -102,6 +103,8 @@ RESTART_BACKOFF_S = (2.0, 60.0)
 MAX_KNOWN_PEERS = 16
 #: Seconds between attempts to rejoin the swarm while this node's routing table is empty.
 REJOIN_INTERVAL_S = 10.0
+#: Seconds between dial-back probes while nobody has answered one, and between re-checks once decided.
+REACH_RETRY_S = (5.0, 600.0)
 #: Domain of the DHT id derived from the node's public key (``DHTID.generate`` hashes it with SHA-1).
 DHT_ID_DOMAIN = b"rl-swarm/dht-id/v1\x00"
 
@@ -148,6 +151,10 @@ class HivemindTransport(Transport):
         #: Times this node found its routing table empty and pinged known peers again, and how many answered.
         self.rejoins = 0
         self.rejoined = 0
+        #: What the last dial-back probe found (``reach.REACHABLE`` / ``UNREACHABLE`` / ``UNKNOWN``), with
+        #: ``client_mode: auto``; and the probe task, on the DHT's loop.
+        self.reachability = UNKNOWN
+        self._reach_future: Any = None
 
     @classmethod
     async def create(
@@ -186,7 +193,10 @@ class HivemindTransport(Transport):
         kwargs: dict[str, Any] = dict(
             initial_peers=list(cfg.initial_peers) or None,
             host_maddrs=[f"/ip4/{cfg.host}/tcp/{cfg.port}"],
-            client_mode=cfg.client_mode,
+            # auto: a node given peers starts as a client (never a replica nobody can dial) until a peer dials it
+            client_mode=cfg.client_mode if isinstance(cfg.client_mode, bool) else bool(cfg.initial_peers),
+            # a node whose peers are all down trains alone and retries (_rejoin_if_alone), it does not fail
+            ensure_bootstrap_success=False,
             record_validator=guard,
             wait_timeout=cfg.request_timeout_s,
             # The node's own key (never hivemind's default, shared by all DHTs in one process), in a private file
@@ -199,6 +209,8 @@ class HivemindTransport(Transport):
         )
         if cfg.announce_maddrs:
             kwargs["announce_maddrs"] = list(cfg.announce_maddrs)
+        if cfg.relay_via_peers and cfg.initial_peers:
+            kwargs.update(use_auto_relay=True, trusted_relays=list(cfg.initial_peers), force_reachability="private")
         try:
             node = await runner.call(_create_capped(kwargs, protocol.index_work_bits), timeout=cfg.startup_timeout_s)
             maddrs = await runner.call(node.get_visible_maddrs(), timeout=cfg.request_timeout_s)
@@ -210,7 +222,21 @@ class HivemindTransport(Transport):
             raise TransportError(f"hivemind DHT could not start ({e.__class__.__name__}: {e})") from e
         addresses = [str(m) for m in maddrs]
         logger.info("hivemind DHT up for swarm %r at %s", swarm, ", ".join(addresses))
-        return cls(cfg, protocol, swarm, runner, node, guard, addresses, create_kwargs=kwargs, key_dir=key_dir)
+        self = cls(cfg, protocol, swarm, runner, node, guard, addresses, create_kwargs=kwargs, key_dir=key_dir)
+        if cfg.initial_peers and not node.protocol.routing_table.peer_id_to_uid:
+            logger.warning(
+                "none of the %d --peers address(es) answered: training alone, retrying every %.0f s",
+                len(cfg.initial_peers),
+                REJOIN_INTERVAL_S,
+            )
+        if cfg.client_mode == "auto":
+            if node.protocol.routing_table.peer_id_to_uid:
+                # decide before the node is handed out (a NATed node: within the probe's 4 s dial timeout), so
+                # peers and the node's own first publish see it in its mode
+                with contextlib.suppress(Exception):
+                    await runner.call(self._reach_step(), timeout=30.0)
+            self._reach_future = asyncio.run_coroutine_threadsafe(self._reach_loop(), runner.loop)
+        return self
 
     # -- Transport interface -------------------------------------------------------------------------------------
 
@@ -345,6 +371,66 @@ class HivemindTransport(Transport):
             self._rejoin_said = False
             logger.info("rejoined the swarm: %d of %d known peer(s) answered", answered, len(addrs))
 
+    async def check_reachability(self) -> str:
+        """Ask connected peers to dial this node back now (``reach.probe``); the verdict, also kept in
+        :attr:`reachability`. Does not switch modes (the background check does, with ``client_mode: auto``)."""
+        self._check_open()
+        if self._reach_future is not None and not self._reach_future.done():
+            # the background check probes at start: a second probe now would be refused by the same peers
+            deadline = time.monotonic() + 30.0
+            while self.reachability == UNKNOWN and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+            return self.reachability
+        verdict = await self._runner.call(self._probe(), timeout=60.0)
+        if verdict != UNKNOWN:
+            self.reachability = verdict
+        return verdict
+
+    async def _probe(self) -> str:
+        node = self._node
+        port = port_of(list(self.cfg.announce_maddrs) or self._addresses)
+        if not port:
+            return UNKNOWN
+        servers = list(node.protocol.routing_table.peer_id_to_uid)
+        others = []
+        with contextlib.suppress(Exception):
+            others = [i.peer_id for i in await asyncio.wait_for(node.p2p.list_peers(), self.cfg.request_timeout_s)]
+        peers = list(dict.fromkeys([*servers, *others]))
+        return await probe(node.p2p, peers, [port]) if peers else UNKNOWN
+
+    async def _reach_loop(self) -> None:
+        """``client_mode: auto``: probe until a peer answers, re-check every few minutes. Runs on the DHT's loop."""
+        while not self._closed:
+            await asyncio.sleep(REACH_RETRY_S[0] if self.reachability == UNKNOWN else REACH_RETRY_S[1])
+            if self._closed:
+                return
+            try:
+                await asyncio.wait_for(self._reach_step(), 60.0)
+            except Exception as e:  # nobody awaits this task: it must not end in an exception
+                logger.debug("reachability probe failed: %s: %s", e.__class__.__name__, e)
+
+    async def _reach_step(self) -> None:
+        """One dial-back probe; switch to what it found, saying so in one log line (on a change, or the first
+        verdict). Runs on the DHT's loop."""
+        verdict = await self._probe()
+        if verdict == UNKNOWN or self._closed:
+            return
+        client = verdict == UNREACHABLE
+        node = self._node
+        changed = node.protocol.client_mode != client
+        first = self.reachability == UNKNOWN
+        self.reachability = verdict
+        if changed:
+            await set_client_mode(node, client)
+            self._create_kwargs["client_mode"] = client
+        if client and (changed or first):
+            logger.warning(
+                "peers cannot dial this node (behind NAT or a firewall): running as a DHT client "
+                "(reads and writes records, stores none for others)"
+            )
+        elif changed or first:
+            logger.info("peers can dial this node: serving the DHT")
+
     def addresses(self) -> list[str]:
         """Full multiaddrs other peers can bootstrap from (``/ip4/HOST/tcp/PORT/p2p/PEERID``)."""
         return list(self._addresses)
@@ -357,6 +443,8 @@ class HivemindTransport(Transport):
         self._runner.closing = True
         if self._rejoin_task is not None:
             self._rejoin_task.cancel()
+        if self._reach_future is not None:
+            self._reach_future.cancel()
 
         async def shutdown() -> None:
             # Not DHTNode.shutdown(): it first asks p2pd, over its control socket, to drop each RPC handler. A
@@ -427,9 +515,12 @@ class HivemindTransport(Transport):
             "restarts": self.restarts,
             "rejoins": self.rejoins,
             "rejoined": self.rejoined,
+            "client_mode": float(self._node.protocol.client_mode),
+            "reachable": {REACHABLE: 1.0, UNREACHABLE: 0.0}.get(self.reachability, -1.0),
         }
         storage = self._storage()
         if storage is not None:
+            out["storage_keys"] = len(storage)  # keys this node stores for the swarm (a soak watches it)
             out["shard_key_entries_max"] = storage.max_entries
             out["shard_key_bytes_max"] = storage.max_bytes
             out["shard_evicted"] = sum(self.evictions().values())
@@ -498,6 +589,7 @@ class HivemindTransport(Transport):
             "initial_peers": peers or None,
             "host_maddrs": [f"/ip4/{self.cfg.host}/tcp/{port}"],
             "node_id": old.node_id,
+            "client_mode": old.protocol.client_mode,
         }
 
         async def drop_old() -> None:
@@ -623,7 +715,17 @@ async def _create_capped(kwargs: dict[str, Any], work_bits: int) -> DHTNode:
     """``DHTNode.create`` with the shard capacity of SPEC 7.4 (ranking entries at the swarm's ``work_bits``) installed
     in the node's storage and cache, and shard keys' entries judged one by one (SPEC 9); on the DHT's own loop,
     before anyone else holds the node."""
-    node = await DHTNode.create(**kwargs)
+    try:
+        node = await DHTNode.create(**kwargs)
+    except P2PDaemonError as e:
+        # p2pd started with bootstrap peers exits when none of them can be dialled ("failed to connect to bootstrap
+        # peers": the field's most reported start-up failure). Start without them: the node trains alone and
+        # pings them again every REJOIN_INTERVAL_S (_rejoin_if_alone) until one answers.
+        if not kwargs.get("initial_peers") or "bootstrap" not in str(e):
+            raise
+        logger.debug("p2pd could not reach its bootstrap peers (%s); starting without them", e)
+        node = await DHTNode.create(**{**kwargs, "initial_peers": None})
     install(node, work_bits)
     keep_valid_subkeys(node.protocol)
+    await DialBackService().register(node.p2p)
     return node
