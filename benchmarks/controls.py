@@ -51,11 +51,14 @@ Writes ``benchmarks/results/controls_<setting>.md`` / ``.json`` / ``.png`` (or u
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import math
 import shutil
 import statistics
 import sys
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +95,7 @@ def pair_done(run_dir: Path, nodes: int, steps: int) -> bool:
     return all((e := read_evals(run_dir / f"node{i}")) and e[-1]["step"] >= steps for i in range(nodes))
 
 
-def run_pending(sim: Any, work: Path, seeds: list[int]) -> None:
+def run_pending(sim: Any, work: Path, seeds: list[int], have: Collection[tuple[str, int]] = ()) -> None:
     """Run every (arm, seed) pair not finished yet; an unfinished pair's directory is cleared and run again (the
     in-process simulator keeps no checkpoints)."""
     from sim.runner import run_experiment
@@ -101,7 +104,7 @@ def run_pending(sim: Any, work: Path, seeds: list[int]) -> None:
     for seed in seeds:
         for arm in [c.name for c in sim.configurations]:
             run_dir = work / arm / f"seed{seed}"
-            if pair_done(run_dir, sim.nodes, sim.steps):
+            if (arm, seed) in have or pair_done(run_dir, sim.nodes, sim.steps):
                 continue
             shutil.rmtree(run_dir, ignore_errors=True)
             pending.append((arm, seed))
@@ -154,18 +157,50 @@ def t_interval(xs: list[float]) -> tuple[float, float, float]:
     return m, m - half, m + half
 
 
-def collect(work: Path, sim: Any, setting: str) -> dict[str, dict[int, dict[str, Any]]]:
-    """arm -> seed -> {start/end: {metric: {lacking, known, all}}} for every finished pair."""
+def experiment_key(sim: Any) -> str:
+    """What decides a pair's numbers (the experiment without its seed list and worker count): a saved pair is
+    reused only under the same key."""
+    d = sim.model_dump(mode="json")
+    for k in ("seeds", "workers"):
+        d.pop(k, None)
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def saved_pairs(path: Path, key: str) -> dict[str, dict[int, dict[str, Any]]]:
+    """The finished pairs of an earlier report of this experiment (``<stem>.json``), so a run resumed on a machine
+    without the run directory (a later session) keeps them; nothing when the experiment changed."""
+    if not path.is_file():
+        return {}
+    old = json.loads(path.read_text())
+    if old.get("experiment") != key:
+        print(f"{path.name}: another experiment (key {old.get('experiment')} != {key}); its pairs are not reused",
+              file=sys.stderr)  # fmt: skip
+        return {}
+    return {arm: {int(k): v for k, v in seeds.items()} for arm, seeds in old.get("pairs", {}).items()}
+
+
+def pair_record(run_dir: Path, sim: Any, setting: str) -> dict[str, Any]:
+    """A finished pair's metrics at every evaluation step: {"steps": {step: {metric: {lacking, known, all}}}}."""
+    steps = sorted({e["step"] for e in read_evals(run_dir / "node0")})
+    return {"steps": {str(step): {k: seed_values(run_dir, sim.nodes, setting, k, step)
+                                  for k in ("accuracy", "pass_at_8")} for step in steps}}  # fmt: skip
+
+
+def collect(work: Path, sim: Any, setting: str, saved: dict[str, dict[int, dict[str, Any]]] | None = None):
+    """arm -> seed -> {"steps": ..., "start": ..., "end": ...} for every finished pair: on disk, else saved."""
     data: dict[str, dict[int, dict[str, Any]]] = {}
     for arm in [c.name for c in sim.configurations]:
+        pairs = dict((saved or {}).get(arm, {}))
         for seed_dir in sorted((work / arm).glob("seed*")):
-            if not pair_done(seed_dir, sim.nodes, sim.steps):
-                continue
-            seed = int(seed_dir.name[4:])
-            data.setdefault(arm, {})[seed] = {
-                when: {k: seed_values(seed_dir, sim.nodes, setting, k, step) for k in ("accuracy", "pass_at_8")}
-                for when, step in (("start", 0), ("end", sim.steps))
-            }
+            if pair_done(seed_dir, sim.nodes, sim.steps):
+                pairs[int(seed_dir.name[4:])] = pair_record(seed_dir, sim, setting)
+        for seed, rec in sorted(pairs.items()):
+            if seed in sim.seeds:
+                data.setdefault(arm, {})[seed] = {
+                    **rec,
+                    "start": rec["steps"]["0"],
+                    "end": rec["steps"][str(sim.steps)],
+                }
     return data
 
 
@@ -244,7 +279,7 @@ def report(data: dict[str, dict[int, dict[str, Any]]], sim: Any, setting: str, c
         cells = [f"{data[arm][k]['end']['accuracy'][part]:.3f}" if k in data[arm] else "" for k in seeds_all]
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     lines += ["", verdict(summary, setting), ""]
-    summary["data"] = {a: {str(k): v for k, v in d.items()} for a, d in data.items()}
+    summary["pairs"] = {a: {str(k): {"steps": v["steps"]} for k, v in d.items()} for a, d in data.items()}
     return "\n".join(lines), summary
 
 
@@ -262,7 +297,7 @@ def verdict(summary: dict[str, Any], setting: str) -> str:
     return "**Target not met**: no sharing arm beats (a), (b) and (e) each beyond its 95% interval."
 
 
-def plot(work: Path, sim: Any, setting: str, data: dict[str, Any], path: Path) -> Path | None:
+def plot(setting: str, data: dict[str, Any], path: Path) -> Path | None:
     """Exact accuracy (lacking family for het) at every evaluation step, mean over seeds with the seeds' range."""
     import matplotlib
 
@@ -272,12 +307,9 @@ def plot(work: Path, sim: Any, setting: str, data: dict[str, Any], path: Path) -
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for arm in data:
         curves: dict[int, list[float]] = {}
-        for seed in data[arm]:
-            run_dir = work / arm / f"seed{seed}"
-            steps = sorted({e["step"] for e in read_evals(run_dir / "node0")})
-            for step in steps:
-                v = seed_values(run_dir, sim.nodes, setting, "accuracy", step)
-                curves.setdefault(step, []).append(v["lacking" if setting == "het" else "all"])
+        for rec in data[arm].values():
+            for step, v in rec["steps"].items():
+                curves.setdefault(int(step), []).append(v["accuracy"]["lacking" if setting == "het" else "all"])
         xs = sorted(curves)
         mean = [statistics.fmean(curves[x]) for x in xs]
         ax.plot(xs, mean, marker="o", label=f"{arm} ({len(data[arm])} seeds)")
@@ -314,23 +346,26 @@ def main() -> int:
         sim = sim.model_copy(update={"seeds": parse_seeds(args.seeds)})
     work = args.work or ROOT / "runs" / f"controls-{args.setting}{'-quick' if args.quick else ''}"
     work.mkdir(parents=True, exist_ok=True)
+    stem = f"controls_{args.setting}{'_quick' if args.quick else ''}"
+    key = experiment_key(sim)
+    saved = saved_pairs(args.out / f"{stem}.json", key)
     if not args.analyze:
         run_sim = sim
         if args.only:
             keep = set(args.only.split(","))
             run_sim = sim.model_copy(update={"configurations": [c for c in sim.configurations if c.name in keep]})
         t0 = time.perf_counter()
-        run_pending(run_sim, work, sim.seeds)
+        run_pending(run_sim, work, sim.seeds, {(a, k) for a, seeds in saved.items() for k in seeds})
         print(f"ran in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
-    data = collect(work, sim, args.setting)
+    data = collect(work, sim, args.setting, saved)
     if not data:
         print("no finished pairs to report", file=sys.stderr)
         return 1
-    stem = f"controls_{args.setting}{'_quick' if args.quick else ''}"
     command = "python benchmarks/controls.py " + " ".join(sys.argv[1:])
     text, summary = report(data, sim, args.setting, command)
+    summary["experiment"] = key
     args.out.mkdir(parents=True, exist_ok=True)
-    png = plot(work, sim, args.setting, data, args.out / f"{stem}.png")
+    png = plot(args.setting, data, args.out / f"{stem}.png")
     if png is not None:
         text += f"\n![exact accuracy over steps]({png.name})\n"
     write_results(args.out, stem, text, summary)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -66,7 +67,14 @@ def test_quick_het_run_reports_paired_differences(tmp_path: Path) -> None:
     assert ra["seeds"] == [0, 1] and len(ra["diff"]) == 2
     ends = data["arms"]
     assert ra["diff"][0] == pytest.approx(ends["receiver"]["end"][0] - ends["alone"]["end"][0])
-    # a second call finds every pair finished and runs nothing
+    # a later session without the run directory: the report's JSON keeps the finished pairs, nothing runs again
+    shutil.rmtree(tmp_path / "work")
     res = subprocess.run([sys.executable, "benchmarks/controls.py", *args], check=True, cwd=ROOT, capture_output=True,
                          text=True)  # fmt: skip
     assert "0 pairs to run" in res.stderr
+    again = json.loads((tmp_path / "out" / "controls_het_quick.json").read_text())
+    assert again["comparisons"] == data["comparisons"] and again["experiment"] == data["experiment"]
+    # another experiment (here: more steps) does not reuse them
+    res = subprocess.run([sys.executable, "benchmarks/controls.py", *args, "--set", "steps=3", "--analyze"],
+                         cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    assert "its pairs are not reused" in res.stderr and res.returncode == 1
