@@ -25,6 +25,10 @@ Arms:
 * (f) ``stronger``: (d) taking peers' groups only where the peer's solve share beats the node's own rate
   (``sapo.peer_groups: stronger``), so a node learns a family's working only from peers that do it better.
 
+(a') ``alone-3e5`` (``het`` only): (a) at lr 3e-5, a laboratory node's own dev-chosen rate. NOT pre-registered: added
+after reading the 5-seed interim, because every arm runs at 1e-4 and alone declines there; it answers "does sharing
+only beat a node hurt by the shared rate?" and is reported beside the verdict, never in it.
+
 PRE-REGISTRATION (fixed before the first test-side run; the pilot that chose the setting read the dev side only)
 
 * Set-up (``configs/sim/controls-het.yaml``, chosen on the DEV side, ``benchmarks/results/controls_pilot.md``): 60
@@ -73,9 +77,12 @@ from benchmarks.common.multirun import read_evals, write_results  # noqa: E402
 LACKING = {0: "lab_sub", 1: "lab_add"}
 KNOWN = {0: "lab_add", 1: "lab_sub"}
 #: Sharing arms and the comparisons the target names (arm, control).
-COMPARISONS = [(s, c) for s in ("share", "receiver", "stronger") for c in ("alone", "labels", "answers")] + [
+SHARING = ("share", "receiver", "stronger")
+COMPARISONS = [
+    *[(s, c) for s in SHARING for c in ("alone", "labels", "answers")],
     ("labels", "alone"),
     ("answers", "alone"),
+    *[(s, "alone-3e5") for s in SHARING],  # the reference added after the interim (not in the verdict)
 ]
 
 
@@ -157,26 +164,33 @@ def t_interval(xs: list[float]) -> tuple[float, float, float]:
     return m, m - half, m + half
 
 
-def experiment_key(sim: Any) -> str:
-    """What decides a pair's numbers (the experiment without its seed list and worker count): a saved pair is
-    reused only under the same key."""
+def arm_keys(sim: Any) -> dict[str, str]:
+    """What decides an arm's numbers (the experiment without its seed list, worker count and other arms, plus the
+    arm's own settings), per arm: a saved pair is reused only under the same key, and adding an arm keeps the
+    others' pairs."""
     d = sim.model_dump(mode="json")
+    arms = {c["name"]: c for c in d.pop("configurations")}
     for k in ("seeds", "workers"):
         d.pop(k, None)
-    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+    return {
+        name: hashlib.sha256(json.dumps([d, arm], sort_keys=True).encode()).hexdigest()[:16]
+        for name, arm in arms.items()
+    }
 
 
-def saved_pairs(path: Path, key: str) -> dict[str, dict[int, dict[str, Any]]]:
+def saved_pairs(path: Path, keys: dict[str, str]) -> dict[str, dict[int, dict[str, Any]]]:
     """The finished pairs of an earlier report of this experiment (``<stem>.json``), so a run resumed on a machine
-    without the run directory (a later session) keeps them; nothing when the experiment changed."""
+    without the run directory (a later session) keeps them; an arm whose settings changed keeps none."""
     if not path.is_file():
         return {}
     old = json.loads(path.read_text())
-    if old.get("experiment") != key:
-        print(f"{path.name}: another experiment (key {old.get('experiment')} != {key}); its pairs are not reused",
-              file=sys.stderr)  # fmt: skip
-        return {}
-    return {arm: {int(k): v for k, v in seeds.items()} for arm, seeds in old.get("pairs", {}).items()}
+    out = {}
+    for arm, seeds in old.get("pairs", {}).items():
+        if old.get("arm_keys", {}).get(arm) == keys.get(arm):
+            out[arm] = {int(k): v for k, v in seeds.items()}
+        else:
+            print(f"{path.name}: arm {arm} was another experiment; its pairs are not reused", file=sys.stderr)
+    return out
 
 
 def pair_record(run_dir: Path, sim: Any, setting: str) -> dict[str, Any]:
@@ -347,8 +361,8 @@ def main() -> int:
     work = args.work or ROOT / "runs" / f"controls-{args.setting}{'-quick' if args.quick else ''}"
     work.mkdir(parents=True, exist_ok=True)
     stem = f"controls_{args.setting}{'_quick' if args.quick else ''}"
-    key = experiment_key(sim)
-    saved = saved_pairs(args.out / f"{stem}.json", key)
+    keys = arm_keys(sim)
+    saved = saved_pairs(args.out / f"{stem}.json", keys)
     if not args.analyze:
         run_sim = sim
         if args.only:
@@ -363,7 +377,7 @@ def main() -> int:
         return 1
     command = "python benchmarks/controls.py " + " ".join(sys.argv[1:])
     text, summary = report(data, sim, args.setting, command)
-    summary["experiment"] = key
+    summary["arm_keys"] = {arm: keys[arm] for arm in data}
     args.out.mkdir(parents=True, exist_ok=True)
     png = plot(args.setting, data, args.out / f"{stem}.png")
     if png is not None:

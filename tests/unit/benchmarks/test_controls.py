@@ -73,7 +73,7 @@ def test_quick_het_run_reports_paired_differences(tmp_path: Path) -> None:
                          text=True)  # fmt: skip
     assert "0 pairs to run" in res.stderr
     again = json.loads((tmp_path / "out" / "controls_het_quick.json").read_text())
-    assert again["comparisons"] == data["comparisons"] and again["experiment"] == data["experiment"]
+    assert again["comparisons"] == data["comparisons"] and again["arm_keys"] == data["arm_keys"]
     # another experiment (here: more steps) does not reuse them
     res = subprocess.run([sys.executable, "benchmarks/controls.py", *args, "--set", "steps=3", "--analyze"],
                          cwd=ROOT, capture_output=True, text=True)  # fmt: skip
