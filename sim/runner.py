@@ -76,6 +76,19 @@ def _run_pair(sim_json: dict[str, Any], variant: str, seed: int, out: str) -> tu
     return str(result.run_dir), time.perf_counter() - t0
 
 
+def _build_model(model_json: dict[str, Any], threads: int) -> None:
+    """Build (or find cached) one model in a worker process, then free it: the pairs load it from the cache."""
+    import torch
+
+    from node.cli.logs import setup_cli_logging
+    from node.config import ModelConfig
+    from node.model.policy import load_policy
+
+    setup_cli_logging("INFO")
+    torch.set_num_threads(threads)
+    load_policy(ModelConfig.model_validate(model_json))
+
+
 def _run_parallel(
     sim: SimConfig, out: Path, progress: Callable[[str], None] | None, pairs: list[tuple[str, int]]
 ) -> list[Any]:
@@ -88,7 +101,17 @@ def _run_parallel(
     sim_json = sim.model_dump(mode="json")
     done: dict[tuple[str, int], Path] = {}
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(sim.workers, len(pairs)), mp_context=ctx) as pool:
+    models: dict[
+        str, dict[str, Any]
+    ] = {}  # every distinct model of the experiment, built side by side first (else pairs queue on one build)
+    for name, seed in pairs:
+        for i in range(sim.nodes):
+            model = sim.node_config(name, i, seed).model
+            models.setdefault(model.model_dump_json(), model.model_dump(mode="json"))
+    with ProcessPoolExecutor(max_workers=min(sim.workers, max(len(pairs), len(models))), mp_context=ctx) as pool:
+        if len(models) > 1:
+            for built in as_completed([pool.submit(_build_model, m, sim.torch_threads) for m in models.values()]):
+                built.result()
         futures = {pool.submit(_run_pair, sim_json, v, seed, str(out)): (v, seed) for v, seed in pairs}
         for fut in as_completed(futures):
             v, seed = futures[fut]
