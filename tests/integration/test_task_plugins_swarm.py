@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,9 +35,12 @@ SERVING = r"serving on (http://127\.0\.0\.1:\d+/)"
 def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Both example packages installed by pip into a folder of their own (no build isolation: offline)."""
     site = tmp_path_factory.mktemp("plugins")
+    src = tmp_path_factory.mktemp("plugin-src")  # setuptools builds in the source folder: copies keep the tree clean
+    for name in ("countdown_task", "vf_sums"):
+        shutil.copytree(ROOT / "examples" / name, src / name, ignore=shutil.ignore_patterns("build", "*.egg-info"))
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--target", str(site),
-         str(ROOT / "examples" / "countdown_task"), str(ROOT / "examples" / "vf_sums")],
+         str(src / "countdown_task"), str(src / "vf_sums")],
         check=True, timeout=300, capture_output=True,
     )  # fmt: skip
     assert (site / "countdown_task").is_dir() and (site / "vf_sums").is_dir()
