@@ -204,18 +204,26 @@ def scenario_drop(opts: argparse.Namespace, work: Path) -> str:
     return "\n".join(lines)
 
 
+def _join_all(lab: Lab, work: Path, steps: int, extra: tuple[str, ...], *, barrier_s: int, timeout_s: float,
+              poll_s: float) -> list:  # fmt: skip
+    """Real ``swarm-node join`` nodes on every host of ``lab`` (the first bootstraps the rest, behind a start
+    barrier of 2 peers for at most ``barrier_s``), waited on until all exit or ``timeout_s`` passes."""
+    barrier = ("--set", "runtime.wait_for_peers=2", "--set", f"runtime.wait_for_peers_s={barrier_s}")
+    hosts = list(lab.hosts)
+    first = start_join(lab, hosts[0], work / hosts[0], steps, [], (*barrier, *extra))
+    boot = first.wait_addr()
+    nodes = [first] + [start_join(lab, h, work / h, steps, [boot], (*barrier, *extra)) for h in hosts[1:]]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(n.proc.poll() is None for n in nodes):
+        time.sleep(poll_s)
+    return nodes
+
+
 def _train(topo: str, steps: int, work: Path, extra: tuple[str, ...] = ()) -> dict:
     """4 (or as many hosts as ``topo`` has) real nodes train ``steps`` steps, with a start barrier."""
-    barrier = ("--set", "runtime.wait_for_peers=2", "--set", "runtime.wait_for_peers_s=180")
     t0 = time.monotonic()
     with Lab(parse(topo)) as lab:
-        hosts = list(lab.hosts)
-        first = start_join(lab, hosts[0], work / hosts[0], steps, [], (*barrier, *extra))
-        boot = first.wait_addr()
-        nodes = [first] + [start_join(lab, h, work / h, steps, [boot], (*barrier, *extra)) for h in hosts[1:]]
-        deadline = time.monotonic() + 900
-        while time.monotonic() < deadline and any(n.proc.poll() is None for n in nodes):
-            time.sleep(2)
+        nodes = _join_all(lab, work, steps, extra, barrier_s=180, timeout_s=900, poll_s=2)
         codes = [n.proc.poll() for n in nodes]
         ms = [n.metrics() for n in nodes]
     per_step = [(m[-1]["time"] - m[0]["time"]) / max(1, len(m) - 1) for m in ms if len(m) > 1]
@@ -303,16 +311,10 @@ def _join_pairs(topo: str, steps: int, work: Path, extra: tuple[str, ...] = ()) 
     reader) pairs where the reader trained on at least one of the sender's groups (``external_by_sender``)."""
     from protocol.identity import Identity
 
-    barrier = ("--set", "runtime.wait_for_peers=2", "--set", "runtime.wait_for_peers_s=300")
     t0 = time.monotonic()
     with Lab(parse(topo)) as lab:
         hosts = list(lab.hosts)
-        first = start_join(lab, hosts[0], work / hosts[0], steps, [], (*barrier, *extra))
-        boot = first.wait_addr()
-        nodes = [first] + [start_join(lab, h, work / h, steps, [boot], (*barrier, *extra)) for h in hosts[1:]]
-        deadline = time.monotonic() + 1500
-        while time.monotonic() < deadline and any(n.proc.poll() is None for n in nodes):
-            time.sleep(3)
+        nodes = _join_all(lab, work, steps, extra, barrier_s=300, timeout_s=1500, poll_s=3)
         codes = [n.proc.poll() for n in nodes]
         natted = {h for h, info in lab.hosts.items() if info.natted}
     ids = {Identity.load_or_create(work / h / "identity.key").peer_id: h for h in hosts}
