@@ -44,6 +44,10 @@ PRE-REGISTRATION (fixed before the first test-side run; the pilot that chose the
   same problems beside it, and the own (known) family's exact, so harm is visible.
 * Target (``het``): some sharing arm (c, d or f) beats (a) and (b) with the interval's lower end above 0, and beats
   (e) likewise. Anything else is reported as not met, with what limits it.
+* Target (``homo``, added 2026-11-28 before its first run, with no homo result read on any side): the same rule
+  over arms (c) and (d): some sharing arm beats (a) and (b) with the interval's lower end above 0, and beats (e)
+  likewise. (c) against (a) is SAPO's own claim (4/4 against 8/0) and is reported whatever the verdict. Both
+  families, all four nodes, final step (40), test side, 10 seeds.
 
     python benchmarks/controls.py --setting het --seeds 0-9 --workers 2     # runs what is missing, then reports
     python benchmarks/controls.py --setting het --analyze                    # report only
@@ -304,8 +308,6 @@ def verdict(summary: dict[str, Any], setting: str) -> str:
         won.setdefault(c["arm"], {})[c["control"]] = c["beats"] == "yes"
     winners = [a for a, w in won.items() if a in ("share", "receiver", "stronger") and all(
         w.get(c, False) for c in ("alone", "labels", "answers"))]  # fmt: skip
-    if setting != "het":
-        return "Target: defined for the het setting; this setting is reported beside it."
     if winners:
         return f"**Target met** by {', '.join(winners)}: beyond the 95% interval above (a) alone, (b) labels and (e)."
     return "**Target not met**: no sharing arm beats (a), (b) and (e) each beyond its 95% interval."
