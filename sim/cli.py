@@ -56,7 +56,8 @@ def run(
         fail(str(e))
     rows = write_report(out, title=cfg.name, order=[v.name for v in cfg.configurations])
     typer.echo(markdown_table(rows), nl=False)
-    typer.echo(f"results in {out}/results.md, plots in {out}/rewards.png")
+    plots = ", ".join(f"{out}/{p.name}" for p in sorted(Path(out).glob("*.png")))
+    typer.echo(f"results in {out}/results.md and {out}/report.html, plots in {plots}")
 
 
 def main() -> None:
