@@ -10,6 +10,10 @@ Settings (``configs/sim/controls-<setting>.yaml``; the YAML's configurations are
   fifth as many of ``lab_sub``, node 1 the other way round, so each *half-knows* one family (its lacking family):
   held-out pass@8 about 0.2, pass@1 about 0.06 (dev side, ``benchmarks/results/controls.md``).
 * ``homo``: identical nodes (the default laboratory recipe), SAPO's own setting: 8/0 against 4/4.
+* ``smol``: ``het`` on a real model, SmolLM2-135M-Instruct: each node warm-started on written working (traces) of one
+  family with a fifth as much of the other, completions up to 192 new tokens; arms (a), (b), (d); 3 seeds. The
+  stock model (no warm start) is evaluated on the same items at the same budget, so recovery and new skill are
+  told apart.
 
 Arms:
 
@@ -48,6 +52,16 @@ PRE-REGISTRATION (fixed before the first test-side run; the pilot that chose the
   over arms (c) and (d): some sharing arm beats (a) and (b) with the interval's lower end above 0, and beats (e)
   likewise. (c) against (a) is SAPO's own claim (4/4 against 8/0) and is reported whatever the verdict. Both
   families, all four nodes, final step (40), test side, 10 seeds.
+* ``smol`` (``configs/sim/controls-smol.yaml``; written 2026-11-28 before any SmolLM2 run of it, on either side):
+  30 steps of 4 prompts x G = 8, lr 1e-5 (the pretrained default, not tuned), 4 own + 4 peers' groups in (d),
+  16 own gold labels a step in (b); the metric, readout and analysis of ``het`` (lacking family, test side, final
+  step, paired by seed, 95% t-interval; 32 problems a family x 8 samples, no greedy); 3 seeds (0-2). Target: (d)
+  beats (a) and (b) with the interval's lower end above 0. A dev-side pilot may change only the warm starts'
+  size (so the lacking family is half-known: pass@8 well above pass@1) and, from its step timing alone, the step
+  count (30 to 60), never the arms, the rate or the readout.
+* Cost, not readout (2026-11-28, after the first homo pairs had run 20 steps on 2 contended cores, about 25 minutes;
+  no pair finished; one node's step-20 evaluation line scrolled past in the log, nothing else read): the identical initial models are evaluated once for every pair
+  (``eval.at_start: false``: ``run_start``), and the step-20 evaluation is dropped. The readout is unchanged.
 
     python benchmarks/controls.py --setting het --seeds 0-9 --workers 2     # runs what is missing, then reports
     python benchmarks/controls.py --setting het --analyze                    # report only
@@ -80,6 +94,8 @@ from benchmarks.common.multirun import read_evals, write_results  # noqa: E402
 #: Node index -> the family it lacks, for the ``het`` setting's primary metric.
 LACKING = {0: "lab_sub", 1: "lab_add"}
 KNOWN = {0: "lab_add", 1: "lab_sub"}
+#: Settings of specialised nodes, read on each node's lacking family.
+SPECIALISED = ("het", "smol")
 #: Sharing arms and the comparisons the target names (arm, control).
 SHARING = ("share", "receiver", "stronger")
 COMPARISONS = [
@@ -138,7 +154,7 @@ def seed_values(run_dir: Path, nodes: int, setting: str, key: str, when: int) ->
         ev = evs[when]
         fams = sorted(ev["families"])
         every += [_family_value(ev, f, key) for f in fams]
-        if setting == "het":
+        if setting in SPECIALISED:
             lacking.append(_family_value(ev, LACKING[i], key))
             known.append(_family_value(ev, KNOWN[i], key))
     out = {"all": statistics.fmean(every)}
@@ -197,6 +213,14 @@ def saved_pairs(path: Path, keys: dict[str, str]) -> dict[str, dict[int, dict[st
     return out
 
 
+def saved_start(path: Path, sim: Any) -> dict[str, Any] | None:
+    """The shared start of an earlier report of this experiment, if its models and evaluation are the same."""
+    if not path.is_file():
+        return None
+    start = json.loads(path.read_text()).get("shared_start")
+    return start if start and start.get("key") == start_key(sim) else None
+
+
 def pair_record(run_dir: Path, sim: Any, setting: str) -> dict[str, Any]:
     """A finished pair's metrics at every evaluation step: {"steps": {step: {metric: {lacking, known, all}}}}."""
     steps = sorted({e["step"] for e in read_evals(run_dir / "node0")})
@@ -204,8 +228,15 @@ def pair_record(run_dir: Path, sim: Any, setting: str) -> dict[str, Any]:
                                   for k in ("accuracy", "pass_at_8")} for step in steps}}  # fmt: skip
 
 
-def collect(work: Path, sim: Any, setting: str, saved: dict[str, dict[int, dict[str, Any]]] | None = None):
-    """arm -> seed -> {"steps": ..., "start": ..., "end": ...} for every finished pair: on disk, else saved."""
+def collect(
+    work: Path,
+    sim: Any,
+    setting: str,
+    saved: dict[str, dict[int, dict[str, Any]]] | None = None,
+    start: dict[str, Any] | None = None,
+):
+    """arm -> seed -> {"steps": ..., "start": ..., "end": ...} for every finished pair: on disk, else saved. A pair
+    without a step-0 evaluation of its own (``eval.at_start: false``) takes ``start``, the shared one."""
     data: dict[str, dict[int, dict[str, Any]]] = {}
     for arm in [c.name for c in sim.configurations]:
         pairs = dict((saved or {}).get(arm, {}))
@@ -214,16 +245,81 @@ def collect(work: Path, sim: Any, setting: str, saved: dict[str, dict[int, dict[
                 pairs[int(seed_dir.name[4:])] = pair_record(seed_dir, sim, setting)
         for seed, rec in sorted(pairs.items()):
             if seed in sim.seeds:
-                data.setdefault(arm, {})[seed] = {
-                    **rec,
-                    "start": rec["steps"]["0"],
-                    "end": rec["steps"][str(sim.steps)],
-                }
+                steps = rec["steps"] if "0" in rec["steps"] or start is None else {"0": start, **rec["steps"]}
+                data.setdefault(arm, {})[seed] = {**rec, "steps": steps, "start": steps["0"],
+                                                  "end": steps[str(sim.steps)]}  # fmt: skip
     return data
 
 
-def report(data: dict[str, dict[int, dict[str, Any]]], sim: Any, setting: str, command: str) -> tuple[str, dict]:
-    part = "lacking" if setting == "het" else "all"
+def shared_start(sim: Any) -> bool:
+    """Whether the experiment evaluates its initial models once for every pair (``eval.at_start: false``)."""
+    return not sim.node_config(sim.configurations[0].name, 0, sim.seeds[0]).eval.at_start
+
+
+def start_key(sim: Any) -> str:
+    """What decides the shared start's numbers: every node's model and evaluation, and the tasks."""
+    arm = sim.configurations[0].name
+    nodes = [sim.node_config(arm, i, sim.seeds[0]) for i in range(sim.nodes)]
+    parts = [[n.model.model_dump(mode="json"), n.eval.model_dump(mode="json"), n.tasks.model_dump(mode="json"),
+              n.rollout.model_dump(mode="json")] for n in nodes]  # fmt: skip
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _evaluate_initial(cfg: Any, run_dir: Path, done: dict[str, Path]) -> None:
+    """Evaluate ``cfg``'s initial model into ``run_dir/eval.jsonl`` at step 0 (as a node's step-0 evaluation).
+    ``done`` maps what decides an evaluation (model, tasks, evaluation, sampling) to a directory that already holds
+    it: identical nodes (the homogeneous setting, or a stock model that is the node's own) are evaluated once."""
+    import yaml
+
+    from node.eval import append_result, evaluate_run
+
+    what = json.dumps([cfg.model_dump(mode="json")[k] for k in ("model", "tasks", "eval", "rollout")], sort_keys=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not any(e["step"] == 0 for e in read_evals(run_dir)):
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+        if what in done:
+            shutil.copyfile(done[what] / "eval.jsonl", run_dir / "eval.jsonl")
+        else:
+            append_result(run_dir, evaluate_run(run_dir, initial=True))
+    done.setdefault(what, run_dir)
+
+
+def run_start(sim: Any, work: Path, setting: str, saved: dict[str, Any] | None, threads: int) -> dict[str, Any]:
+    """The shared start: every node's initial model evaluated once, and the stock model (the configured model
+    without its warm start) on the same items at the same token budget, so a gain can be told from recovering what
+    the stock model already had. Reused from the saved report when its key matches."""
+    key = start_key(sim)
+    if saved and saved.get("key") == key:
+        return saved
+    import torch
+
+    torch.set_num_threads(threads)
+    arm = sim.configurations[0].name
+    nodes = [sim.node_config(arm, i, sim.seeds[0]) for i in range(sim.nodes)]
+    t0 = time.perf_counter()
+    done: dict[str, Path] = {}
+    for i, cfg in enumerate(nodes):
+        _evaluate_initial(cfg, work / "start" / f"node{i}", done)
+    stock_cfg = nodes[0].model_copy(update={"model": nodes[0].model.model_copy(update={"warm_start": None})})
+    _evaluate_initial(stock_cfg, work / "stock" / "node0", done)
+    print(f"shared start evaluated in {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
+    stock = read_evals(work / "stock" / "node0")[0]
+    return {
+        "key": key,
+        "record": pair_record(work / "start", sim, setting)["steps"]["0"],
+        "stock": {fam: {k: f[k] for k in ("accuracy", "pass_at_8")} for fam, f in stock["families"].items()},
+        "stock_model": nodes[0].model.name,
+    }
+
+
+def report(
+    data: dict[str, dict[int, dict[str, Any]]],
+    sim: Any,
+    setting: str,
+    command: str,
+    start: dict[str, Any] | None = None,
+) -> tuple[str, dict]:
+    part = "lacking" if setting in SPECIALISED else "all"
     arms = list(data)
     n = sim.node_config(arms[0], 0, sim.seeds[0])
     lines = [
@@ -237,14 +333,15 @@ def report(data: dict[str, dict[int, dict[str, Any]]], sim: Any, setting: str, c
         "- every seed starts from the same warm-started models (the recipes' own seed is fixed), so the step-0 "
         "values agree; a seed varies the task draws and every sample after that",
         "- pre-registered (benchmarks/controls.py docstring): exact accuracy at the final step, "
-        + ("each node's lacking family" if setting == "het" else "both families")
+        + ("each node's lacking family" if setting in SPECIALISED else "both families")
         + ", averaged over nodes; paired by seed, mean and 95% t-interval",
         "",
+        *(stock_lines(start, sim) if start else []),
         "## Per arm (mean ± sd over seeds)",
         "",
         "| arm | seeds | exact start | exact end | gain | pass@8 start -> end |"
-        + (" known-family exact start -> end |" if setting == "het" else ""),
-        "|---|---:|---:|---:|---:|---:|" + ("---:|" if setting == "het" else ""),
+        + (" known-family exact start -> end |" if setting in SPECIALISED else ""),
+        "|---|---:|---:|---:|---:|---:|" + ("---:|" if setting in SPECIALISED else ""),
     ]
 
     def ms(xs: list[float]) -> str:
@@ -259,7 +356,7 @@ def report(data: dict[str, dict[int, dict[str, Any]]], sim: Any, setting: str, c
         p1 = [data[arm][k]["end"]["pass_at_8"][part] for k in seeds]
         gain = [b - a for a, b in zip(s, e, strict=True)]
         row = f"| {arm} | {len(seeds)} | {ms(s)} | {ms(e)} | {ms(gain)} | {ms(p0)} -> {ms(p1)} |"
-        if setting == "het":
+        if setting in SPECIALISED:
             k0 = [data[arm][k]["start"]["accuracy"]["known"] for k in seeds]
             k1 = [data[arm][k]["end"]["accuracy"]["known"] for k in seeds]
             row += f" {ms(k0)} -> {ms(k1)} |"
@@ -301,6 +398,29 @@ def report(data: dict[str, dict[int, dict[str, Any]]], sim: Any, setting: str, c
     return "\n".join(lines), summary
 
 
+def stock_lines(start: dict[str, Any], sim: Any) -> list[str]:
+    """The shared start per node and family beside the stock model's line (same items, same token budget)."""
+    n = sim.node_config(sim.configurations[0].name, 0, sim.seeds[0])
+    lines = [
+        "## The start, and the stock model at the same budget",
+        "",
+        f"Evaluated once for every pair (the warm starts are fixed); the stock model is `{start['stock_model']}` "
+        f"without its warm start, on the same items, {n.eval.max_new_tokens or n.rollout.max_new_tokens} new tokens. "
+        "An arm's end above the warm-started start but below the stock line is recovery, not new skill.",
+        "",
+        "| family | stock exact | stock pass@8 |",
+        "|---|---:|---:|",
+    ]
+    for fam, v in sorted(start["stock"].items()):
+        p8 = v["pass_at_8"]
+        lines.append(f"| {fam} | {v['accuracy']:.3f} | {'n/a' if p8 is None else f'{p8:.3f}'} |")
+    rec = start["record"]
+    lines += ["", "Warm-started start, averaged over nodes: "
+              + ", ".join(f"{part} exact {rec['accuracy'][part]:.3f} (pass@8 {rec['pass_at_8'][part]:.3f})"
+                          for part in rec["accuracy"]), ""]  # fmt: skip
+    return lines
+
+
 def verdict(summary: dict[str, Any], setting: str) -> str:
     """The pre-registered target, read off the comparison table."""
     won: dict[str, dict[str, bool]] = {}
@@ -325,13 +445,13 @@ def plot(setting: str, data: dict[str, Any], path: Path) -> Path | None:
         curves: dict[int, list[float]] = {}
         for rec in data[arm].values():
             for step, v in rec["steps"].items():
-                curves.setdefault(int(step), []).append(v["accuracy"]["lacking" if setting == "het" else "all"])
+                curves.setdefault(int(step), []).append(v["accuracy"]["lacking" if setting in SPECIALISED else "all"])
         xs = sorted(curves)
         mean = [statistics.fmean(curves[x]) for x in xs]
         ax.plot(xs, mean, marker="o", label=f"{arm} ({len(data[arm])} seeds)")
         ax.fill_between(xs, [min(curves[x]) for x in xs], [max(curves[x]) for x in xs], alpha=0.12)
     ax.set_xlabel("step")
-    ax.set_ylabel("held-out exact" + (" (lacking family)" if setting == "het" else ""))
+    ax.set_ylabel("held-out exact" + (" (lacking family)" if setting in SPECIALISED else ""))
     ax.set_title(f"controls ({setting}): mean over seeds, band = seeds' range")
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -342,7 +462,7 @@ def plot(setting: str, data: dict[str, Any], path: Path) -> Path | None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--setting", choices=("het", "homo"), default="het")
+    ap.add_argument("--setting", choices=("het", "homo", "smol"), default="het")
     ap.add_argument("--seeds", default="0-9", help="e.g. 0-9 or 0,2,5")
     ap.add_argument("--workers", type=int, default=2, help="(arm, seed) pairs at once, one process each")
     ap.add_argument("--only", default="", help="comma-separated arms to run (the report reads every finished one)")
@@ -365,21 +485,28 @@ def main() -> int:
     stem = f"controls_{args.setting}{'_quick' if args.quick else ''}"
     keys = arm_keys(sim)
     saved = saved_pairs(args.out / f"{stem}.json", keys)
+    start = saved_start(args.out / f"{stem}.json", sim) if shared_start(sim) else None
     if not args.analyze:
         run_sim = sim
         if args.only:
             keep = set(args.only.split(","))
             run_sim = sim.model_copy(update={"configurations": [c for c in sim.configurations if c.name in keep]})
         t0 = time.perf_counter()
+        if shared_start(sim):
+            start = run_start(sim, work, args.setting, start, args.workers)
         run_pending(run_sim, work, sim.seeds, {(a, k) for a, seeds in saved.items() for k in seeds})
         print(f"ran in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
-    data = collect(work, sim, args.setting, saved)
+    elif start is None and shared_start(sim) and (work / "stock" / "node0" / "eval.jsonl").is_file():
+        start = run_start(sim, work, args.setting, None, 1)  # finished evaluations on disk: read, not run
+    data = collect(work, sim, args.setting, saved, start["record"] if start else None)
     if not data:
         print("no finished pairs to report", file=sys.stderr)
         return 1
     command = "python benchmarks/controls.py " + " ".join(sys.argv[1:])
-    text, summary = report(data, sim, args.setting, command)
+    text, summary = report(data, sim, args.setting, command, start)
     summary["arm_keys"] = {arm: keys[arm] for arm in data}
+    if start:
+        summary["shared_start"] = start
     args.out.mkdir(parents=True, exist_ok=True)
     png = plot(args.setting, data, args.out / f"{stem}.png")
     if png is not None:

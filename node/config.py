@@ -43,8 +43,9 @@ def reserved_bound(test_fraction: float, dev_fraction: float) -> float:
 
 class WarmStartConfig(StrictModel):
     """A short supervised warm start of the configured model on some families' training split (question ->
-    ``<answer>gold</answer>``), built once and cached beside the model (``node.model.warm``): a node that brings a
-    skill to the swarm, or a model that already states answers in the format. Dev and test items are never used."""
+    ``<answer>gold</answer>``, or the family's written working with ``traces``), built once and cached beside the
+    model (``node.model.warm``): a node that brings a skill to the swarm, or a model that already states answers in
+    the format. Dev and test items are never used."""
 
     families: list[TaskFamily] = Field(min_length=1)
     """Families (and difficulty knobs) whose training items the model is fine-tuned on."""
@@ -58,6 +59,10 @@ class WarmStartConfig(StrictModel):
     """Seed of the order of examples and of torch during the warm start."""
     task_seed: int = 12345
     """Task seed of the examples: not ``tasks.seed``, so RL prompts are not the warm start's items."""
+    traces: bool = False
+    """Targets are the families' written working, ``<think>...</think><answer>gold</answer>`` (their ``trace``;
+    every family must write one, e.g. ``lab_add``/``lab_sub``), not the bare ``<answer>gold</answer>``: a format
+    start that gives a model working to build on instead of taking its own away."""
     test_fraction: float = Field(default=0.1, gt=0, lt=1)
     """The test share of the split the examples avoid (SPEC 13); with ``dev_fraction`` it must reserve at least
     the node's ``tasks`` shares (checked), so no dev or test item is ever a warm-start example."""
@@ -287,7 +292,8 @@ class SapoConfig(StrictModel):
     """SAPO mixing of own and peers' groups (arXiv 2509.08721)."""
 
     local_groups: int = Field(default=8, ge=0)
-    """I: own groups per training batch."""
+    """I: own groups per training batch. Left unset, it is at most ``rollout.prompts_per_step`` (a node asked for
+    4 prompts a step trains on those 4 groups); set explicitly, it must not exceed it."""
     external_groups: int = Field(default=8, ge=0)
     """J: peers' groups per training batch (re-scored locally). The default I/J = 8/8 is SAPO's best split
     (4/4 of 8 in the paper); with ``fill_local`` a node without peers trains on I + J own groups."""
@@ -774,6 +780,8 @@ class NodeConfig(StrictModel):
 
     @model_validator(mode="after")
     def _enough_prompts(self) -> NodeConfig:
+        if "local_groups" not in self.sapo.model_fields_set:  # left at its default: follows a smaller batch
+            self.sapo.local_groups = min(self.sapo.local_groups, self.rollout.prompts_per_step)
         if self.sapo.local_groups > self.rollout.prompts_per_step:
             raise ValueError(
                 f"sapo.local_groups ({self.sapo.local_groups}) exceeds rollout.prompts_per_step "

@@ -2,7 +2,8 @@
 training items, built once per recipe and cached as an ordinary model directory.
 
 An example is the node's own prompt for a training-split question (chat template and format example included, so
-the warm start teaches exactly the prompts RL will show) and the target ``<answer>gold</answer>`` followed by EOS.
+the warm start teaches exactly the prompts RL will show) and the target ``<answer>gold</answer>`` (or, with
+``traces``, the family's written working) followed by EOS.
 Items of the dev and test sides of the split are never drawn (``TaskSource.sample`` redraws them), so evaluation
 still measures generalization. The directory is ``<cache>/warm-<base>-<hash of recipe>``; its ``rl_swarm_warm.json``
 records the recipe (base model, families, examples, learning rate, seeds) and is written last.
@@ -46,7 +47,7 @@ def recipe(policy: Any, cfg: WarmStartConfig) -> dict[str, Any]:
         "dtype": str(policy.dtype),
         "tokenizer": policy.tokenizer_id,
         "format_example": policy.format_example,
-        "warm_start": cfg.model_dump(mode="json"),
+        "warm_start": cfg.model_dump(mode="json", exclude={"traces"} if not cfg.traces else None),
         "code_version": WARM_CODE_VERSION,
     }
 
@@ -57,9 +58,9 @@ def warm_dir(cache_root: Path, base: str, rec: dict[str, Any]) -> Path:
     return cache_root / f"warm-{slug}-{key}"
 
 
-def items(cfg: WarmStartConfig) -> list[TaskItem]:
-    """The warm start's ``cfg.examples`` items, from the training split only, in a seeded order."""
-    src = TaskSource(
+def source(cfg: WarmStartConfig) -> TaskSource:
+    """The task source the warm start draws from (its own task seed and split shares)."""
+    return TaskSource(
         TaskConfig(
             families=list(cfg.families),
             seed=cfg.task_seed,
@@ -67,6 +68,11 @@ def items(cfg: WarmStartConfig) -> list[TaskItem]:
             dev_fraction=cfg.dev_fraction,
         )
     )
+
+
+def items(cfg: WarmStartConfig, src: TaskSource | None = None) -> list[TaskItem]:
+    """The warm start's ``cfg.examples`` items, from the training split only, in a seeded order."""
+    src = src or source(cfg)
     rng = random.Random(cfg.seed)
     out: list[TaskItem] = []
     for _ in range(100):  # a family whose items all lack a gold answer cannot loop forever
@@ -79,12 +85,31 @@ def items(cfg: WarmStartConfig) -> list[TaskItem]:
     raise ValueError(f"model.warm_start: the families gave only {len(out)} items with a gold answer")
 
 
+def targets(cfg: WarmStartConfig, src: TaskSource, chosen: list[TaskItem]) -> list[str]:
+    """Each item's target text: ``<answer>gold</answer>``, or with ``cfg.traces`` the family's written working
+    (a :class:`ValueError` naming the family when it writes none)."""
+    if not cfg.traces:
+        return [format_answer(str(it.answer)) for it in chosen]
+    out = []
+    for it in chosen:
+        text = src.trace(it)
+        if text is None:
+            raise ValueError(
+                f"model.warm_start.traces: family {it.ref.family!r} writes no working (no trace); use families that "
+                "do (lab_add, lab_sub) or traces: false"
+            )
+        out.append(text)
+    return out
+
+
 def examples(policy: Any, cfg: WarmStartConfig) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, completion ids) pairs: the node's prompt of each item and ``<answer>gold</answer>`` + EOS."""
+    """(prompt ids, completion ids) pairs: the node's prompt of each item and its target (:func:`targets`) + EOS."""
     eos = policy.eos_token_ids[0]
+    src = source(cfg)
+    chosen = items(cfg, src)
     return [
-        (policy.encode(policy.format_prompt(it.question)), [*policy.encode(format_answer(str(it.answer))), eos])
-        for it in items(cfg)
+        (policy.encode(policy.format_prompt(it.question)), [*policy.encode(text), eos])
+        for it, text in zip(chosen, targets(cfg, src, chosen), strict=True)
     ]
 
 

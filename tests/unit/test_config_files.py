@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from node.config import NodeConfig
 from protocol.config import load_config, read_yaml, validate_config, write_resolved
@@ -144,3 +145,13 @@ def test_a_warm_start_may_not_reach_into_the_dev_or_test_side():
         load_config(NodeConfig, None, ["tasks.test_fraction=0.2"])
     with pytest.raises(ConfigError, match="heldout_fraction was replaced by"):
         load_config(NodeConfig, None, ["tasks.heldout_fraction=0.1"])
+
+
+def test_default_local_groups_follow_a_smaller_batch_but_a_set_one_is_checked():
+    """The README's SmolLM2 line asks for 4 prompts a step and leaves sapo alone: it must start."""
+    cfg = NodeConfig.model_validate({"rollout": {"prompts_per_step": 4}})
+    assert cfg.sapo.local_groups == 4
+    assert NodeConfig.model_validate(cfg.model_dump(mode="json")).sapo.local_groups == 4  # the resolved file
+    assert NodeConfig.model_validate({}).sapo.local_groups == 8
+    with pytest.raises(ValidationError, match=r"sapo.local_groups \(8\) exceeds rollout.prompts_per_step \(4\)"):
+        NodeConfig.model_validate({"rollout": {"prompts_per_step": 4}, "sapo": {"local_groups": 8}})

@@ -16,6 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common.multirun import read_evals  # noqa: E402
 from benchmarks.controls import parse_seeds, t975, t_interval, verdict  # noqa: E402
 
 
@@ -78,3 +79,28 @@ def test_quick_het_run_reports_paired_differences(tmp_path: Path) -> None:
     res = subprocess.run([sys.executable, "benchmarks/controls.py", *args, "--set", "steps=3", "--analyze"],
                          cwd=ROOT, capture_output=True, text=True)  # fmt: skip
     assert "its pairs are not reused" in res.stderr and res.returncode == 1
+
+
+@pytest.mark.timeout(900)
+def test_shared_start_is_evaluated_once_with_the_stock_line_and_kept(tmp_path: Path) -> None:
+    """``eval.at_start: false`` (the SmolLM2 setting): the initial models and the stock model are evaluated once,
+    every pair takes that step 0, and a later session reuses it from the report's JSON."""
+    args = ["--setting", "het", "--quick", "--seeds", "0-1", "--workers", "2", "--only", "alone,receiver"]
+    args += ["--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")]
+    args += ["--set", f"node.model.cache_dir={tmp_path / 'cache'}", "--set", "node.eval.at_start=false"]
+    res = subprocess.run([sys.executable, "benchmarks/controls.py", *args], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "shared start evaluated" in res.stderr
+    for d in ("start/node0", "start/node1", "stock/node0"):
+        assert [e["step"] for e in read_evals(tmp_path / "work" / d)] == [0]
+    assert [e["step"] for e in read_evals(tmp_path / "work" / "alone" / "seed0" / "node0")] == [2]  # no own start
+    text = (tmp_path / "out" / "controls_het_quick.md").read_text()
+    assert "the stock model at the same budget" in text and "| lab_add |" in text
+    data = json.loads((tmp_path / "out" / "controls_het_quick.json").read_text())
+    start = data["shared_start"]
+    assert data["arms"]["alone"]["start"] == [start["record"]["accuracy"]["lacking"]] * 2
+    assert set(start["stock"]) == {"lab_add", "lab_sub"}
+    shutil.rmtree(tmp_path / "work")
+    res = subprocess.run([sys.executable, "benchmarks/controls.py", *args], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0 and "shared start evaluated" not in res.stderr and "0 pairs to run" in res.stderr
+    assert json.loads((tmp_path / "out" / "controls_het_quick.json").read_text())["shared_start"] == start

@@ -64,3 +64,32 @@ def test_warm_start_is_built_once_records_its_recipe_and_changes_the_weights(
 
     other = load_policy(ModelConfig(name=base_dir, cache_dir=tmp_path, warm_start=_cfg(seed=1)))
     assert other.source != first.source  # another recipe, another directory
+
+
+LAB = TaskFamily(name="lab_sub", config={"min_terms": 2, "max_terms": 2, "min_digits": 2, "max_digits": 3})
+
+
+def test_trace_targets_carry_the_working_and_change_the_recipe() -> None:
+    bare = WarmStartConfig(families=[LAB], examples=8)
+    traced = WarmStartConfig(families=[LAB], examples=8, traces=True)
+    src = warm.source(traced)
+    chosen = warm.items(traced, src)
+    texts = warm.targets(traced, src, chosen)
+    for it, text in zip(chosen, texts, strict=True):
+        assert text.startswith("<think>") and text.endswith(f"<answer>{it.answer}</answer>")
+        assert len(text) > len(f"<answer>{it.answer}</answer>") + 20  # the working, not only the answer
+    assert warm.targets(bare, src, chosen) == [f"<answer>{it.answer}</answer>" for it in chosen]
+
+    # an old recipe (no traces) keeps its cache key; a traced one is another recipe
+    class P:
+        name, source, dtype, tokenizer_id, format_example = "m", "m", torch.float32, "t", True
+
+    assert "traces" not in warm.recipe(P, bare)["warm_start"]
+    assert warm.recipe(P, traced)["warm_start"]["traces"] is True
+
+
+def test_traces_need_a_family_that_writes_working() -> None:
+    cfg = _cfg(traces=True, examples=4)
+    src = warm.source(cfg)
+    with pytest.raises(ValueError, match="chain_sum.*writes no working"):
+        warm.targets(cfg, src, warm.items(cfg, src))
