@@ -60,8 +60,9 @@ PRE-REGISTRATION (fixed before the first test-side run; the pilot that chose the
   size (so the lacking family is half-known: pass@8 well above pass@1) and, from its step timing alone, the step
   count (30 to 60), never the arms, the rate or the readout.
 * Cost, not readout (2026-11-28, after the first homo pairs had run 20 steps on 2 contended cores, about 25 minutes;
-  no pair finished; one node's step-20 evaluation line scrolled past in the log, nothing else read): the identical initial models are evaluated once for every pair
-  (``eval.at_start: false``: ``run_start``), and the step-20 evaluation is dropped. The readout is unchanged.
+  no pair finished; one node's step-20 evaluation line scrolled past in the log, nothing else read): the identical
+  initial models are evaluated once for every pair (``eval.at_start: false``: ``run_start``), and the step-20
+  evaluation is dropped. The readout is unchanged.
 
     python benchmarks/controls.py --setting het --seeds 0-9 --workers 2     # runs what is missing, then reports
     python benchmarks/controls.py --setting het --analyze                    # report only
@@ -293,6 +294,9 @@ def run_start(sim: Any, work: Path, setting: str, saved: dict[str, Any] | None, 
         return saved
     import torch
 
+    from node.cli.logs import setup_cli_logging
+
+    setup_cli_logging("INFO")  # a warm start or a model conversion takes minutes: its progress lines show
     torch.set_num_threads(threads)
     arm = sim.configurations[0].name
     nodes = [sim.node_config(arm, i, sim.seeds[0]) for i in range(sim.nodes)]
