@@ -67,6 +67,7 @@ PRE-REGISTRATION (fixed before the first test-side run; the pilot that chose the
     python benchmarks/controls.py --setting het --seeds 0-9 --workers 2     # runs what is missing, then reports
     python benchmarks/controls.py --setting het --analyze                    # report only
     python benchmarks/controls.py --setting het --quick                      # the YAML's quick overrides (a test)
+    python benchmarks/controls.py --setting smol --seeds 0-2                 # SmolLM2: one pair at a time, 2 threads
 
 Writes ``benchmarks/results/controls_<setting>.md`` / ``.json`` / ``.png`` (or under ``--out``).
 """
@@ -468,7 +469,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--setting", choices=("het", "homo", "smol"), default="het")
     ap.add_argument("--seeds", default="0-9", help="e.g. 0-9 or 0,2,5")
-    ap.add_argument("--workers", type=int, default=2, help="(arm, seed) pairs at once, one process each")
+    ap.add_argument("--workers", type=int, default=None, help="(arm, seed) pairs at once (default: the YAML's)")
     ap.add_argument("--only", default="", help="comma-separated arms to run (the report reads every finished one)")
     ap.add_argument("--work", type=Path, default=None, help="run directory (default runs/controls-<setting>)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
@@ -480,7 +481,8 @@ def main() -> int:
     from sim.config import load_sim_config
 
     config = ROOT / "configs" / "sim" / f"controls-{args.setting}.yaml"
-    overrides = [*args.set, f"seeds={parse_seeds(args.seeds)}", f"workers={args.workers}"]
+    overrides = [*args.set, f"seeds={parse_seeds(args.seeds)}"]
+    overrides += [f"workers={args.workers}"] if args.workers else []
     sim = load_sim_config(str(config), overrides, quick=args.quick)
     if args.quick:
         sim = sim.model_copy(update={"seeds": parse_seeds(args.seeds)})
@@ -497,7 +499,7 @@ def main() -> int:
             run_sim = sim.model_copy(update={"configurations": [c for c in sim.configurations if c.name in keep]})
         t0 = time.perf_counter()
         if shared_start(sim):
-            start = run_start(sim, work, args.setting, start, args.workers)
+            start = run_start(sim, work, args.setting, start, sim.workers * sim.torch_threads)
         run_pending(run_sim, work, sim.seeds, {(a, k) for a, seeds in saved.items() for k in seeds})
         print(f"ran in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
     elif start is None and shared_start(sim) and (work / "stock" / "node0" / "eval.jsonl").is_file():
