@@ -59,6 +59,9 @@ PRE-REGISTRATION (fixed before the first test-side run; the pilot that chose the
   beats (a) and (b) with the interval's lower end above 0. A dev-side pilot may change only the warm starts'
   size (so the lacking family is half-known: pass@8 well above pass@1) and, from its step timing alone, the step
   count (30 to 60), never the arms, the rate or the readout.
+* Defaults (decision rule, written 2026-11-28 before any homo pair was read): ``sapo.peer_advantage`` becomes
+  ``receiver`` with ``publish_solved: true`` if, in ``homo``, (d) is not below (a) or (c) beyond its 95% interval
+  (het already shows it beating every control); otherwise the default stays ``group`` and the config says why.
 * Cost, not readout (2026-11-28, after the first homo pairs had run 20 steps on 2 contended cores, about 25 minutes;
   no pair finished; one node's step-20 evaluation line scrolled past in the log, nothing else read): the identical
   initial models are evaluated once for every pair (``eval.at_start: false``: ``run_start``), and the step-20
