@@ -107,6 +107,7 @@ COMPARISONS = [
     *[(s, c) for s in SHARING for c in ("alone", "labels", "answers")],
     ("labels", "alone"),
     ("answers", "alone"),
+    ("receiver", "share"),  # the defaults' decision rule
     *[(s, "alone-3e5") for s in SHARING],  # the reference added after the interim (not in the verdict)
 ]
 
