@@ -1,0 +1,51 @@
+"""The multi-process soak's verdict: a slope judged with its interval (pass, fail, or too noisy to tell)."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+MB = 2**20
+
+
+def _soak():
+    spec = importlib.util.spec_from_file_location("soak_multiproc", ROOT / "benchmarks" / "soak_multiproc.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _samples(rss, hours: float = 2.0, every_s: float = 30.0, nodes: int = 2) -> list[dict]:
+    out = []
+    for k in range(int(hours * 3600 / every_s) + 1):
+        t = k * every_s
+        out.append({"t": t, "nodes": [{"rss": rss(t), "fds": 26, "threads": 17, "dht_keys": 80} for _ in range(nodes)]})
+    return out
+
+
+def test_flat_noisy_rss_passes_a_steady_leak_fails_and_a_borderline_one_is_undecided() -> None:
+    soak = _soak()
+    rng = random.Random(0)
+    flat = _samples(lambda t: 700 * MB + rng.gauss(0, 3) * MB)
+    rows, outcome = soak.verdict(flat, [0, 1], 7200, 2.0)
+    assert outcome == "PASS", rows
+    leak = _samples(lambda t: 700 * MB + 40 * MB * t / 3600 + rng.gauss(0, 3) * MB)  # 40 MB/h against 14
+    rows, outcome = soak.verdict(leak, [0, 1], 7200, 2.0)
+    assert outcome == "FAIL" and "FAIL" in rows[0]
+    # at the bound, with noise as wide as the first 2-hour run's: the run cannot tell, and says so
+    edge = _samples(lambda t: 700 * MB + 14 * MB * t / 3600 + rng.gauss(0, 25) * MB)
+    rows, outcome = soak.verdict(edge, [0, 1], 7200, 2.0)
+    assert outcome == "UNDECIDED" and "undecided" in rows[0]
+    assert soak.verdict(flat[:100], [0], 99 * 30, 2.0)[1] == "SHORT"
+
+
+def test_one_spike_moves_a_block_median_little() -> None:
+    soak = _soak()
+    ts = [float(t) for t in range(0, 3601, 30)]
+    ys = [700.0] * len(ts)
+    ys[-1] = 786.0  # the largest sample-to-sample swing the first run saw, at the very end
+    sl, lo, hi = soak.block_slope(ts, ys)
+    assert sl == 0.0 and lo == 0.0 and hi == 0.0
+    assert soak.slope_per_hour(ts, ys) > 2.0  # a least-squares slope over the samples reads a trend
