@@ -225,7 +225,7 @@ def main() -> None:
     rows, outcome = verdict(samples, judged, duration, opts.rss_slope_pct)
     steps = [s["step"] for s in samples[-1]["nodes"]] if samples else []
     cmd = "python benchmarks/soak_multiproc.py " + " ".join(sys.argv[1:])
-    text = [
+    lines = [
         "# Multi-process soak over hivemind",
         "",
         f"{opts.nodes} `swarm-node join` processes on 127.0.0.1 (tiny model, small steps, one torch thread), "
@@ -242,9 +242,9 @@ def main() -> None:
         "",
         f"Command: `{cmd}`",
     ]
-    opts.out.write_text("\n".join(text) + "\n")
+    opts.out.write_text("\n".join(lines) + "\n")
     opts.out.with_suffix(".json").write_text(json.dumps(samples))
-    print("\n".join(text))
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":
