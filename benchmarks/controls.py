@@ -410,6 +410,11 @@ def report(
 def stock_lines(start: dict[str, Any], sim: Any) -> list[str]:
     """The shared start per node and family beside the stock model's line (same items, same token budget)."""
     n = sim.node_config(sim.configurations[0].name, 0, sim.seeds[0])
+    if n.model.warm_start is None:  # a built-in recipe: its own build is the start; there is no other stock model
+        rec = start["record"]
+        return ["## The start", "", "Evaluated once for every pair (the initial models are fixed): "
+                + ", ".join(f"{part} exact {rec['accuracy'][part]:.3f} (pass@8 {rec['pass_at_8'][part]:.3f})"
+                            for part in rec["accuracy"]), ""]  # fmt: skip
     lines = [
         "## The start, and the stock model at the same budget",
         "",
