@@ -91,7 +91,11 @@ class ChildProc:
         return self.log_path.read_text()[-n:] if self.log_path.exists() else ""
 
     def wait(self, timeout: float) -> int:
-        return self.proc.wait(timeout=timeout)
+        """The exit status, once the process has exited and the reader thread has taken its last stdout line (on a
+        loaded machine the thread can lag the exit: a final "stopped at step" line was missed that way)."""
+        code = self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=30)
+        return code
 
     def signal(self, sig: int) -> None:
         if self.proc.poll() is None:
