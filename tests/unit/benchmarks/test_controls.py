@@ -95,7 +95,9 @@ def test_shared_start_is_evaluated_once_with_the_stock_line_and_kept(tmp_path: P
         assert [e["step"] for e in read_evals(tmp_path / "work" / d)] == [0]
     assert [e["step"] for e in read_evals(tmp_path / "work" / "alone" / "seed0" / "node0")] == [2]  # no own start
     text = (tmp_path / "out" / "controls_het_quick.md").read_text()
-    assert "the stock model at the same budget" in text and "| lab_add |" in text
+    # a built-in recipe has no other stock model: the start alone is reported (its stock record is the start's)
+    assert "## The start\n" in text and "Evaluated once for every pair" in text
+    assert "the stock model at the same budget" not in text
     data = json.loads((tmp_path / "out" / "controls_het_quick.json").read_text())
     start = data["shared_start"]
     assert data["arms"]["alone"]["start"] == [start["record"]["accuracy"]["lacking"]] * 2
