@@ -265,10 +265,13 @@ def shared_start(sim: Any) -> bool:
 def start_key(sim: Any) -> str:
     """What decides the shared start's numbers: every node's model and evaluation, and the tasks."""
     arm = sim.configurations[0].name
-    nodes = [sim.node_config(arm, i, sim.seeds[0]) for i in range(sim.nodes)]
-    parts = [[n.model.model_dump(mode="json"), n.eval.model_dump(mode="json"), n.tasks.model_dump(mode="json"),
-              n.rollout.model_dump(mode="json")] for n in nodes]  # fmt: skip
+    parts = [_eval_key(sim.node_config(arm, i, sim.seeds[0])) for i in range(sim.nodes)]
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _eval_key(cfg: Any) -> str:
+    """What decides a node's initial evaluation: its model, tasks, evaluation and sampling settings."""
+    return json.dumps([cfg.model_dump(mode="json")[k] for k in ("model", "tasks", "eval", "rollout")], sort_keys=True)
 
 
 def _evaluate_initial(cfg: Any, run_dir: Path, done: dict[str, Path]) -> None:
@@ -279,7 +282,7 @@ def _evaluate_initial(cfg: Any, run_dir: Path, done: dict[str, Path]) -> None:
 
     from node.eval import append_result, evaluate_run
 
-    what = json.dumps([cfg.model_dump(mode="json")[k] for k in ("model", "tasks", "eval", "rollout")], sort_keys=True)
+    what = _eval_key(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     if not any(e["step"] == 0 for e in read_evals(run_dir)):
         (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
@@ -410,11 +413,11 @@ def report(
 def stock_lines(start: dict[str, Any], sim: Any) -> list[str]:
     """The shared start per node and family beside the stock model's line (same items, same token budget)."""
     n = sim.node_config(sim.configurations[0].name, 0, sim.seeds[0])
+    rec = start["record"]
+    at_start = ", ".join(f"{part} exact {rec['accuracy'][part]:.3f} (pass@8 {rec['pass_at_8'][part]:.3f})"
+                         for part in rec["accuracy"])  # fmt: skip
     if n.model.warm_start is None:  # a built-in recipe: its own build is the start; there is no other stock model
-        rec = start["record"]
-        return ["## The start", "", "Evaluated once for every pair (the initial models are fixed): "
-                + ", ".join(f"{part} exact {rec['accuracy'][part]:.3f} (pass@8 {rec['pass_at_8'][part]:.3f})"
-                            for part in rec["accuracy"]), ""]  # fmt: skip
+        return ["## The start", "", f"Evaluated once for every pair (the initial models are fixed): {at_start}", ""]
     lines = [
         "## The start, and the stock model at the same budget",
         "",
@@ -428,11 +431,7 @@ def stock_lines(start: dict[str, Any], sim: Any) -> list[str]:
     for fam, v in sorted(start["stock"].items()):
         p8 = v["pass_at_8"]
         lines.append(f"| {fam} | {v['accuracy']:.3f} | {'n/a' if p8 is None else f'{p8:.3f}'} |")
-    rec = start["record"]
-    lines += ["", "Warm-started start, averaged over nodes: "
-              + ", ".join(f"{part} exact {rec['accuracy'][part]:.3f} (pass@8 {rec['pass_at_8'][part]:.3f})"
-                          for part in rec["accuracy"]), ""]  # fmt: skip
-    return lines
+    return [*lines, "", f"Warm-started start, averaged over nodes: {at_start}", ""]
 
 
 def verdict(summary: dict[str, Any], setting: str) -> str:
