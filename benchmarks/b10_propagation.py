@@ -87,7 +87,10 @@ RECEIVER = {"local_groups": 2, "external_groups": 2, "peer_advantage": "receiver
 #: Configuration -> (description, its ``sapo`` settings).
 CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "alone": ("4 own / 0 peers' groups a step", {"local_groups": 4, "external_groups": 0}),
-    "share": ("2 own / 2 peers' groups a step", {"local_groups": 2, "external_groups": 2}),
+    "share": (
+        "2 own / 2 peers' groups a step, SAPO's group-relative credit",
+        {"local_groups": 2, "external_groups": 2, "peer_advantage": "group", "publish_solved": False},
+    ),
     "receiver": (
         "2 own / 2 peers' groups a step; peers' solved completions credited against the receiver's own solve rate "
         "(sapo.peer_advantage: receiver), all-right groups published",

@@ -43,7 +43,7 @@ CONFIG = {
     "tasks": {"families": [{"name": "basic_arithmetic", "config": {"max_terms": 2, "max_digits": 1}}]},
     "rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 48, "batch_size": 64},
     "learner": {"lr": 1.0e-5, "micro_batch_size": 8},
-    "sapo": {"local_groups": 4, "external_groups": 4},
+    "sapo": {"local_groups": 4, "external_groups": 4, "peer_advantage": "group", "publish_solved": False},
     "eval": {"every_steps": None, "items_per_family": 24, "samples": 2},
     "checkpoint": {"every": 1000, "keep": 1},
 }

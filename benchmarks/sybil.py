@@ -43,7 +43,7 @@ def sim_config(sybils: int, steps: int, start: int):
                 "swarm_id": "sim-sybil",
                 "tasks": {"families": [{"name": "a"}, {"name": "b"}, {"name": "c"}, {"name": "d"}]},
                 "rollout": {"prompts_per_step": 4, "group_size": 4},
-                "sapo": {"local_groups": 4, "external_groups": 4},
+                "sapo": {"local_groups": 4, "external_groups": 4, "peer_advantage": "group", "publish_solved": False},
             },
             "adversaries": [{"type": "sybil", "count": sybils, "start": start}],
             "configurations": [{"name": "4-4"}],

@@ -322,16 +322,27 @@ class SapoConfig(StrictModel):
     peer_importance_weights: bool = True
     """Weight peers' completions by the truncated importance ratio min(pi_old / pi_behaviour, C) from the
     sender's behaviour-logprob hint; ``false`` trains on them with weight 1 (an ablation)."""
-    peer_advantage: Literal["group", "receiver"] = "group"
-    """How peers' completions are credited. ``group`` (SAPO as written): group-relative, like own groups; peers'
-    groups with equal rewards are not pooled. ``receiver``: a peer's completion that this node's verifier scores
-    1.0 gets advantage ``1 - b``, ``b`` this node's own recent solve rate on the task's family, and every other
-    peer completion none; peers' groups without a solved completion are not pooled. A stronger peer's all-right
-    groups, which carry nothing group-relative, then teach a node that does not solve the task, and a weaker
-    peer's wrong answers never push this node's policy (``swarm.sapo.SolveRates``)."""
-    publish_solved: bool = False
+    peer_advantage: Literal["group", "receiver"] = "receiver"
+    """How peers' completions are credited. ``receiver`` (the default): a peer's completion that this node's
+    verifier scores 1.0 gets advantage ``1 - b``, ``b`` this node's own recent solve rate on the task's family, and
+    every other peer completion none; peers' groups without a solved completion are not pooled. A stronger peer's
+    all-right groups, which carry nothing group-relative, then teach a node that does not solve the task, and a
+    weaker peer's wrong answers never push this node's policy (``swarm.sapo.SolveRates``). ``group`` (SAPO as
+    written): group-relative, like own groups; peers' groups with equal rewards are not pooled.
+
+    Why ``receiver`` is the default (the controls comparison, ``benchmarks/controls.py``, by a rule written before
+    its homogeneous run was read): on the laboratory model, 10 seeds each, test side, final step, paired by seed,
+    receiver credit beat a node alone among equal nodes (+0.009 [+0.003, +0.015] exact, 8 of 10 seeds), peers'
+    bare answers (+0.011 [+0.003, +0.019]) and own gold labels (+0.256), and beat every control between
+    specialised nodes on the family a node lacks; SAPO's group credit was no better than alone among equals
+    (+0.002 [-0.005, +0.009]) and hurt a weak node beside a strong peer in B10 (0.59x alone, one collapse in three
+    seeds).
+    ``benchmarks/results/controls_homo.md``, ``controls_het.md``."""
+    publish_solved: bool = True
     """Also publish own groups whose every completion scored 1.0. They carry no group-relative advantage (``group``
-    receivers drop them) and are the most useful kind to a ``receiver`` node that does not solve the task."""
+    receivers count them as zero-advantage and drop them) and are the most useful kind to a ``receiver`` node
+    that does not solve the task; on by default with ``receiver`` credit (the same comparison's arm (d)). ``false``
+    publishes only groups with a spread of rewards, as SAPO does."""
     peer_groups: Literal["solved", "stronger"] = "solved"
     """Which peers' groups a ``receiver`` node trains on: ``solved``, those with a completion it scores 1.0;
     ``stronger``, only those whose share of solved completions is above its own recent solve rate ``b`` on the

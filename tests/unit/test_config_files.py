@@ -155,3 +155,29 @@ def test_default_local_groups_follow_a_smaller_batch_but_a_set_one_is_checked():
     assert NodeConfig.model_validate({}).sapo.local_groups == 8
     with pytest.raises(ValidationError, match=r"sapo.local_groups \(8\) exceeds rollout.prompts_per_step \(4\)"):
         NodeConfig.model_validate({"rollout": {"prompts_per_step": 4}, "sapo": {"local_groups": 8}})
+
+
+def test_sapo_benchmarks_pin_sapo_as_written_while_nodes_default_to_receiver_credit():
+    """The node default is receiver credit with all-right groups published (the controls comparison); the
+    experiments that measure SAPO as the paper writes it (B4's configs, the controls' (c) arm) pin group credit,
+    so a change of the default cannot silently change what they measure."""
+    from sim.config import load_sim_config
+
+    default = NodeConfig().sapo
+    assert (default.peer_advantage, default.publish_solved) == ("receiver", True)
+    root = Path(__file__).resolve().parents[2] / "configs" / "sim"
+    pinned = {
+        "sapo.yaml": None,
+        "sapo-quick.yaml": None,
+        "sapo-lab.yaml": None,
+        "controls-het.yaml": "share",
+        "controls-homo.yaml": "share",
+    }
+    for name, only in pinned.items():
+        sim = load_sim_config(str(root / name), [])
+        variants = [v.name for v in sim.configurations if only in (None, v.name)]
+        assert variants, name
+        for variant in variants:
+            for index in range(sim.nodes):
+                sapo = sim.node_config(variant, index, 0).sapo
+                assert (sapo.peer_advantage, sapo.publish_solved) == ("group", False), (name, variant, index)

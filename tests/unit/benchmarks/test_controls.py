@@ -106,3 +106,25 @@ def test_shared_start_is_evaluated_once_with_the_stock_line_and_kept(tmp_path: P
     res = subprocess.run([sys.executable, "benchmarks/controls.py", *args], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0 and "shared start evaluated" not in res.stderr and "0 pairs to run" in res.stderr
     assert json.loads((tmp_path / "out" / "controls_het_quick.json").read_text())["shared_start"] == start
+
+
+def test_a_warm_started_setting_reports_the_stock_model_beside_its_start() -> None:
+    """``smol`` warm-starts SmolLM2: its report puts the stock model's line (the same model without its warm start,
+    same items and budget) beside the warm-started start, so recovery can be told from new skill."""
+    from benchmarks.controls import stock_lines
+    from sim.config import load_sim_config
+
+    sim = load_sim_config(str(ROOT / "configs" / "sim" / "controls-smol.yaml"), [])
+    start = {
+        "record": {"accuracy": {"lacking": 0.25, "own": 0.5}, "pass_at_8": {"lacking": 0.5, "own": 0.75}},
+        "stock": {
+            "lab_add": {"accuracy": 0.125, "pass_at_8": 0.375},
+            "lab_sub": {"accuracy": 0.0625, "pass_at_8": None},
+        },
+        "stock_model": "smollm2-135m",
+    }
+    text = "\n".join(stock_lines(start, sim))
+    assert "## The start, and the stock model at the same budget" in text
+    assert "`smollm2-135m` without its warm start" in text and "192 new tokens" in text
+    assert "| lab_add | 0.125 | 0.375 |" in text and "| lab_sub | 0.062 | n/a |" in text
+    assert "lacking exact 0.250 (pass@8 0.500), own exact 0.500 (pass@8 0.750)" in text
