@@ -38,7 +38,10 @@ def test_peer_importance_weights_switch(model_dir: Path, tmp_path: Path, weights
     from node.runtime import Node, build_parts
 
     cfg = NodeConfig.model_validate(
-        {"model": {"name": str(model_dir), "device": "cpu"}, "sapo": {"peer_importance_weights": weights}}
+        {
+            "model": {"name": str(model_dir), "device": "cpu"},
+            "sapo": {"peer_importance_weights": weights, "peer_advantage": "group"},
+        }
     )
 
     async def run():
@@ -196,7 +199,7 @@ def test_publish_solved_adds_all_right_groups_to_what_a_node_publishes(tmp_path:
     with pytest.raises(ValueError, match="peer_advantage"):
         NodeConfig.model_validate({"sapo": {"peer_advantage": "sender"}})
     with pytest.raises(ValueError, match="peer_groups: stronger needs sapo.peer_advantage: receiver"):
-        NodeConfig.model_validate({"sapo": {"peer_groups": "stronger"}})
+        NodeConfig.model_validate({"sapo": {"peer_groups": "stronger", "peer_advantage": "group"}})
 
 
 @pytest.mark.parametrize("peer_groups", ["solved", "stronger"])
@@ -278,7 +281,10 @@ def test_peer_text_answer_trains_on_a_peers_answer_only(model_dir: Path, tmp_pat
     from node.runtime import Node, build_parts
 
     cfg = NodeConfig.model_validate(
-        {"model": {"name": str(model_dir), "device": "cpu"}, "sapo": {"peer_text": peer_text}}
+        {
+            "model": {"name": str(model_dir), "device": "cpu"},
+            "sapo": {"peer_text": peer_text, "peer_advantage": "group"},
+        }
     )
 
     async def run():
