@@ -333,7 +333,7 @@ def report(
 ) -> tuple[str, dict]:
     part = "lacking" if setting in SPECIALISED else "all"
     arms = list(data)
-    n = sim.node_config(arms[0], 0, sim.seeds[0])
+    n = sim.node_config(sim.configurations[0].name, 0, sim.seeds[0])
     lines = [
         f"# Controls ({setting}): does a peer's completion carry something a node cannot get alone?",
         "",
@@ -349,6 +349,11 @@ def report(
         + ", averaged over nodes; paired by seed, mean and 95% t-interval",
         "",
         *(stock_lines(start, sim) if start else []),
+    ]
+    summary: dict[str, Any] = {"setting": setting, "arms": {}, "comparisons": []}
+    if not data:  # the shared start is evaluated, no pair has finished: the start is worth keeping on its own
+        return "\n".join([*lines, "No (arm, seed) pair has finished yet.", ""]), summary
+    lines += [
         "## Per arm (mean ± sd over seeds)",
         "",
         "| arm | seeds | exact start | exact end | gain | pass@8 start -> end |"
@@ -359,7 +364,6 @@ def report(
     def ms(xs: list[float]) -> str:
         return f"{statistics.fmean(xs):.3f} ± {statistics.stdev(xs):.3f}" if len(xs) > 1 else f"{xs[0]:.3f}"
 
-    summary: dict[str, Any] = {"setting": setting, "arms": {}, "comparisons": []}
     for arm in arms:
         seeds = sorted(data[arm])
         s = [data[arm][k]["start"]["accuracy"][part] for k in seeds]
@@ -513,7 +517,7 @@ def main() -> int:
     elif start is None and shared_start(sim) and (work / "stock" / "node0" / "eval.jsonl").is_file():
         start = run_start(sim, work, args.setting, None, 1)  # finished evaluations on disk: read, not run
     data = collect(work, sim, args.setting, saved, start["record"] if start else None)
-    if not data:
+    if not data and start is None:
         print("no finished pairs to report", file=sys.stderr)
         return 1
     command = "python benchmarks/controls.py " + " ".join(sys.argv[1:])
@@ -522,7 +526,7 @@ def main() -> int:
     if start:
         summary["shared_start"] = start
     args.out.mkdir(parents=True, exist_ok=True)
-    png = plot(args.setting, data, args.out / f"{stem}.png")
+    png = plot(args.setting, data, args.out / f"{stem}.png") if data else None
     if png is not None:
         text += f"\n![exact accuracy over steps]({png.name})\n"
     write_results(args.out, stem, text, summary)

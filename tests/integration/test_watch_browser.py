@@ -28,6 +28,7 @@ import pytest
 from node.eval import read_results
 from node.telemetry.metrics import read_jsonl
 from protocol.identity import Identity
+from swarm.pool import SOLVED
 from tests.integration.procs import FAST_JOIN
 
 pytestmark = [pytest.mark.network]
@@ -159,11 +160,12 @@ async def publish_hostile(maddr: str) -> str:
 
 
 def published_rewards(run_dir: Path) -> list[float]:
-    """A node's own rewards of the groups it publishes (informative ones: not all rewards equal)."""
+    """A node's own rewards of the groups it publishes: informative ones (not all rewards equal) and all-right ones
+    (``sapo.publish_solved``, the default)."""
     out: list[float] = []
     for row in read_jsonl(run_dir / "rollouts.jsonl"):
         rewards = [float(r) for r in row["rewards"]]
-        if max(rewards) != min(rewards):
+        if max(rewards) != min(rewards) or min(rewards) >= SOLVED:
             out.extend(rewards)
     return out
 

@@ -111,7 +111,7 @@ def test_shared_start_is_evaluated_once_with_the_stock_line_and_kept(tmp_path: P
 def test_a_warm_started_setting_reports_the_stock_model_beside_its_start() -> None:
     """``smol`` warm-starts SmolLM2: its report puts the stock model's line (the same model without its warm start,
     same items and budget) beside the warm-started start, so recovery can be told from new skill."""
-    from benchmarks.controls import stock_lines
+    from benchmarks.controls import report, stock_lines
     from sim.config import load_sim_config
 
     sim = load_sim_config(str(ROOT / "configs" / "sim" / "controls-smol.yaml"), [])
@@ -128,3 +128,7 @@ def test_a_warm_started_setting_reports_the_stock_model_beside_its_start() -> No
     assert "`smollm2-135m` without its warm start" in text and "192 new tokens" in text
     assert "| lab_add | 0.125 | 0.375 |" in text and "| lab_sub | 0.062 | n/a |" in text
     assert "lacking exact 0.250 (pass@8 0.500), own exact 0.500 (pass@8 0.750)" in text
+    # before any pair has finished, the report keeps the start on its own (a SmolLM2 pair takes an hour or more)
+    alone, summary = report({}, sim, "smol", "python benchmarks/controls.py --setting smol", start)
+    assert text in alone and alone.rstrip().endswith("No (arm, seed) pair has finished yet.")
+    assert summary["arms"] == {} and summary["comparisons"] == []
