@@ -246,8 +246,9 @@ def decode_index_entry(data: bytes, *, verify_signature: bool = True) -> IndexEn
         except (TypeError, AttributeError, ValueError):
             major = minor = None
     newer = check_version(major, minor, body.get("sender"))
-    # ``work`` is optional from 2.1 on; an entry of an older minor has exactly that minor's keys.
-    stamped = "work" in body and minor is not None and minor >= WORK_MINOR
+    # ``work`` is optional from 2.1 on (in any later major too: a node speaking 3.0 stamps its entries); an entry of
+    # an older version has exactly that version's keys. ``major`` is ours here (another one was refused above).
+    stamped = "work" in body and minor is not None and (major, minor) >= (2, WORK_MINOR)
     expect_keys(body, "index", INDEX_KEYS | {"work"} if stamped else INDEX_KEYS, newer=newer)
     raw = expect_bytes(body["digests"], "index.digests", max_len=DIGEST_BYTES * MAX_INDEX_DIGESTS)
     if not raw or len(raw) % DIGEST_BYTES:

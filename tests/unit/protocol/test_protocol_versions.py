@@ -154,6 +154,19 @@ def test_the_writer_signs_entries_with_the_version_it_speaks(monkeypatch):
     assert strict_unpackb(strict_unpackb(entry)["body"])["version"] == f"{PROTOCOL_VERSION[0]}.7"
 
 
+def test_a_node_of_a_later_major_reads_its_own_stamped_entries():
+    """The work stamp is optional from 2.1 on, in every later major too: a node speaking 3.0 (the test override of
+    the versions test with real processes) stamps its entries and its own transport and peers of 3.0 read them
+    (the minor-only rule made every 3.0 publish a ``schema`` error, so that test never saw a 3.0 entry)."""
+    version.override_local_version(f"{PROTOCOL_VERSION[0] + 1}.0")
+    entry = IndexWriter(ALICE, "spec").add(vector_record(), WINDOW)
+    assert entry is not None and "work" in body_of(entry)
+    assert decode_index_entry(entry).sender == ALICE.peer_id
+    version.override_local_version("2.0")  # and 2.0 still has exactly 2.0's keys
+    stamped = body_of(entry) | {"version": "2.0"}
+    assert reason(decode_index_entry, _index(stamped)) == "schema"
+
+
 def test_reports_are_bounded_whatever_versions_a_peer_claims(caplog):
     with caplog.at_level(logging.WARNING, logger="protocol.version"):
         for major in range(100, 100 + 3 * version.MAX_REPORTED):
