@@ -191,15 +191,19 @@ def t_interval(xs: list[float]) -> tuple[float, float, float]:
 
 
 def arm_keys(sim: Any) -> dict[str, str]:
-    """What decides an arm's numbers (the experiment without its seed list, worker count and other arms, plus the
-    arm's own settings), per arm: a saved pair is reused only under the same key, and adding an arm keeps the
-    others' pairs."""
+    """What decides an arm's numbers (the experiment without its seed list, worker count and other arms, the arm's
+    own settings, and every node's resolved config without its seed, so a changed default counts too), per arm: a
+    saved pair is reused only under the same key, and adding an arm keeps the others' pairs."""
     d = sim.model_dump(mode="json")
     arms = {c["name"]: c for c in d.pop("configurations")}
     for k in ("seeds", "workers"):
         d.pop(k, None)
+
+    def nodes(arm: str) -> list[dict[str, Any]]:
+        return [{**sim.node_config(arm, i, 0).model_dump(mode="json"), "seed": None} for i in range(sim.nodes)]
+
     return {
-        name: hashlib.sha256(json.dumps([d, arm], sort_keys=True).encode()).hexdigest()[:16]
+        name: hashlib.sha256(json.dumps([d, arm, nodes(name)], sort_keys=True).encode()).hexdigest()[:16]
         for name, arm in arms.items()
     }
 
