@@ -23,9 +23,14 @@ def test_a_vllm_node_trains_in_a_swarm_beside_a_transformers_node(node_procs, tm
     """Two real ``swarm-node join`` processes over real hivemind: A samples with vLLM (APRIL on, weights synced every
     2 updates), B with transformers; each trains on the other's groups and A's held-out evaluation runs on vLLM."""
     a_dir, b_dir = tmp_path / "vllm", tmp_path / "hf"
-    vllm_node = ["--set", "rollout.engine=vllm", "--set", "april.enabled=true", "--set", "vllm.sync_every=2"]
+    # Group credit: every informative peer group is trained on, so 16 steps of the tiny model exercise the peer path
+    # (receiver credit, the default, takes only peers' right answers, which this model rarely writes in 16 steps).
+    group = ["--set", "sapo.peer_advantage=group"]
+    vllm_node = ["--set", "rollout.engine=vllm", "--set", "april.enabled=true", "--set", "vllm.sync_every=2", *group]
     a = node_procs("vllm", "join", "--run-dir", str(a_dir), *FAST_JOIN, *vllm_node)
-    b = node_procs("hf", "join", "--peers", a.multiaddr(), "--run-dir", str(b_dir), "--max-steps", "16", *FAST_JOIN)
+    b = node_procs(
+        "hf", "join", "--peers", a.multiaddr(), "--run-dir", str(b_dir), "--max-steps", "16", *FAST_JOIN, *group
+    )
     assert b.wait(timeout=480) == 0, b.tail()
     deadline = time.monotonic() + 180
     while sum(r["external_groups"] for r in read_jsonl(a_dir / "metrics.jsonl")) == 0:
