@@ -336,8 +336,7 @@ class SapoConfig(StrictModel):
     bare answers (+0.011 [+0.003, +0.019]) and own gold labels (+0.256), and beat every control between
     specialised nodes on the family a node lacks; SAPO's group credit was no better than alone among equals
     (+0.002 [-0.005, +0.009]) and hurt a weak node beside a strong peer in B10 (0.59x alone, one collapse in three
-    seeds).
-    ``benchmarks/results/controls_homo.md``, ``controls_het.md``."""
+    seeds): ``benchmarks/results/controls_homo.md``, ``controls_het.md``."""
     publish_solved: bool = True
     """Also publish own groups whose every completion scored 1.0. They carry no group-relative advantage (``group``
     receivers count them as zero-advantage and drop them) and are the most useful kind to a ``receiver`` node
