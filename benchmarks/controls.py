@@ -85,7 +85,7 @@ import shutil
 import statistics
 import sys
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -128,9 +128,16 @@ def pair_done(run_dir: Path, nodes: int, steps: int) -> bool:
     return all((e := read_evals(run_dir / f"node{i}")) and e[-1]["step"] >= steps for i in range(nodes))
 
 
-def run_pending(sim: Any, work: Path, seeds: list[int], have: Collection[tuple[str, int]] = ()) -> None:
+def run_pending(
+    sim: Any,
+    work: Path,
+    seeds: list[int],
+    have: Collection[tuple[str, int]] = (),
+    after_each: Callable[[], None] | None = None,
+) -> None:
     """Run every (arm, seed) pair not finished yet; an unfinished pair's directory is cleared and run again (the
-    in-process simulator keeps no checkpoints)."""
+    in-process simulator keeps no checkpoints). With one worker the pairs run one at a time and ``after_each``
+    runs after each (the report is rewritten, so a session that ends mid-run keeps every finished pair)."""
     from sim.runner import run_experiment
 
     pending = []
@@ -142,8 +149,17 @@ def run_pending(sim: Any, work: Path, seeds: list[int], have: Collection[tuple[s
             shutil.rmtree(run_dir, ignore_errors=True)
             pending.append((arm, seed))
     print(f"{len(pending)} pairs to run", file=sys.stderr, flush=True)
-    if pending:
-        run_experiment(sim, work, progress=lambda line: print(line, file=sys.stderr, flush=True), pairs=pending)
+
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    if sim.workers > 1 or after_each is None:
+        if pending:
+            run_experiment(sim, work, progress=progress, pairs=pending)
+        return
+    for pair in pending:
+        run_experiment(sim, work, progress=progress, pairs=[pair])
+        after_each()
 
 
 def _family_value(ev: dict[str, Any], fam: str, key: str) -> float:
@@ -297,13 +313,61 @@ def _evaluate_initial(cfg: Any, run_dir: Path, done: dict[str, Path]) -> None:
     done.setdefault(what, run_dir)
 
 
-def run_start(sim: Any, work: Path, setting: str, saved: dict[str, Any] | None, threads: int) -> dict[str, Any]:
+def initial_digests(nodes: list[Any]) -> list[str]:
+    """Each node's initial weights as the node loads them (built or warm-started here if not cached), hashed: the
+    same digests are the same start. A warm start rebuilt on another machine is checked against the saved one."""
+    import torch
+
+    from node.model.policy import load_policy
+
+    out = []
+    for cfg in nodes:
+        model = load_policy(cfg.model).model
+        h = hashlib.sha256()
+        for name, t in sorted(model.state_dict().items()):
+            h.update(name.encode())
+            h.update(t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        out.append(h.hexdigest()[:16])
+        del model
+    return out
+
+
+def checked_start(saved: dict[str, Any], nodes: list[Any], work: Path, sim: Any, setting: str) -> dict[str, Any]:
+    """The saved shared start, once the initial models built here are known to be the ones it was evaluated on: the
+    same weight digests, or (a start saved before digests were kept) the same step-0 evaluation, run again here
+    once. A different start would unpair every pair still to run from the finished ones, so it stops the run."""
+    digests = initial_digests(nodes)
+    if saved.get("digests") == digests:
+        return saved
+    if saved.get("digests") is not None:
+        raise SystemExit(
+            f"the initial models built here (weights {digests}) are not the ones the saved shared start was "
+            f"evaluated on ({saved['digests']}): a different torch, machine or warm-start code; pairs run now would "
+            "not pair with the finished ones. Run on the saved start's machine, or start the experiment afresh "
+            "(remove its report JSON)."
+        )
+    t0 = time.perf_counter()
+    done: dict[str, Path] = {}
+    for i, cfg in enumerate(nodes):
+        _evaluate_initial(cfg, work / "start-check" / f"node{i}", done)
+    record = pair_record(work / "start-check", sim, setting)["steps"]["0"]
+    print(f"saved shared start checked in {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
+    if record != saved["record"]:
+        raise SystemExit(
+            f"the initial models built here evaluate to {record}, not the saved shared start's {saved['record']}: "
+            "pairs run now would not pair with the finished ones. Run on the saved start's machine, or start the "
+            "experiment afresh (remove its report JSON)."
+        )
+    return {**saved, "digests": digests}
+
+
+def run_start(
+    sim: Any, work: Path, setting: str, saved: dict[str, Any] | None, threads: int, digests: bool = True
+) -> dict[str, Any]:
     """The shared start: every node's initial model evaluated once, and the stock model (the configured model
     without its warm start) on the same items at the same token budget, so a gain can be told from recovering what
     the stock model already had. Reused from the saved report when its key matches."""
     key = start_key(sim)
-    if saved and saved.get("key") == key:
-        return saved
     import torch
 
     from node.cli.logs import setup_cli_logging
@@ -312,6 +376,8 @@ def run_start(sim: Any, work: Path, setting: str, saved: dict[str, Any] | None, 
     torch.set_num_threads(threads)
     arm = sim.configurations[0].name
     nodes = [sim.node_config(arm, i, sim.seeds[0]) for i in range(sim.nodes)]
+    if saved and saved.get("key") == key:
+        return checked_start(saved, nodes, work, sim, setting)
     t0 = time.perf_counter()
     done: dict[str, Path] = {}
     for i, cfg in enumerate(nodes):
@@ -322,6 +388,7 @@ def run_start(sim: Any, work: Path, setting: str, saved: dict[str, Any] | None, 
     stock = read_evals(work / "stock" / "node0")[0]
     return {
         "key": key,
+        "digests": initial_digests(nodes) if digests else None,
         "record": pair_record(work / "start", sim, setting)["steps"]["0"],
         "stock": {fam: {k: f[k] for k in ("accuracy", "pass_at_8")} for fam, f in stock["families"].items()},
         "stock_model": nodes[0].model.name,
@@ -516,10 +583,25 @@ def main() -> int:
         t0 = time.perf_counter()
         if shared_start(sim):
             start = run_start(sim, work, args.setting, start, sim.workers * sim.torch_threads)
-        run_pending(run_sim, work, sim.seeds, {(a, k) for a, seeds in saved.items() for k in seeds})
+            write_report(work, sim, args, keys, saved, start)  # the start (its digests) is kept from now on
+        run_pending(run_sim, work, sim.seeds, {(a, k) for a, seeds in saved.items() for k in seeds},
+                    after_each=lambda: write_report(work, sim, args, keys, saved, start))  # fmt: skip
         print(f"ran in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
     elif start is None and shared_start(sim) and (work / "stock" / "node0" / "eval.jsonl").is_file():
-        start = run_start(sim, work, args.setting, None, 1)  # finished evaluations on disk: read, not run
+        start = run_start(sim, work, args.setting, None, 1, digests=False)  # finished evaluations on disk: read
+    return write_report(work, sim, args, keys, saved, start)
+
+
+def write_report(
+    work: Path,
+    sim: Any,
+    args: argparse.Namespace,
+    keys: dict[str, str],
+    saved: dict[str, dict[int, dict[str, Any]]],
+    start: dict[str, Any] | None,
+) -> int:
+    """Read every finished pair (on disk, else saved) and write the report; 1 when there is nothing to report."""
+    stem = f"controls_{args.setting}{'_quick' if args.quick else ''}"
     data = collect(work, sim, args.setting, saved, start["record"] if start else None)
     if not data and start is None:
         print("no finished pairs to report", file=sys.stderr)

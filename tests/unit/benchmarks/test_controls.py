@@ -132,3 +132,28 @@ def test_a_warm_started_setting_reports_the_stock_model_beside_its_start() -> No
     alone, summary = report({}, sim, "smol", "python benchmarks/controls.py --setting smol", start)
     assert text in alone and alone.rstrip().endswith("No (arm, seed) pair has finished yet.")
     assert summary["arms"] == {} and summary["comparisons"] == []
+
+
+@pytest.mark.timeout(600)
+def test_a_saved_start_is_used_only_with_the_same_initial_models(tmp_path: Path) -> None:
+    """A later session (another machine) rebuilds the warm starts: the saved shared start is reused only when the
+    rebuilt weights hash the same, or, for a start saved before digests were kept, evaluate the same again."""
+    from benchmarks.controls import checked_start, initial_digests, pair_record
+    from sim.config import load_sim_config
+
+    sets = [f"node.model.cache_dir={tmp_path / 'cache'}", "node.eval.at_start=false"]
+    sim = load_sim_config(str(ROOT / "configs" / "sim" / "controls-het.yaml"), sets, quick=True)
+    nodes = [sim.node_config("alone", i, 0) for i in range(sim.nodes)]
+    digests = initial_digests(nodes)
+    assert len(set(digests)) == 2 and digests == initial_digests(nodes)  # two different models, each reproducible
+    saved = {"key": "k", "digests": digests, "record": {"accuracy": {}}}
+    assert checked_start(saved, nodes, tmp_path / "work", sim, "het") is saved
+    with pytest.raises(SystemExit, match="not the ones the saved shared start was evaluated on"):
+        checked_start({**saved, "digests": digests[::-1]}, nodes, tmp_path / "work", sim, "het")
+    # saved before digests: the start is evaluated again here, and must come out the same
+    old = {"key": "k", "record": {"accuracy": {"lacking": 2.0, "known": 2.0, "all": 2.0}}}
+    with pytest.raises(SystemExit, match="not the saved shared start's"):
+        checked_start(old, nodes, tmp_path / "work", sim, "het")
+    record = json.loads(json.dumps(pair_record(tmp_path / "work" / "start-check", sim, "het")["steps"]["0"]))
+    kept = checked_start({**old, "record": record}, nodes, tmp_path / "work2", sim, "het")
+    assert kept["digests"] == digests and kept["record"] == record
