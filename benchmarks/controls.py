@@ -72,7 +72,8 @@ PRE-REGISTRATION (fixed before the first test-side run; the pilot that chose the
     python benchmarks/controls.py --setting het --quick                      # the YAML's quick overrides (a test)
     python benchmarks/controls.py --setting smol --seeds 0-2                 # SmolLM2: one pair at a time, 2 threads
 
-Writes ``benchmarks/results/controls_<setting>.md`` / ``.json`` / ``.png`` (or under ``--out``).
+Writes ``benchmarks/results/controls_<setting>.md`` / ``.json`` / ``.png`` (or under ``--out``); a reading written by
+hand into ``controls_<setting>_reading.md`` beside them is appended to the report at every rewrite.
 """
 
 from __future__ import annotations
@@ -615,6 +616,9 @@ def write_report(
     png = plot(args.setting, data, args.out / f"{stem}.png") if data else None
     if png is not None:
         text += f"\n![exact accuracy over steps]({png.name})\n"
+    reading = args.out / f"{stem}_reading.md"  # a person's reading of the numbers, kept across rewrites
+    if reading.is_file():
+        text += "\n" + reading.read_text()
     write_results(args.out, stem, text, summary)
     return 0
 

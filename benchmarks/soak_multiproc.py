@@ -7,7 +7,8 @@ so the others live through a peer's churn the whole time; nodes 0 .. n-2 are nev
 judged.
 
 Sampled every ``--sample-s``: per node, RSS of the node process and of its p2pd child (and their sum), open file
-descriptors and threads (both together), and from its ``metrics.jsonl`` the DHT keys it stores and its step.
+descriptors and threads (both together), and from its ``metrics.jsonl`` the DHT keys it stores, its step and its
+Python heap (``py_heap_blocks``: pymalloc blocks in use).
 
 Verdict over the second half of the run, per judged node, by the slope per hour of the medians of six equal time
 blocks (least squares, with its 95% t-interval, 4 degrees of freedom): bounds RSS (node + p2pd) ``--rss-slope-pct``
@@ -17,6 +18,13 @@ its lower end is above it; between the two the run cannot tell, and says so (``U
 shorter than an hour is reported but not judged. (Revised after the first 2-hour run, whose RSS moved 13-86 MB
 between 30-s samples: one least-squares slope over every sample judged that noise, so that run's FAIL, by the older
 rule, is kept in its results with the reading.)
+
+Python heap (added 2026-11-28 before the third run, after two runs of 2 and 2.5 hours left RSS UNDECIDED: the
+allocator's caching swings RSS by tens of MB, so a 2.5-hour run cannot bound its slope near 2%/h): the node's
+pymalloc blocks in use, judged by the same rule, bound 2% of its median per hour. It is what a leak of the node's
+own Python objects (pool entries, records, peers, futures) grows, step for step; it does not see native memory
+(torch, p2pd), which RSS still bounds. The run's verdict needs every measure, as before; the heap's own verdict is
+reported beside it.
 
     python benchmarks/soak_multiproc.py --duration-s 7200                         # the real soak (2 h)
     python benchmarks/soak_multiproc.py --duration-s 720 --restart-every-s 180 --out /tmp/s.md   # a 12-min check
@@ -102,7 +110,8 @@ def stop(p: subprocess.Popen, grace_s: float = 60) -> None:
 
 
 def probe(p: subprocess.Popen, run_dir: Path) -> dict:
-    """RSS of the node and its p2pd, fds and threads of both, and the last metrics line's DHT keys and step."""
+    """RSS of the node and its p2pd, fds and threads of both, and the last metrics line's DHT keys, step and
+    Python heap blocks."""
     out = {"rss_node": 0, "rss_p2pd": 0, "fds": 0, "threads": 0}
     try:
         proc = psutil.Process(p.pid)
@@ -118,8 +127,9 @@ def probe(p: subprocess.Popen, run_dir: Path) -> dict:
         last = (run_dir / "metrics.jsonl").read_text().splitlines()[-1]
         m = json.loads(last)
         out["dht_keys"], out["step"] = m.get("dht_storage_keys", 0), m.get("step", 0)
+        out["heap"] = m.get("py_heap_blocks", 0)
     except (OSError, IndexError, ValueError):
-        out["dht_keys"], out["step"] = 0, 0
+        out["dht_keys"], out["step"], out["heap"] = 0, 0, 0
     return out
 
 
@@ -157,21 +167,32 @@ def block_slope(ts: list[float], ys: list[float], blocks: int = BLOCKS) -> tuple
     return sl, sl - T975_4 * se, sl + T975_4 * se
 
 
-def verdict(samples: list[dict], judged: list[int], duration_s: float, rss_pct: float) -> tuple[list[str], str]:
-    """Table rows and ``PASS``, ``FAIL``, ``UNDECIDED`` or ``SHORT`` (module docstring)."""
+MEASURES = ("rss", "heap", "fds", "threads", "dht_keys")
+BOUNDS = {"fds": 4.0, "threads": 4.0}
+
+
+def verdict(
+    samples: list[dict], judged: list[int], duration_s: float, rss_pct: float, keys: tuple[str, ...] = MEASURES
+) -> tuple[list[str], str]:
+    """Table rows and ``PASS``, ``FAIL``, ``UNDECIDED`` or ``SHORT`` (module docstring), over the measures ``keys``
+    (a measure no sample carries, such as the heap of a run made before it was kept, reads n/a)."""
     half = samples[len(samples) // 2 :]
     rows, states = [], []
     for i in judged:
         ts = [s["t"] for s in half]
         row = [f"node{i}"]
-        for key, bound in (("rss", None), ("fds", 4.0), ("threads", 4.0), ("dht_keys", None)):
-            ys = [float(s["nodes"][i][key]) for s in half]
+        for key in keys:
+            bound = BOUNDS.get(key)
+            if not any(key in s["nodes"][i] for s in half):
+                row.append("n/a")
+                continue
+            ys = [float(s["nodes"][i].get(key, 0)) for s in half]
             med = statistics.median(ys) if ys else 0.0
-            b = bound if bound is not None else (rss_pct / 100 * med if key == "rss" else 0.10 * med + 20)
+            b = bound if bound is not None else (rss_pct / 100 * med if key in ("rss", "heap") else 0.10 * med + 20)
             sl, lo, hi = block_slope(ts, ys) if len(ts) >= 3 else (float("nan"),) * 3
             state = "ok" if hi <= b else ("FAIL" if lo > b else "undecided")
             states.append(state)
-            unit, scale = (" MB", 2**20) if key == "rss" else ("", 1)
+            unit, scale = {"rss": (" MB", 2**20), "heap": ("k", 1000)}.get(key, ("", 1))
             row.append(
                 f"{med / scale:.0f}{unit}, {sl / scale:+.1f} [{lo / scale:+.1f}, {hi / scale:+.1f}]{unit}/h "
                 f"(bound {b / scale:.1f}) {state}"
@@ -247,6 +268,7 @@ def main() -> None:
     duration = samples[-1]["t"] if samples else 0.0
     judged = list(range(opts.nodes - 1))
     rows, outcome = verdict(samples, judged, duration, opts.rss_slope_pct)
+    heap_outcome = verdict(samples, judged, duration, opts.rss_slope_pct, keys=("heap",))[1]
     steps = [s["step"] for s in samples[-1]["nodes"]] if samples else []
     cmd = "python benchmarks/soak_multiproc.py " + " ".join(sys.argv[1:])
     lines = [
@@ -258,11 +280,11 @@ def main() -> None:
         f"half with their 95% intervals (medians of {BLOCKS} time blocks), nodes never restarted (RSS = node "
         "process + its p2pd).",
         "",
-        "| node | RSS median, slope | open fds | threads | DHT keys stored |",
-        "|---|---|---|---|---|",
+        "| node | RSS median, slope | Python heap blocks | open fds | threads | DHT keys stored |",
+        "|---|---|---|---|---|---|",
         *rows,
         "",
-        f"Verdict: {VERDICTS[outcome]}.",
+        f"Verdict: {VERDICTS[outcome]}. The Python heap's own verdict: {VERDICTS[heap_outcome]}.",
         "",
         f"Command: `{cmd}`",
     ]

@@ -22,6 +22,7 @@ import contextlib
 import logging
 import math
 import random
+import sys
 import time
 from collections import Counter
 from collections.abc import Coroutine, Sequence
@@ -610,6 +611,9 @@ class Node:
             "connections": len(self._peers),
             # the record peer ids (SPEC 1) this node follows at its next poll (SPEC 7.4, 11), most wanted first
             "following": self.channel.following() if self.channel is not None else [],
+            # Python's small-object heap (pymalloc blocks in use): what a leak of Python objects grows, without the
+            # allocator's caching that makes RSS swing by tens of MB between steps (the multi-process soak reads it)
+            "py_heap_blocks": sys.getallocatedblocks(),
             "transport_restarts": int((chan.get("transport") or {}).get("restarts", 0)),
             # keys this node's DHT stores for the swarm, and whether it runs as a DHT client (client_mode: auto)
             "dht_storage_keys": int((chan.get("transport") or {}).get("storage_keys", 0)),

@@ -70,9 +70,11 @@ def test_quick_het_run_reports_paired_differences(tmp_path: Path) -> None:
     assert ra["diff"][0] == pytest.approx(ends["receiver"]["end"][0] - ends["alone"]["end"][0])
     # a later session without the run directory: the report's JSON keeps the finished pairs, nothing runs again
     shutil.rmtree(tmp_path / "work")
+    (tmp_path / "out" / "controls_het_quick_reading.md").write_text("## Reading\n\nWritten by hand.\n")
     res = subprocess.run([sys.executable, "benchmarks/controls.py", *args], check=True, cwd=ROOT, capture_output=True,
                          text=True)  # fmt: skip
     assert "0 pairs to run" in res.stderr
+    assert (tmp_path / "out" / "controls_het_quick.md").read_text().endswith("## Reading\n\nWritten by hand.\n")
     again = json.loads((tmp_path / "out" / "controls_het_quick.json").read_text())
     assert again["comparisons"] == data["comparisons"] and again["arm_keys"] == data["arm_keys"]
     # another experiment (here: more steps) does not reuse them

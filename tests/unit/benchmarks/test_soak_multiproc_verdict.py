@@ -49,3 +49,16 @@ def test_one_spike_moves_a_block_median_little() -> None:
     sl, lo, hi = soak.block_slope(ts, ys)
     assert sl == 0.0 and lo == 0.0 and hi == 0.0
     assert soak.slope_per_hour(ts, ys) > 2.0  # a least-squares slope over the samples reads a trend
+
+
+def test_the_python_heap_is_judged_beside_rss_and_an_older_run_without_it_reads_n_a() -> None:
+    soak = _soak()
+    rng = random.Random(1)
+    noisy = _samples(lambda t: 700 * MB + 14 * MB * t / 3600 + rng.gauss(0, 25) * MB)
+    growing = [dict(s, nodes=[{**n, "heap": 300_000 + 20_000 * s["t"] / 3600} for n in s["nodes"]]) for s in noisy]
+    rows, outcome = soak.verdict(growing, [0, 1], 7200, 2.0, keys=("heap",))
+    assert outcome == "FAIL" and "k/h" in rows[0]  # 20k blocks an hour against 2% of ~320k
+    flat = [dict(s, nodes=[{**n, "heap": 300_000 + (s["t"] % 60)} for n in s["nodes"]]) for s in noisy]
+    assert soak.verdict(flat, [0, 1], 7200, 2.0, keys=("heap",))[1] == "PASS"
+    rows, outcome = soak.verdict(noisy, [0, 1], 7200, 2.0)  # samples of a run before the heap was kept
+    assert rows[0].split(" | ")[2] == "n/a" and outcome == "UNDECIDED"
