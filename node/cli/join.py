@@ -13,6 +13,7 @@ import contextlib
 import logging
 import signal
 import sys
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +128,10 @@ async def _join(
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal, sig)
+    if tracemalloc.is_tracing():  # PYTHONTRACEMALLOC=<frames>: SIGUSR2 writes where the heap goes (heapdump)
+        from node.telemetry import heapdump
+
+        loop.add_signal_handler(signal.SIGUSR2, lambda: _say(f"heap sites written to {heapdump.dump(run_dir)}"))
     try:
         addresses = channel.addresses()
         _say(f"peer id {_shown_peer_id(addresses, ident.peer_id)}")
