@@ -314,6 +314,12 @@ def _evaluate_initial(cfg: Any, run_dir: Path, done: dict[str, Path]) -> None:
     done.setdefault(what, run_dir)
 
 
+def _evaluate_nodes(nodes: list[Any], run_dir: Path, done: dict[str, Path]) -> None:
+    """Every node's initial model evaluated into ``run_dir/node<i>`` (:func:`_evaluate_initial`)."""
+    for i, cfg in enumerate(nodes):
+        _evaluate_initial(cfg, run_dir / f"node{i}", done)
+
+
 def initial_digests(nodes: list[Any]) -> list[str]:
     """Each node's initial weights as the node loads them (built or warm-started here if not cached), hashed: the
     same digests are the same start. A warm start rebuilt on another machine is checked against the saved one."""
@@ -348,9 +354,7 @@ def checked_start(saved: dict[str, Any], nodes: list[Any], work: Path, sim: Any,
             "(remove its report JSON)."
         )
     t0 = time.perf_counter()
-    done: dict[str, Path] = {}
-    for i, cfg in enumerate(nodes):
-        _evaluate_initial(cfg, work / "start-check" / f"node{i}", done)
+    _evaluate_nodes(nodes, work / "start-check", {})
     record = pair_record(work / "start-check", sim, setting)["steps"]["0"]
     print(f"saved shared start checked in {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
     if record != saved["record"]:
@@ -381,8 +385,7 @@ def run_start(
         return checked_start(saved, nodes, work, sim, setting)
     t0 = time.perf_counter()
     done: dict[str, Path] = {}
-    for i, cfg in enumerate(nodes):
-        _evaluate_initial(cfg, work / "start" / f"node{i}", done)
+    _evaluate_nodes(nodes, work / "start", done)
     stock_cfg = nodes[0].model_copy(update={"model": nodes[0].model.model_copy(update={"warm_start": None})})
     _evaluate_initial(stock_cfg, work / "stock" / "node0", done)
     print(f"shared start evaluated in {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
