@@ -2,7 +2,8 @@
 
 Every ``*.jsonl`` file under ``BEFORE`` (``metrics.jsonl``, ``rollouts.jsonl``, ``eval.jsonl`` of every node) is
 compared with the same path under ``AFTER``, one JSON object per line, after dropping the keys that are wall-clock
-measurements (names ending in ``_s``, ``per_s``, ``time`` or ``seconds``). Prints each differing line's keys and a
+measurements (names ending in ``_s``, ``per_s``, ``time`` or ``seconds``) or the process's own state
+(``py_heap_blocks``, which moves with whatever else the interpreter holds). Prints each differing line's keys and a
 summary; exits 1 when anything differs. ``configs/sim/equivalence.yaml`` is the run to compare.
 
     python benchmarks/compare_runs.py runs/before runs/after
@@ -17,12 +18,17 @@ from pathlib import Path
 from typing import Any
 
 TIMING_SUFFIXES = ("_s", "per_s", "time", "seconds")
+PROCESS_STATE = frozenset({"py_heap_blocks"})
 
 
 def without_timings(value: Any) -> Any:
     """``value`` with every timing key removed, recursively."""
     if isinstance(value, dict):
-        return {k: without_timings(v) for k, v in value.items() if not k.endswith(TIMING_SUFFIXES)}
+        return {
+            k: without_timings(v)
+            for k, v in value.items()
+            if not k.endswith(TIMING_SUFFIXES) and k not in PROCESS_STATE
+        }
     if isinstance(value, list):
         return [without_timings(v) for v in value]
     return value

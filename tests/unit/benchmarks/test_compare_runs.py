@@ -16,8 +16,12 @@ def _tree(root: Path, rows: list[dict]) -> Path:
 
 
 def test_timings_alone_do_not_count_but_a_value_does(tmp_path: Path) -> None:
-    before = _tree(tmp_path / "a", [{"step": 1, "reward_mean": 0.5, "gen_s": 1.0, "time": 5.0, "seconds": 2}])
-    same = _tree(tmp_path / "b", [{"step": 1, "reward_mean": 0.5, "gen_s": 9.0, "time": 7.0, "seconds": 3}])
+    before = _tree(
+        tmp_path / "a", [{"step": 1, "reward_mean": 0.5, "gen_s": 1.0, "time": 5.0, "seconds": 2, "py_heap_blocks": 7}]
+    )
+    same = _tree(
+        tmp_path / "b", [{"step": 1, "reward_mean": 0.5, "gen_s": 9.0, "time": 7.0, "seconds": 3, "py_heap_blocks": 9}]
+    )
     other = _tree(tmp_path / "c", [{"step": 1, "reward_mean": 0.25, "gen_s": 1.0, "time": 5.0, "seconds": 2}])
     assert compare(before, same) == (1, [])
     assert compare(before, other) == (1, ["seed0/node0/metrics.jsonl:1: reward_mean"])

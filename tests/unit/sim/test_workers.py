@@ -15,7 +15,7 @@ from sim.config import load_sim_config
 from sim.runner import run_experiment
 
 CONFIG = "configs/sim/lab-specialists.yaml"
-_TIMING = ("_s", "time", "tokens_per_s", "rss", "wall")
+_TIMING = ("_s", "time", "tokens_per_s", "rss", "wall", "heap")
 
 
 def _records(run: Path) -> dict[str, list[dict]]:
