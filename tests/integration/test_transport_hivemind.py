@@ -146,6 +146,28 @@ async def test_fetch_returns_promptly_when_peers_vanish(make_transports):
     assert time.monotonic() - start < 2 * b.cfg.request_timeout_s + 5
 
 
+async def _pending_searches(node) -> tuple[int, int]:
+    """(keys hivemind keeps a pending-search set for, how many of those sets are empty), read on the DHT's loop."""
+    pending = node.pending_get_requests
+    return len(pending), sum(1 for searches in pending.values() if not searches)
+
+
+async def test_lookups_of_ever_new_keys_leave_no_state_behind(make_transports):
+    # hivemind's DHTNode kept an empty set per key it ever looked up; new windows bring new keys every few seconds,
+    # so a node's heap grew for as long as it ran (the multi-process soak's third run).
+    a, b = await make_transports(2)
+    ident = Identity.generate()
+    w = now_window()
+    data = make_record(ident, window=w)
+    await publish_listed(a, ident, data, w)
+    await eventually(lambda: b.fetch_recent([w]), lambda r: data in r)
+    for past in range(w - 40, w, 4):  # ten lookups, each of windows nobody wrote: peer, shard and record keys
+        await b.fetch_recent([past, past + 1, past + 2, past + 3])
+    keys, empty = await b._runner.call(_pending_searches(b._node), timeout=10)
+    assert empty == 0, f"{empty} of {keys} pending-search entries are empty"
+    assert keys < 10
+
+
 async def _forget_every_peer(node) -> None:
     table = node.protocol.routing_table
     for uid in list(table.peer_id_to_uid.values()):

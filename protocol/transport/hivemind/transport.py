@@ -711,6 +711,26 @@ class HivemindTransport(Transport):
             child.kill()
 
 
+def forget_finished_searches(node: DHTNode) -> None:
+    """Stop a hivemind ``DHTNode`` keeping one empty entry per key it ever looked up.
+
+    With ``reuse_get_requests`` (on by default), each lookup joins ``node.pending_get_requests[key]``, a defaultdict
+    of ``SortedSet``; a finished search leaves its key's set empty but never removes it. Every window brings new keys
+    (records, peer and shard keys), so a node that polls for hours grew its Python heap by ~95,000 blocks an hour
+    in the multi-process soak (``benchmarks/results/soak_multiproc_heap.md``), a SortedSet of some 30 objects per key.
+    After hivemind's own callback, the emptied set is dropped; the next lookup of that key makes a new one, as before.
+    Runs on the DHT's loop (a search's done callback), like everything else that touches the dict."""
+    reuse = node._reuse_finished_search_result
+
+    def reuse_then_forget(finished: Any) -> None:
+        reuse(finished)
+        pending = node.pending_get_requests
+        if finished.key_id in pending and not pending[finished.key_id]:
+            del pending[finished.key_id]
+
+    node._reuse_finished_search_result = reuse_then_forget
+
+
 async def _create_capped(kwargs: dict[str, Any], work_bits: int) -> DHTNode:
     """``DHTNode.create`` with the shard capacity of SPEC 7.4 (ranking entries at the swarm's ``work_bits``) installed
     in the node's storage and cache, and shard keys' entries judged one by one (SPEC 9); on the DHT's own loop,
@@ -727,5 +747,6 @@ async def _create_capped(kwargs: dict[str, Any], work_bits: int) -> DHTNode:
         node = await DHTNode.create(**{**kwargs, "initial_peers": None})
     install(node, work_bits)
     keep_valid_subkeys(node.protocol)
+    forget_finished_searches(node)
     await DialBackService().register(node.p2p)
     return node
