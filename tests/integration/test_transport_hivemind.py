@@ -132,13 +132,19 @@ async def test_one_bad_entry_from_a_hostile_replica_hides_no_valid_entry_beside_
         await rogue.shutdown()
 
 
-async def test_fetch_returns_promptly_when_peers_vanish(make_transports):
-    a, b = await make_transports(2)
+async def _published_and_seen(a, b) -> tuple[bytes, int]:
+    """A record published at ``a`` and read back at ``b``: (its bytes, its window)."""
     ident = Identity.generate()
     w = now_window()
     data = make_record(ident, window=w)
     await publish_listed(a, ident, data, w)
     await eventually(lambda: b.fetch_recent([w]), lambda r: data in r)
+    return data, w
+
+
+async def test_fetch_returns_promptly_when_peers_vanish(make_transports):
+    a, b = await make_transports(2)
+    data, w = await _published_and_seen(a, b)
     await a.close()
     start = time.monotonic()
     got = await asyncio.wait_for(b.fetch_recent([w, w + 1]), 30)
@@ -156,11 +162,7 @@ async def test_lookups_of_ever_new_keys_leave_no_state_behind(make_transports):
     # hivemind's DHTNode kept an empty set per key it ever looked up; new windows bring new keys every few seconds,
     # so a node's heap grew for as long as it ran (the multi-process soak's third run).
     a, b = await make_transports(2)
-    ident = Identity.generate()
-    w = now_window()
-    data = make_record(ident, window=w)
-    await publish_listed(a, ident, data, w)
-    await eventually(lambda: b.fetch_recent([w]), lambda r: data in r)
+    _, w = await _published_and_seen(a, b)
     for past in range(w - 40, w, 4):  # ten lookups, each of windows nobody wrote: peer, shard and record keys
         await b.fetch_recent([past, past + 1, past + 2, past + 3])
     keys, empty = await b._runner.call(_pending_searches(b._node), timeout=10)
