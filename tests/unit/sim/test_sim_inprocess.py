@@ -8,8 +8,8 @@ from sim.config import SimConfig
 from sim.inprocess import run_seed
 from sim.report.summary import markdown_table, write_report
 
-#: Metric fields that measure wall time (they differ between runs; everything else must not).
-# wall-clock fields, and the interpreter's heap size (it counts whatever else the test process holds)
+#: Metric fields that measure wall time, and the interpreter's heap size (it counts whatever else the test process
+#: holds): they differ between runs; everything else must not.
 TIMING = {"time", "gen_s", "train_s", "step_s", "gen_tokens_per_s", "seconds", "tokens_per_s", "py_heap_blocks"}
 #: What an honest node's learning is made of: if any of these differ, adversaries changed its training.
 TRAJECTORY = (
