@@ -170,6 +170,19 @@ async def test_lookups_of_ever_new_keys_leave_no_state_behind(make_transports):
     assert keys < 10
 
 
+async def test_requests_leave_no_waiter_on_the_daemon_behind(make_transports):
+    # Each request raced the p2pd child's exit with its own Process.wait(); asyncio keeps a cancelled waiter in
+    # the subprocess transport until the process exits, so a node grew one future a request for as long as it ran.
+    a, b = await make_transports(2)
+    _, w = await _published_and_seen(a, b)
+    for past in range(w - 40, w, 4):
+        await b.fetch_recent([past, past + 1, past + 2, past + 3])
+    child = b._daemon()
+    assert child is not None and child.returncode is None
+    waiters = child._transport._exit_waiters  # CPython's base_subprocess: one per Process.wait() not yet ended
+    assert len(waiters) <= 1, f"{len(waiters)} exit waiters on p2pd"
+
+
 async def _forget_every_peer(node) -> None:
     table = node.protocol.routing_table
     for uid in list(table.peer_id_to_uid.values()):

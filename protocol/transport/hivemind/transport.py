@@ -136,6 +136,8 @@ class HivemindTransport(Transport):
         self.reader = ShardReader(swarm, self.params, keep_windows=cfg.expiration_windows + 2)
         self._closed = False
         self._fetch_lock = asyncio.Lock()
+        # (p2pd child, a task that ends when it exits): one per daemon, on the DHT loop (see _daemon_exited).
+        self._exit_watch: tuple[Any, asyncio.Future[Any]] | None = None
         # What a restart needs: the DHTNode.create arguments, the daemon's key file, peers' addresses.
         self._create_kwargs = dict(create_kwargs or {})
         self._key_dir = key_dir
@@ -639,20 +641,32 @@ class HivemindTransport(Transport):
             work = asyncio.ensure_future(coro)
             if child is None:
                 return await work
-            died = asyncio.ensure_future(child.wait())
+            died = self._daemon_exited(child)
             try:
                 await asyncio.wait({work, died}, return_when=asyncio.FIRST_COMPLETED)
             except BaseException:  # timed out or cancelled by the caller: the request goes too
                 work.cancel()
                 raise
-            finally:
-                died.cancel()
             if not work.done():
                 work.cancel()
                 raise TransportError(f"hivemind's p2pd daemon exited (code {child.returncode})")
             return work.result()
 
         return await self._runner.call(unless_daemon_exits(), timeout)
+
+    def _daemon_exited(self, child: Any) -> asyncio.Future[Any]:
+        """A task that ends when ``child`` (this node's p2pd) exits; one per daemon, shared by every request.
+
+        Call on the DHT loop. Not one ``child.wait()`` per request: asyncio's ``Process.wait()`` appends a waiter
+        to the subprocess transport's ``_exit_waiters`` and, when cancelled, leaves it there until the process
+        exits (CPython ``base_subprocess._wait``), so a node that made a request a second kept every one of them:
+        ~5,000 cancelled futures an hour in the multi-process soak. ``asyncio.wait`` removes its own callback
+        from the shared task when it returns, so waiting on it leaves nothing behind.
+        """
+        watch = self._exit_watch
+        if watch is None or watch[0] is not child or watch[1].cancelled():
+            watch = self._exit_watch = (child, asyncio.ensure_future(child.wait()))
+        return watch[1]
 
     def _check_open(self) -> None:
         if self._closed:
