@@ -2,8 +2,8 @@
 
 Every ``*.jsonl`` file under ``BEFORE`` (``metrics.jsonl``, ``rollouts.jsonl``, ``eval.jsonl`` of every node) is
 compared with the same path under ``AFTER``, one JSON object per line, after dropping the keys that are wall-clock
-measurements (names ending in ``_s``, ``per_s``, ``time`` or ``seconds``) or the process's own state
-(``py_heap_blocks``, which moves with whatever else the interpreter holds). Prints each differing line's keys and a
+measurements or the process's own state (``sim.report.noise``: names ending in ``_s``, ``time`` or ``seconds``, and
+``py_heap_blocks``, which moves with whatever else the interpreter holds). Prints each differing line's keys and a
 summary; exits 1 when anything differs. ``configs/sim/equivalence.yaml`` is the run to compare.
 
     python benchmarks/compare_runs.py runs/before runs/after
@@ -15,23 +15,11 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
-TIMING_SUFFIXES = ("_s", "per_s", "time", "seconds")
-PROCESS_STATE = frozenset({"py_heap_blocks"})
-
-
-def without_timings(value: Any) -> Any:
-    """``value`` with every timing key removed, recursively."""
-    if isinstance(value, dict):
-        return {
-            k: without_timings(v)
-            for k, v in value.items()
-            if not k.endswith(TIMING_SUFFIXES) and k not in PROCESS_STATE
-        }
-    if isinstance(value, list):
-        return [without_timings(v) for v in value]
-    return value
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from sim.report.noise import without_run_noise  # noqa: E402
 
 
 def compare(before: Path, after: Path) -> tuple[int, list[str]]:
@@ -49,7 +37,7 @@ def compare(before: Path, after: Path) -> tuple[int, list[str]]:
             diffs.append(f"{rel}: {len(lb)} lines before, {len(la)} after")
         for i, (x, y) in enumerate(zip(lb, la, strict=False)):
             total += 1
-            dx, dy = without_timings(json.loads(x)), without_timings(json.loads(y))
+            dx, dy = without_run_noise(json.loads(x)), without_run_noise(json.loads(y))
             if dx != dy:
                 keys = sorted(k for k in set(dx) | set(dy) if dx.get(k) != dy.get(k)) if isinstance(dx, dict) else []
                 diffs.append(f"{rel}:{i + 1}: {', '.join(keys[:10]) or 'differs'}")

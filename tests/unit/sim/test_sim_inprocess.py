@@ -6,11 +6,9 @@ from pathlib import Path
 
 from sim.config import SimConfig
 from sim.inprocess import run_seed
+from sim.report.noise import without_run_noise
 from sim.report.summary import markdown_table, write_report
 
-#: Metric fields that measure wall time, and the interpreter's heap size (it counts whatever else the test process
-#: holds): they differ between runs; everything else must not.
-TIMING = {"time", "gen_s", "train_s", "step_s", "gen_tokens_per_s", "seconds", "tokens_per_s", "py_heap_blocks"}
 #: What an honest node's learning is made of: if any of these differ, adversaries changed its training.
 TRAJECTORY = (
     "step",
@@ -58,7 +56,7 @@ def metrics(out: Path, variant: str = "2-2", seed: int = 0) -> dict[int, list[di
 
 
 def strip_timing(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+    return [without_run_noise(r) for r in rows]
 
 
 def test_same_seed_same_metrics(tmp_path):

@@ -12,20 +12,18 @@ from pathlib import Path
 import pytest
 
 from sim.config import load_sim_config
+from sim.report.noise import without_run_noise
 from sim.runner import run_experiment
 
 CONFIG = "configs/sim/lab-specialists.yaml"
-_TIMING = ("_s", "time", "tokens_per_s", "rss", "wall", "heap")
 
 
 def _records(run: Path) -> dict[str, list[dict]]:
-    """Every node's metrics and evaluation lines, without the timing fields (they differ run to run)."""
+    """Every node's metrics and evaluation lines, without the run-noise fields (``sim.report.noise``)."""
     out: dict[str, list[dict]] = {}
     for f in sorted(run.glob("*/seed*/node*/*.jsonl")):
         rows = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
-        out[str(f.relative_to(run))] = [
-            {k: v for k, v in r.items() if not any(t in k for t in _TIMING) and not isinstance(v, dict)} for r in rows
-        ]
+        out[str(f.relative_to(run))] = [without_run_noise(r) for r in rows]
     return out
 
 
