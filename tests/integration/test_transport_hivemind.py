@@ -142,6 +142,12 @@ async def _published_and_seen(a, b) -> tuple[bytes, int]:
     return data, w
 
 
+async def _look_up_unwritten_windows(t, w: int) -> None:
+    """Ten lookups at ``t``, each of four windows before ``w`` that nobody wrote: fresh peer, shard and record keys."""
+    for past in range(w - 40, w, 4):
+        await t.fetch_recent([past, past + 1, past + 2, past + 3])
+
+
 async def test_fetch_returns_promptly_when_peers_vanish(make_transports):
     a, b = await make_transports(2)
     data, w = await _published_and_seen(a, b)
@@ -163,8 +169,7 @@ async def test_lookups_of_ever_new_keys_leave_no_state_behind(make_transports):
     # so a node's heap grew for as long as it ran (the multi-process soak's third run).
     a, b = await make_transports(2)
     _, w = await _published_and_seen(a, b)
-    for past in range(w - 40, w, 4):  # ten lookups, each of windows nobody wrote: peer, shard and record keys
-        await b.fetch_recent([past, past + 1, past + 2, past + 3])
+    await _look_up_unwritten_windows(b, w)
     keys, empty = await b._runner.call(_pending_searches(b._node), timeout=10)
     assert empty == 0, f"{empty} of {keys} pending-search entries are empty"
     assert keys < 10
@@ -175,8 +180,7 @@ async def test_requests_leave_no_waiter_on_the_daemon_behind(make_transports):
     # the subprocess transport until the process exits, so a node grew one future a request for as long as it ran.
     a, b = await make_transports(2)
     _, w = await _published_and_seen(a, b)
-    for past in range(w - 40, w, 4):
-        await b.fetch_recent([past, past + 1, past + 2, past + 3])
+    await _look_up_unwritten_windows(b, w)
     child = b._daemon()
     assert child is not None and child.returncode is None
     waiters = child._transport._exit_waiters  # CPython's base_subprocess: one per Process.wait() not yet ended

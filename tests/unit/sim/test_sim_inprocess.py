@@ -55,17 +55,13 @@ def metrics(out: Path, variant: str = "2-2", seed: int = 0) -> dict[int, list[di
     }
 
 
-def strip_timing(rows: list[dict]) -> list[dict]:
-    return [without_run_noise(r) for r in rows]
-
-
 def test_same_seed_same_metrics(tmp_path):
     cfg = scripted()
     run(cfg, tmp_path / "a")
     run(cfg, tmp_path / "b")
     a, b = metrics(tmp_path / "a"), metrics(tmp_path / "b")
     assert len(a) == 4 and all(len(rows) == 6 for rows in a.values())
-    assert {i: strip_timing(r) for i, r in a.items()} == {i: strip_timing(r) for i, r in b.items()}
+    assert {i: without_run_noise(r) for i, r in a.items()} == {i: without_run_noise(r) for i, r in b.items()}
     run(cfg, tmp_path / "c", seed=1)
     c = metrics(tmp_path / "c", seed=1)
     assert [r["reward_mean"] for r in c[0]] != [r["reward_mean"] for r in a[0]]

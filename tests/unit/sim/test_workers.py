@@ -23,7 +23,7 @@ def _records(run: Path) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
     for f in sorted(run.glob("*/seed*/node*/*.jsonl")):
         rows = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
-        out[str(f.relative_to(run))] = [without_run_noise(r) for r in rows]
+        out[str(f.relative_to(run))] = without_run_noise(rows)
     return out
 
 
