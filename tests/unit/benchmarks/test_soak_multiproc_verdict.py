@@ -62,3 +62,14 @@ def test_the_python_heap_is_judged_beside_rss_and_an_older_run_without_it_reads_
     assert soak.verdict(flat, [0, 1], 7200, 2.0, keys=("heap",))[1] == "PASS"
     rows, outcome = soak.verdict(noisy, [0, 1], 7200, 2.0)  # samples of a run before the heap was kept
     assert rows[0].split(" | ")[2] == "n/a" and outcome == "UNDECIDED"
+
+
+def test_anonymous_rss_is_bounded_by_its_own_median_not_the_fixed_default() -> None:
+    soak = _soak()
+    rng = random.Random(2)
+    base = _samples(lambda t: 700 * MB + rng.gauss(0, 3) * MB)
+    # 10 MB/h on a 300 MB anonymous set is 3.3%/h: beyond 2% of its own median (6 MB/h), within 10% + 20 MB
+    anon = [dict(s, nodes=[{**n, "rss_anon": 300 * MB + 10 * MB * s["t"] / 3600} for n in s["nodes"]]) for s in base]
+    rows, outcome = soak.verdict(anon, [0, 1], 7200, 2.0, keys=("rss_anon",))
+    assert outcome == "FAIL" and " MB/h" in rows[0], rows
+    assert soak.verdict(anon, [0, 1], 7200, 2.0)[1] == "PASS"  # the registered verdict does not read it
