@@ -164,7 +164,7 @@ def run_pending(
 
 
 def _family_value(ev: dict[str, Any], fam: str, key: str) -> float:
-    v = ev["families"][fam][key]
+    v = ev["families"][fam].get(key)
     return math.nan if v is None else float(v)  # pass@8 of an evaluation with fewer samples
 
 
@@ -248,11 +248,29 @@ def saved_start(path: Path, sim: Any) -> dict[str, Any] | None:
     return start if start and start.get("key") == start_key(sim) else None
 
 
+#: What a pair keeps per evaluation step: exact accuracy, pass@8, and the majority-answer baseline of the same
+#: problems (always giving their most common gold answer: what an accuracy must beat to show any skill).
+RECORDED = ("accuracy", "pass_at_8", "majority_baseline")
+
+
 def pair_record(run_dir: Path, sim: Any, setting: str) -> dict[str, Any]:
     """A finished pair's metrics at every evaluation step: {"steps": {step: {metric: {lacking, known, all}}}}."""
     steps = sorted({e["step"] for e in read_evals(run_dir / "node0")})
     return {"steps": {str(step): {k: seed_values(run_dir, sim.nodes, setting, k, step)
-                                  for k in ("accuracy", "pass_at_8")} for step in steps}}  # fmt: skip
+                                  for k in RECORDED} for step in steps}}  # fmt: skip
+
+
+def majority_line(data: dict[str, dict[int, dict[str, Any]]], part: str) -> list[str]:
+    """The majority-answer baseline of the primary metric's problems, from any pair that recorded it (the problems
+    are the same in every pair; pairs saved before it was kept carry none)."""
+    for arm in data.values():
+        for rec in arm.values():
+            maj = rec["end"].get("majority_baseline")
+            if maj and not any(math.isnan(v) for v in maj.values()):
+                parts = ", ".join(f"{k} {v:.3f}" for k, v in maj.items())
+                return [f"Majority-answer baseline (always the most common gold answer of the evaluated problems; an "
+                        f"exact accuracy at or below it shows no skill): {parts}.", ""]  # fmt: skip
+    return []
 
 
 def collect(
@@ -455,6 +473,7 @@ def report(
         summary["arms"][arm] = {"seeds": seeds, "start": s, "end": e, "pass8_start": p0, "pass8_end": p1}
     lines += [
         "",
+        *majority_line(data, part),
         "## Paired differences at the final step (arm minus control, same seeds)",
         "",
         "| arm | control | seeds | exact diff | 95% interval | pass@8 diff | 95% interval | beats it |",

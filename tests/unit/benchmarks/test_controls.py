@@ -62,6 +62,13 @@ def test_quick_het_run_reports_paired_differences(tmp_path: Path) -> None:
     assert "| receiver | alone | 2 |" in text and "| receiver | answers | 2 |" in text
     assert "| share |" not in text  # an arm that did not run is not reported
     assert "Target" in text
+    # the majority-answer baseline of the lacking families' problems, as the nodes' evaluations computed it
+    evs = [json.loads((tmp_path / "work" / "alone" / "seed0" / f"node{i}" / "eval.jsonl").read_text().splitlines()[-1])
+           for i in (0, 1)]  # fmt: skip
+    lacking = (
+        evs[0]["families"]["lab_sub"]["majority_baseline"] + evs[1]["families"]["lab_add"]["majority_baseline"]
+    ) / 2
+    assert f"lacking {lacking:.3f}" in text.split("Majority-answer baseline")[1].splitlines()[0]
     data = json.loads((tmp_path / "out" / "controls_het_quick.json").read_text())
     comp = {(c["arm"], c["control"]): c for c in data["comparisons"]}
     ra = comp[("receiver", "alone")]
