@@ -537,11 +537,20 @@ def verdict(summary: dict[str, Any], setting: str) -> str:
     won: dict[str, dict[str, bool]] = {}
     for c in summary["comparisons"]:
         won.setdefault(c["arm"], {})[c["control"]] = c["beats"] == "yes"
-    winners = [a for a, w in won.items() if a in ("share", "receiver", "stronger") and all(
-        w.get(c, False) for c in ("alone", "labels", "answers"))]  # fmt: skip
+    controls, names = TARGET_CONTROLS.get(setting, TARGET_CONTROLS["het"])
+    winners = [a for a, w in won.items() if a in SHARING and all(w.get(c, False) for c in controls)]
     if winners:
-        return f"**Target met** by {', '.join(winners)}: beyond the 95% interval above (a) alone, (b) labels and (e)."
-    return "**Target not met**: no sharing arm beats (a), (b) and (e) each beyond its 95% interval."
+        return f"**Target met** by {', '.join(winners)}: beyond the 95% interval above {names}."
+    return f"**Target not met**: no sharing arm beats {names} each beyond its 95% interval."
+
+
+#: The controls the pre-registered target names, per setting: ``smol`` runs (a), (b) and (d) only, and its target
+#: is (d) beating (a) and (b) (module docstring).
+TARGET_CONTROLS = {
+    "het": (("alone", "labels", "answers"), "(a) alone, (b) labels and (e) answers"),
+    "homo": (("alone", "labels", "answers"), "(a) alone, (b) labels and (e) answers"),
+    "smol": (("alone", "labels"), "(a) alone and (b) labels"),
+}
 
 
 def plot(setting: str, data: dict[str, Any], path: Path) -> Path | None:

@@ -38,6 +38,9 @@ def test_verdict_needs_all_three_controls_beaten() -> None:
     assert "not met" in verdict(two, "het")
     three = {"comparisons": [*two["comparisons"][:2], c("receiver", "answers", "yes"), c("labels", "alone", "yes")]}
     assert "Target met** by receiver" in verdict(three, "het")
+    # the SmolLM2 setting runs (a), (b) and (d) only: its pre-registered target is (d) over (a) and (b)
+    assert "Target met** by receiver" in verdict(two, "smol")
+    assert "not met" in verdict({"comparisons": two["comparisons"][:1]}, "smol")
 
 
 @pytest.mark.timeout(900)
