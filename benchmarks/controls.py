@@ -111,6 +111,10 @@ COMPARISONS = [
     ("receiver", "share"),  # the defaults' decision rule
     *[(s, "alone-3e5") for s in SHARING],  # the reference added after the interim (not in the verdict)
 ]
+#: The controls the pre-registered target names, per setting: ``smol`` runs (a), (b) and (d) only, and its target
+#: is (d) beating (a) and (b) (module docstring).
+_LAB_TARGET = (("alone", "labels", "answers"), "(a) alone, (b) labels and (e) answers")
+TARGET_CONTROLS = {"het": _LAB_TARGET, "homo": _LAB_TARGET, "smol": (("alone", "labels"), "(a) alone and (b) labels")}
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -260,7 +264,7 @@ def pair_record(run_dir: Path, sim: Any, setting: str) -> dict[str, Any]:
                                   for k in RECORDED} for step in steps}}  # fmt: skip
 
 
-def majority_line(data: dict[str, dict[int, dict[str, Any]]], part: str) -> list[str]:
+def majority_line(data: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
     """The majority-answer baseline of the primary metric's problems, from any pair that recorded it (the problems
     are the same in every pair; pairs saved before it was kept carry none)."""
     for arm in data.values():
@@ -473,7 +477,7 @@ def report(
         summary["arms"][arm] = {"seeds": seeds, "start": s, "end": e, "pass8_start": p0, "pass8_end": p1}
     lines += [
         "",
-        *majority_line(data, part),
+        *majority_line(data),
         "## Paired differences at the final step (arm minus control, same seeds)",
         "",
         "| arm | control | seeds | exact diff | 95% interval | pass@8 diff | 95% interval | beats it |",
@@ -537,20 +541,11 @@ def verdict(summary: dict[str, Any], setting: str) -> str:
     won: dict[str, dict[str, bool]] = {}
     for c in summary["comparisons"]:
         won.setdefault(c["arm"], {})[c["control"]] = c["beats"] == "yes"
-    controls, names = TARGET_CONTROLS.get(setting, TARGET_CONTROLS["het"])
+    controls, names = TARGET_CONTROLS[setting]
     winners = [a for a, w in won.items() if a in SHARING and all(w.get(c, False) for c in controls)]
     if winners:
         return f"**Target met** by {', '.join(winners)}: beyond the 95% interval above {names}."
     return f"**Target not met**: no sharing arm beats {names} each beyond its 95% interval."
-
-
-#: The controls the pre-registered target names, per setting: ``smol`` runs (a), (b) and (d) only, and its target
-#: is (d) beating (a) and (b) (module docstring).
-TARGET_CONTROLS = {
-    "het": (("alone", "labels", "answers"), "(a) alone, (b) labels and (e) answers"),
-    "homo": (("alone", "labels", "answers"), "(a) alone, (b) labels and (e) answers"),
-    "smol": (("alone", "labels"), "(a) alone and (b) labels"),
-}
 
 
 def plot(setting: str, data: dict[str, Any], path: Path) -> Path | None:
