@@ -295,6 +295,7 @@ class TransformersEngine(RolloutEngine):
         budget = torch.tensor([r.max_new_tokens - len(r.token_ids) for r in requests], device=device)  # (B,)
         max_new_tokens = int(budget.max())
         positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, T)
+        cache_kw = cache_keyword(model)
         cache, first_logits = _prefill(model, inputs, width, pad, device)  # (B, V)
         tokens = torch.full((b, max_new_tokens), pad, dtype=torch.long, device=device)
         logps = torch.zeros((b, max_new_tokens), dtype=torch.float32, device=device)
@@ -317,9 +318,9 @@ class TransformersEngine(RolloutEngine):
                         input_ids=step_input,
                         attention_mask=mask,
                         position_ids=step_pos,
-                        past_key_values=cache,
                         use_cache=True,
                         logits_to_keep=1,
+                        **{cache_kw: cache},
                     )
                     .logits[:, -1, :]
                     .float()
@@ -369,6 +370,21 @@ class TransformersEngine(RolloutEngine):
         return out, stopped
 
 
+def cache_keyword(model: Any) -> str:
+    """The name under which ``model``'s forward takes its KV cache: ``cache`` since transformers 5.2x, where the old
+    ``past_key_values`` still works but warns (FutureWarning) and goes away in 5.40; ``past_key_values`` before.
+    Read from the forward's signature (``inspect.signature`` follows the deprecation decorator's wrapper), so the
+    engine neither warns on a new transformers nor breaks on an old one."""
+    import inspect
+
+    forward = getattr(model, "forward", model)
+    try:
+        params = inspect.signature(forward).parameters
+    except (TypeError, ValueError):  # a forward without a readable signature: the name every version accepts
+        return "past_key_values"
+    return "cache" if "cache" in params else "past_key_values"
+
+
 def _prefill(
     model: Any, inputs: list[list[int]], width: int, pad: int, device: torch.device
 ) -> tuple[Any, torch.Tensor]:
@@ -407,9 +423,9 @@ def _prefill(
             input_ids=ids,
             attention_mask=mask,
             position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-            past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
+            **{cache_keyword(model): cache},
         )
         last = out.logits[:, -1, :].float()  # (b, V)
         for j, u in enumerate(bucket):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import warnings
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,7 +14,7 @@ import torch
 from node.config import ModelConfig
 from node.model import tiny
 from node.model.policy import Policy, load_policy
-from node.rollout.engine import GeneratedCompletion, TransformersEngine, apply_top_p
+from node.rollout.engine import GeneratedCompletion, TransformersEngine, apply_top_p, cache_keyword
 
 QUESTIONS = ["State the final answer to the following arithmetic problem: 3 + 4 =", "What is 12 - 5?", "Hi"]
 
@@ -148,3 +150,47 @@ def test_rejects_bad_arguments(policy: Policy) -> None:
         engine.generate(["x"], 0, max_new_tokens=4)
     with pytest.raises(ValueError):
         engine.generate(["x"], 1, max_new_tokens=4, top_p=0.0)
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_generation_warns_nothing(policy: Policy) -> None:
+    """Our calls into transformers use its current cache API: no FutureWarning/DeprecationWarning (``past_key_values``
+    is deprecated in 5.2x and removed in 5.40) and no warning logged through transformers' own logger (which does not
+    propagate to the root logger, hence the handler on it)."""
+    records = _Records()
+    hf_logger = logging.getLogger("transformers")
+    hf_logger.addHandler(records)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # any warning raised from our generation path fails the test
+            engine = TransformersEngine(policy, batch_size=2)
+            outs = engine.generate(_prompts(policy)[:2], 2, max_new_tokens=6, seed=0)
+    finally:
+        hf_logger.removeHandler(records)
+    assert [len(o) for o in outs] == [2, 2]
+    assert records.messages == []
+
+
+def test_cache_keyword_follows_the_forward_signature(policy: Policy) -> None:
+    class Old:
+        def forward(self, input_ids=None, past_key_values=None, use_cache=None):  # type: ignore[no-untyped-def]
+            return None
+
+    class New:
+        def forward(self, input_ids=None, cache=None, use_cache=None):  # type: ignore[no-untyped-def]
+            return None
+
+    assert cache_keyword(Old()) == "past_key_values"
+    assert cache_keyword(New()) == "cache"
+    import inspect
+
+    expected = "cache" if "cache" in inspect.signature(policy.model.forward).parameters else "past_key_values"
+    assert cache_keyword(policy.model) == expected
