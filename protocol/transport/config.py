@@ -120,7 +120,8 @@ class HivemindTransportConfig(StrictModel):
     """``true``: a DHT client (serves no keys, for nodes behind NAT; it still reads and writes records); ``false``: a
     DHT server; ``auto``: found out by asking peers to dial this node back (``protocol/transport/hivemind/reach.py``):
     a node started with peers runs as a client until a peer could dial it, a node that starts a swarm as a server
-    until peers say they cannot; the switch is one log line and re-checked every few minutes."""
+    until peers in two networks say they cannot (SPEC 9); the switch is one log line and re-checked every few
+    minutes."""
     relay_via_peers: bool = False
     """Reserve a circuit-relay slot at the initial peers (p2pd ``-autoRelay`` with them as trusted relays, reachability
     forced private) so that peers can reach this node through them. For a node known to be behind NAT that must

@@ -13,6 +13,12 @@ most :data:`MAX_PORTS`); the answerer opens a TCP connection to each port on the
 comes from (never any other address: the probe cannot be pointed at a third host), closes it at once, and answers
 with the ports that accepted (msgpack). One probe per asking peer per :data:`PROBE_COOLDOWN_S`, a few at a time.
 
+**Who may demote a node.** Any peer can answer "none open", truthfully or not, so a node that serves the DHT stops
+serving only when peers in at least :data:`DEMOTE_NETWORKS` distinct networks (:func:`network_of`: an IPv4 /16, an
+IPv6 /32, of the connection the answer came over) all say so and no peer opened a connection: one hostile peer, or
+several in one network, cannot take a reachable node out of the DHT (SPEC 9). One "open" is enough to serve: a
+wrongly serving node costs a replica of the 5 each key has, a wrongly demoted one costs the swarm a server.
+
 Knows nothing about records or the swarm's key layout.
 """
 
@@ -20,9 +26,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -44,6 +52,10 @@ DIAL_TIMEOUT_S = 4.0
 PROBE_COOLDOWN_S = 20.0
 #: Probes answered at once.
 MAX_CONCURRENT = 4
+#: Distinct networks (:func:`network_of`) whose peers must all answer "none open" before a serving node stops serving.
+DEMOTE_NETWORKS = 2
+#: Peers asked at once by one probe, at most (spread over networks first).
+MAX_ASKED = 8
 
 REACHABLE, UNREACHABLE, UNKNOWN = "reachable", "unreachable", "unknown"
 
@@ -112,10 +124,63 @@ def _ip_of(addr: Any) -> str | None:
     return None
 
 
-async def ask(p2p: Any, peer: PeerID, ports: Sequence[int]) -> bool | None:
-    """Ask ``peer`` to dial ``ports`` back: True if one opened, False if none did, None if it did not answer."""
+def network_of(ip: str | None) -> str | None:
+    """The network an address counts in when answers are weighed: its IPv4 /16 or IPv6 /32 (an IPv4-mapped IPv6
+    address as IPv4), as Bitcoin Core groups peers against eclipse attacks; None for no or an unparsable address.
+    Loopback is no exception: on one host, peers bound to 127.1.0.1 and 127.2.0.1 count as two networks."""
+    if ip is None:
+        return None
     try:
-        _, reader, writer = await asyncio.wait_for(p2p.call_binary_stream_handler(peer, DIALBACK), DIAL_TIMEOUT_S)
+        addr = ipaddress.ip_address(ip)
+    except ValueError:
+        return None
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    prefix = 16 if addr.version == 4 else 32
+    return str(ipaddress.ip_network(f"{addr}/{prefix}", strict=False))
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One peer's answer to a probe: whether it opened a connection to one of the ports, and the network
+    (:func:`network_of`) of the connection the answer came over (None: unknown or relayed)."""
+
+    open: bool
+    network: str | None
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What one probe heard: the answers of the peers that answered (refusals and silence are not answers)."""
+
+    answers: tuple[Answer, ...] = ()
+
+    @property
+    def verdict(self) -> str:
+        """What the answers say: :data:`REACHABLE` when a peer opened a connection, :data:`UNREACHABLE` when peers
+        answered and none could, :data:`UNKNOWN` when nobody answered. Evidence enough to demote a serving node is
+        :attr:`demotes`, not this."""
+        if any(a.open for a in self.answers):
+            return REACHABLE
+        return UNREACHABLE if self.answers else UNKNOWN
+
+    @property
+    def closed_networks(self) -> set[str]:
+        """The distinct networks of peers that answered "none open"."""
+        return {a.network for a in self.answers if not a.open and a.network is not None}
+
+    @property
+    def demotes(self) -> bool:
+        """Whether a serving node should stop serving: nobody opened a connection, and peers in at least
+        :data:`DEMOTE_NETWORKS` distinct networks answered that none opened."""
+        return self.verdict == UNREACHABLE and len(self.closed_networks) >= DEMOTE_NETWORKS
+
+
+async def ask(p2p: Any, peer: PeerID, ports: Sequence[int]) -> Answer | None:
+    """Ask ``peer`` to dial ``ports`` back: its :class:`Answer`, or None if it did not answer (refused, silent,
+    closed the stream, or said something that is not an answer)."""
+    try:
+        info, reader, writer = await asyncio.wait_for(p2p.call_binary_stream_handler(peer, DIALBACK), DIAL_TIMEOUT_S)
     except Exception as e:
         logger.debug("dial-back: %s did not take the probe: %s", peer, e)
         return None
@@ -132,23 +197,37 @@ async def ask(p2p: Any, peer: PeerID, ports: Sequence[int]) -> bool | None:
             writer.close()
     if not isinstance(answer, dict) or answer.get("refused") or not isinstance(answer.get("open"), list):
         return None
-    return bool(answer["open"])
+    return Answer(open=bool(answer["open"]), network=network_of(_ip_of(getattr(info, "addr", None))))
 
 
-async def probe(p2p: Any, peers: Sequence[PeerID], ports: Sequence[int], want: int = 2) -> str:
-    """Ask up to ``want`` of ``peers`` (in order) until one answers yes: :data:`REACHABLE` when a peer opened a
-    connection, :data:`UNREACHABLE` when at least one answered and none could, :data:`UNKNOWN` when nobody answered."""
-    answers: list[bool] = []
-    for peer in peers:
-        if len(answers) >= want:
-            break
-        got = await ask(p2p, peer, ports)
-        if got is None:
-            continue
-        if got:
-            return REACHABLE
-        answers.append(got)
-    return UNREACHABLE if answers else UNKNOWN
+def spread(peers: Sequence[tuple[PeerID, str | None]], n: int = MAX_ASKED) -> list[PeerID]:
+    """Up to ``n`` of ``peers`` (each with the IP address its connection comes from, None when unknown), one per
+    network in turn, in their order within a network: peers crowded into one network cannot fill a probe."""
+    groups: dict[str | None, list[PeerID]] = {}
+    for peer, ip in dict(peers).items():
+        groups.setdefault(network_of(ip), []).append(peer)
+    picked: list[PeerID] = []
+    while len(picked) < n and any(groups.values()):
+        for members in groups.values():
+            if members and len(picked) < n:
+                picked.append(members.pop(0))
+    return picked
+
+
+async def candidates(p2p: Any, servers: Sequence[PeerID], timeout: float) -> list[PeerID]:
+    """The peers a probe asks (:func:`spread`): those connected now, with the address each connection comes from, then
+    ``servers`` (the routing table's) that are not connected, whose networks are not known before they answer."""
+    connected: list[tuple[PeerID, str | None]] = []
+    with contextlib.suppress(Exception):
+        infos = await asyncio.wait_for(p2p.list_peers(), timeout)
+        connected = [(i.peer_id, _ip_of(i.addrs[0]) if i.addrs else None) for i in infos]
+    return spread([*connected, *((p, None) for p in servers)])
+
+
+async def probe(p2p: Any, peers: Sequence[PeerID], ports: Sequence[int]) -> Probe:
+    """Ask ``peers`` (at most :data:`MAX_ASKED`, all at once; :func:`spread` picks them) to dial ``ports`` back."""
+    got = await asyncio.gather(*(ask(p2p, peer, ports) for peer in list(peers)[:MAX_ASKED]))
+    return Probe(tuple(a for a in got if a is not None))
 
 
 async def set_client_mode(node: Any, client: bool) -> None:
