@@ -134,6 +134,14 @@ class HivemindTransportConfig(StrictModel):
     """Time allowed for the DHT (and its p2pd daemon) to start and bootstrap, in seconds."""
     store_validation: bool = True
     """Install the record validator in the DHT so peers refuse forged or malformed records at store time."""
+    gossip: bool = True
+    """Also join the swarm's GossipSub topic through p2pd's own pubsub and serve the sync protocol (SPEC 7.6), so
+    this node and libp2p-transport nodes are one swarm; false: the DHT only (records of libp2p nodes never arrive)."""
+    topic_prefix: str = Field(default="rl-swarm", min_length=1, max_length=64)
+    """The GossipSub topic is ``{topic_prefix}/{swarm}/records/1`` (the libp2p transport's ``topic_prefix``)."""
+    sync_interval_s: float = Field(default=5.0, gt=0, le=3600)
+    """With ``gossip``: every so often pull the records we miss from one random connected peer (the libp2p
+    transport's anti-entropy; covers records published before we joined that never went into the DHT)."""
     lookup_beam: int = Field(default=8, ge=DHT_REPLICAS, le=64)
     """Nodes one DHT lookup (a store or a get) visits at least around its key: at least the DHT_REPLICAS (5) a key is
     stored at, and better a few more (a node that does not answer keeps its place in the beam, so with 8 a store

@@ -77,7 +77,9 @@ from protocol.layout import (
 )
 from protocol.transport.base import RecordCheck, Transport
 from protocol.transport.config import DHT_REPLICAS, HivemindTransportConfig, ProtocolConfig
+from protocol.transport.gossip import INLINE_MAX_BYTES, gossip_topic
 from protocol.transport.hivemind.capacity import CappedStorage, install
+from protocol.transport.hivemind.gossip import TopicMember
 from protocol.transport.hivemind.guard import (
     NO_SUBKEY,
     DHTRecordGuard,
@@ -86,17 +88,8 @@ from protocol.transport.hivemind.guard import (
     key_id,
 )
 from protocol.transport.hivemind.loop import LoopThread, T, port_of
-from protocol.transport.hivemind.reach import (
-    DEMOTE_NETWORKS,
-    REACHABLE,
-    UNKNOWN,
-    UNREACHABLE,
-    DialBackService,
-    Probe,
-    candidates,
-    probe,
-    set_client_mode,
-)
+from protocol.transport.hivemind.pubsub import PUBSUB_FLAGS, daemon_args
+from protocol.transport.hivemind.reach import REACHABLE, UNKNOWN, UNREACHABLE, DialBackService, probe, set_client_mode
 from protocol.transport.netkey import NetworkKey
 
 logger = logging.getLogger(__name__)
@@ -113,7 +106,7 @@ RESTART_BACKOFF_S = (2.0, 60.0)
 MAX_KNOWN_PEERS = 16
 #: Seconds between attempts to rejoin the swarm while this node's routing table is empty.
 REJOIN_INTERVAL_S = 10.0
-#: Seconds between dial-back probes while nobody has answered one, and between re-checks once a peer has.
+#: Seconds between dial-back probes while nobody has answered one, and between re-checks once decided.
 REACH_RETRY_S = (5.0, 600.0)
 #: Domain of the DHT id derived from the node's public key (``DHTID.generate`` hashes it with SHA-1).
 DHT_ID_DOMAIN = b"rl-swarm/dht-id/v1\x00"
@@ -133,6 +126,7 @@ class HivemindTransport(Transport):
         addresses: list[str],
         create_kwargs: dict[str, Any] | None = None,
         key_dir: str | None = None,
+        member: TopicMember | None = None,
     ):
         self.cfg = cfg
         self.protocol = protocol
@@ -167,8 +161,8 @@ class HivemindTransport(Transport):
         #: ``client_mode: auto``; and the probe task, on the DHT's loop.
         self.reachability = UNKNOWN
         self._reach_future: Any = None
-        #: Whether any peer has answered a probe (retry quickly only while none has).
-        self._reach_heard = False
+        #: The node's membership of the swarm's GossipSub topic (``cfg.gossip``), attached to each daemon it runs.
+        self.member = member
 
     @classmethod
     async def create(
@@ -225,9 +219,26 @@ class HivemindTransport(Transport):
             kwargs["announce_maddrs"] = list(cfg.announce_maddrs)
         if cfg.relay_via_peers and cfg.initial_peers:
             kwargs.update(use_auto_relay=True, trusted_relays=list(cfg.initial_peers), force_reachability="private")
+        member = None
+        if cfg.gossip:
+            member = TopicMember(
+                swarm=swarm,
+                topic=gossip_topic(cfg.topic_prefix, swarm),
+                protocol=protocol,
+                expiration_windows=cfg.expiration_windows,
+                hook=guard.hook if guard is not None else validate,
+                key=key,
+                sync_interval_s=cfg.sync_interval_s,
+                request_timeout_s=cfg.request_timeout_s,
+                inline_max_bytes=INLINE_MAX_BYTES,
+            )
         try:
-            node = await runner.call(_create_capped(kwargs, protocol.index_work_bits), timeout=cfg.startup_timeout_s)
+            node = await runner.call(
+                _create_capped(kwargs, protocol.index_work_bits, pubsub=cfg.gossip), timeout=cfg.startup_timeout_s
+            )
             maddrs = await runner.call(node.get_visible_maddrs(), timeout=cfg.request_timeout_s)
+            if member is not None:
+                await runner.call(member.attach(node.p2p, [str(m) for m in maddrs]), timeout=cfg.startup_timeout_s)
         except BaseException as e:
             runner.stop()
             shutil.rmtree(key_dir, ignore_errors=True)
@@ -236,7 +247,9 @@ class HivemindTransport(Transport):
             raise TransportError(f"hivemind DHT could not start ({e.__class__.__name__}: {e})") from e
         addresses = [str(m) for m in maddrs]
         logger.info("hivemind DHT up for swarm %r at %s", swarm, ", ".join(addresses))
-        self = cls(cfg, protocol, swarm, runner, node, guard, addresses, create_kwargs=kwargs, key_dir=key_dir)
+        self = cls(
+            cfg, protocol, swarm, runner, node, guard, addresses, create_kwargs=kwargs, key_dir=key_dir, member=member
+        )
         if cfg.initial_peers and not node.protocol.routing_table.peer_id_to_uid:
             logger.warning(
                 "none of the %d --peers address(es) answered: training alone, retrying every %.0f s",
@@ -285,6 +298,8 @@ class HivemindTransport(Transport):
                 values.append(index)
                 subkeys.append(sender)
                 expirations.append(entry_exp)
+        if self.member is not None:
+            await self._gossip(data, window)
         if self.guard is not None:
             # Refuse up front, with the reason, what every honest replica (our own node included) would refuse.
             record = DHTRecord(key_id(keys[0]), NO_SUBKEY, msgpack.packb(data, use_bin_type=True), expiration)
@@ -309,12 +324,31 @@ class HivemindTransport(Transport):
         never hangs, never raises on network faults: on a timeout it returns what it has."""
         await self._ensure_daemon()
         self._rejoin_if_alone()
+        pushed = self.member.records(list(windows)) if self.member is not None else []
         async with self._fetch_lock:
             try:
-                return await self.reader.poll(windows, prefer, self._get_shards, self._get_peers, self._get_records)
+                polled = await self.reader.poll(windows, prefer, self._get_shards, self._get_peers, self._get_records)
             except TimeoutError:
                 logger.debug("hivemind fetch timed out; returning cached records")
-                return [d for w in sorted(set(windows)) for d in self.reader.cache.get(w, {}).values()]
+                polled = [d for w in sorted(set(windows)) for d in self.reader.cache.get(w, {}).values()]
+        return list(dict.fromkeys([*polled, *pushed])) if pushed else polled
+
+    async def _gossip(self, data: bytes, window: int) -> None:
+        """Publish on the swarm's topic too (SPEC 7.6); a failure is logged and counted, the DHT store still runs."""
+        assert self.member is not None
+        member = self.member
+        try:
+            await self._call(member.publish(data, window), self.cfg.request_timeout_s)
+        except Exception as e:
+            member.counters.drop("gossip_publish_failed")
+            logger.debug("gossip publish failed: %s: %s", e.__class__.__name__, e)
+
+    async def sync_now(self) -> int:
+        """Pull the recent windows from every connected peer over the sync protocol (tests); new records."""
+        if self.member is None:
+            return 0
+        await self._ensure_daemon()
+        return await self._call(self.member.sync_all(), self.cfg.request_timeout_s * 3)
 
     async def peers(self) -> list[str]:
         """libp2p peer ids (base58) of the DHT nodes in this node's routing table."""
@@ -395,24 +429,27 @@ class HivemindTransport(Transport):
             while self.reachability == UNKNOWN and time.monotonic() < deadline:
                 await asyncio.sleep(0.2)
             return self.reachability
-        verdict = (await self._runner.call(self._probe(), timeout=60.0)).verdict
+        verdict = await self._runner.call(self._probe(), timeout=60.0)
         if verdict != UNKNOWN:
             self.reachability = verdict
         return verdict
 
-    async def _probe(self) -> Probe:
+    async def _probe(self) -> str:
         node = self._node
         port = port_of(list(self.cfg.announce_maddrs) or self._addresses)
         if not port:
-            return Probe()
+            return UNKNOWN
         servers = list(node.protocol.routing_table.peer_id_to_uid)
-        peers = await candidates(node.p2p, servers, self.cfg.request_timeout_s)
-        return await probe(node.p2p, peers, [port]) if peers else Probe()
+        others = []
+        with contextlib.suppress(Exception):
+            others = [i.peer_id for i in await asyncio.wait_for(node.p2p.list_peers(), self.cfg.request_timeout_s)]
+        peers = list(dict.fromkeys([*servers, *others]))
+        return await probe(node.p2p, peers, [port]) if peers else UNKNOWN
 
     async def _reach_loop(self) -> None:
         """``client_mode: auto``: probe until a peer answers, re-check every few minutes. Runs on the DHT's loop."""
         while not self._closed:
-            await asyncio.sleep(REACH_RETRY_S[1] if self._reach_heard else REACH_RETRY_S[0])
+            await asyncio.sleep(REACH_RETRY_S[0] if self.reachability == UNKNOWN else REACH_RETRY_S[1])
             if self._closed:
                 return
             try:
@@ -422,22 +459,12 @@ class HivemindTransport(Transport):
 
     async def _reach_step(self) -> None:
         """One dial-back probe; switch to what it found, saying so in one log line (on a change, or the first
-        verdict). A client serves once a peer opened a connection; a server stops serving only on answers from
-        several networks (``reach.Probe.demotes``), so one hostile peer cannot demote it. Runs on the DHT's loop."""
-        found = await self._probe()
-        verdict = found.verdict
+        verdict). Runs on the DHT's loop."""
+        verdict = await self._probe()
         if verdict == UNKNOWN or self._closed:
             return
-        self._reach_heard = True
-        node = self._node
-        if verdict == UNREACHABLE and not node.protocol.client_mode and not found.demotes:
-            logger.debug(
-                "dial-back: peers in %d network(s) found no port open; %d needed to stop serving",
-                len(found.closed_networks),
-                DEMOTE_NETWORKS,
-            )
-            return
         client = verdict == UNREACHABLE
+        node = self._node
         changed = node.protocol.client_mode != client
         first = self.reachability == UNKNOWN
         self.reachability = verdict
@@ -468,6 +495,8 @@ class HivemindTransport(Transport):
             self._reach_future.cancel()
 
         async def shutdown() -> None:
+            if self.member is not None:
+                self.member.detach()
             # Not DHTNode.shutdown(): it first asks p2pd, over its control socket, to drop each RPC handler. A
             # p2pd that already got the terminal's SIGINT (Ctrl-C reaches the whole process group) has closed
             # that socket's listener, and each request then waits for a reply that never comes. The daemon is
@@ -510,6 +539,9 @@ class HivemindTransport(Transport):
         full = storage.counts["shard_full"] if storage is not None else 0
         if full:
             out["shard_full"] = full
+        if self.member is not None:
+            for reason, n in self.member.counters.rejections().items():
+                out[reason] = out.get(reason, 0) + n
         if self.guard is None:
             return out
         with self.guard._lock:
@@ -539,6 +571,12 @@ class HivemindTransport(Transport):
             "client_mode": float(self._node.protocol.client_mode),
             "reachable": {REACHABLE: 1.0, UNREACHABLE: 0.0}.get(self.reachability, -1.0),
         }
+        if self.member is not None:
+            for name, value in self.member.stats().items():
+                if isinstance(value, dict):
+                    out.update({f"gossip_{name}_{reason}": n for reason, n in value.items()})
+                else:
+                    out[f"gossip_{name}"] = value
         storage = self._storage()
         if storage is not None:
             out["storage_keys"] = len(storage)  # keys this node stores for the swarm (a soak watches it)
@@ -614,6 +652,8 @@ class HivemindTransport(Transport):
         }
 
         async def drop_old() -> None:
+            if self.member is not None:
+                self.member.detach()
             old.is_alive = False
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(old.p2p.shutdown(), 2.0)
@@ -623,7 +663,8 @@ class HivemindTransport(Transport):
         try:
             try:
                 node = await self._runner.call(
-                    _create_capped(kwargs, self.params.work_bits), timeout=self.cfg.startup_timeout_s
+                    _create_capped(kwargs, self.params.work_bits, pubsub=self.cfg.gossip),
+                    timeout=self.cfg.startup_timeout_s,
                 )
             except Exception as e:
                 if port == 0:
@@ -632,7 +673,8 @@ class HivemindTransport(Transport):
                 logger.warning("DHT restart on port %s failed (%s); trying a free port", port, e)
                 kwargs["host_maddrs"] = [f"/ip4/{self.cfg.host}/tcp/0"]
                 node = await self._runner.call(
-                    _create_capped(kwargs, self.params.work_bits), timeout=self.cfg.startup_timeout_s
+                    _create_capped(kwargs, self.params.work_bits, pubsub=self.cfg.gossip),
+                    timeout=self.cfg.startup_timeout_s,
                 )
             maddrs = await self._runner.call(node.get_visible_maddrs(), timeout=self.cfg.request_timeout_s)
         except Exception as e:
@@ -647,6 +689,11 @@ class HivemindTransport(Transport):
             raise TransportError("hivemind transport is closed")
         self._node = node
         self._addresses = [str(m) for m in maddrs]
+        if self.member is not None:
+            try:
+                await self._runner.call(self.member.attach(node.p2p, self._addresses), self.cfg.startup_timeout_s)
+            except Exception as e:  # the DHT works without it; the next restart tries again
+                logger.warning("could not rejoin the gossip topic after the restart: %s: %s", type(e).__name__, e)
         self._restart_failures = 0
         self.restarts += 1
         logger.warning("DHT restarted (restart %d) at %s", self.restarts, ", ".join(self._addresses))
@@ -764,10 +811,15 @@ def forget_finished_searches(node: DHTNode) -> None:
     node._reuse_finished_search_result = reuse_then_forget
 
 
-async def _create_capped(kwargs: dict[str, Any], work_bits: int) -> DHTNode:
+async def _create_capped(kwargs: dict[str, Any], work_bits: int, *, pubsub: bool = False) -> DHTNode:
     """``DHTNode.create`` with the shard capacity of SPEC 7.4 (ranking entries at the swarm's ``work_bits``) installed
     in the node's storage and cache, and shard keys' entries judged one by one (SPEC 9); on the DHT's own loop,
-    before anyone else holds the node."""
+    before anyone else holds the node. ``pubsub``: p2pd runs GossipSub too (``pubsub.PUBSUB_FLAGS``)."""
+    with daemon_args(PUBSUB_FLAGS if pubsub else {}):
+        return await _create_node(kwargs, work_bits)
+
+
+async def _create_node(kwargs: dict[str, Any], work_bits: int) -> DHTNode:
     try:
         node = await DHTNode.create(**kwargs)
     except P2PDaemonError as e:
