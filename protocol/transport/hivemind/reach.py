@@ -8,10 +8,12 @@ Its own address says little (a public host may listen on a private address behin
 all have private addresses), and asking a connected peer to ping us proves nothing either: the ping comes back over
 the connection we opened. So a peer is asked to open a *new* TCP connection.
 
-The probe (protocol :data:`DIALBACK`, a binary stream): the asker sends its listening TCP ports (msgpack list, at
-most :data:`MAX_PORTS`); the answerer opens a TCP connection to each port on the IP address the asker's connection
-comes from (never any other address: the probe cannot be pointed at a third host), closes it at once, and answers
-with the ports that accepted (msgpack). One probe per asking peer per :data:`PROBE_COOLDOWN_S`, a few at a time.
+The probe (protocol :data:`DIALBACK`, a binary stream; SPEC 9 is normative): the asker sends its listening TCP ports
+(one msgpack array, at most :data:`MAX_PORTS`); the answerer opens a TCP connection to each distinct port among the
+first :data:`MAX_PORTS` entries, on the IP address the asker's connection comes from (never any other address: the
+probe cannot be pointed at a third host), closes it at once, and answers with the ports that accepted (one msgpack
+map). One probe per asking peer per :data:`PROBE_COOLDOWN_S`, at most :data:`MAX_CONCURRENT` being dialled at once
+(a bound on concurrency, not a rate: a probe that finds them all busy is refused, the next one may be answered).
 
 **Who may demote a node.** Any peer can answer "none open", truthfully or not, so a node that serves the DHT stops
 serving only when peers in at least :data:`DEMOTE_NETWORKS` distinct networks (:func:`network_of`: an IPv4 /16, an
@@ -50,8 +52,10 @@ MAX_PORTS = 4
 DIAL_TIMEOUT_S = 4.0
 #: Seconds before the same peer may ask again.
 PROBE_COOLDOWN_S = 20.0
-#: Probes answered at once.
+#: Probes answered at once (those beyond are refused, not queued).
 MAX_CONCURRENT = 4
+#: Longest request or answer, in bytes (a msgpack array of 4 ports is at most 13; an answer well under 100).
+MAX_MESSAGE_BYTES = 256
 #: Distinct networks (:func:`network_of`) whose peers must all answer "none open" before a serving node stops serving.
 DEMOTE_NETWORKS = 2
 #: Peers asked at once by one probe, at most (spread over networks first).
@@ -65,38 +69,65 @@ class DialBackService:
 
     def __init__(self) -> None:
         self._last: dict[str, float] = {}
-        self._busy = asyncio.Semaphore(MAX_CONCURRENT)
+        self._active = 0
         self.answered = 0
 
     async def register(self, p2p: Any) -> None:
         await p2p.add_binary_stream_handler(DIALBACK, self._handle)
 
     async def _handle(self, info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        active = False
         try:
             ip = _ip_of(info.addr)
             peer = str(info.peer_id)
             now = time.monotonic()
-            if ip is None or now - self._last.get(peer, -PROBE_COOLDOWN_S) < PROBE_COOLDOWN_S or self._busy.locked():
+            if (
+                ip is None
+                or now - self._last.get(peer, -PROBE_COOLDOWN_S) < PROBE_COOLDOWN_S
+                or self._active >= MAX_CONCURRENT
+            ):
                 writer.write(msgpack.packb({"refused": True}))
                 return
             self._last[peer] = now
+            self._active += 1
+            active = True
             if len(self._last) > 4096:
                 self._last = {p: t for p, t in self._last.items() if now - t < PROBE_COOLDOWN_S}
-            raw = await asyncio.wait_for(reader.read(256), DIAL_TIMEOUT_S)
-            ports = msgpack.unpackb(raw) if raw else []
-            if not isinstance(ports, list):
+            request = await asyncio.wait_for(read_message(reader), DIAL_TIMEOUT_S)
+            if not isinstance(request, list):
                 return
-            ports = [p for p in ports[:MAX_PORTS] if isinstance(p, int) and 0 < p < 65536]
-            async with self._busy:
-                results = await asyncio.gather(*(_dial(ip, p) for p in ports))
+            ports = list(dict.fromkeys(p for p in request[:MAX_PORTS] if _is_port(p)))
+            results = await asyncio.gather(*(_dial(ip, p) for p in ports))
             self.answered += 1
             writer.write(msgpack.packb({"ip": ip, "open": [p for p, ok in zip(ports, results, strict=True) if ok]}))
             await writer.drain()
         except Exception as e:  # a peer's bad probe never disturbs this node
             logger.debug("dial-back probe failed: %s: %s", e.__class__.__name__, e)
         finally:
+            if active:
+                self._active -= 1
             with contextlib.suppress(Exception):
                 writer.close()
+
+
+def _is_port(p: Any) -> bool:
+    return isinstance(p, int) and not isinstance(p, bool) and 0 < p < 65536
+
+
+async def read_message(reader: asyncio.StreamReader) -> Any:
+    """One msgpack value from ``reader``, however the stream splits it; ``ValueError`` when the stream ends before a
+    whole value or the value runs past :data:`MAX_MESSAGE_BYTES`. Bytes after the value are not read."""
+    unpacker = msgpack.Unpacker(max_buffer_size=MAX_MESSAGE_BYTES)
+    got = 0
+    while got < MAX_MESSAGE_BYTES:
+        chunk = await reader.read(MAX_MESSAGE_BYTES - got)
+        if not chunk:
+            raise ValueError("the stream ended before a whole message")
+        got += len(chunk)
+        unpacker.feed(chunk)
+        for value in unpacker:
+            return value
+    raise ValueError(f"no whole message in {MAX_MESSAGE_BYTES} bytes")
 
 
 async def _dial(ip: str, port: int) -> bool:
@@ -187,8 +218,7 @@ async def ask(p2p: Any, peer: PeerID, ports: Sequence[int]) -> Answer | None:
     try:
         writer.write(msgpack.packb(list(ports)[:MAX_PORTS]))
         await writer.drain()
-        raw = await asyncio.wait_for(reader.read(256), DIAL_TIMEOUT_S * 2 + 2)
-        answer = msgpack.unpackb(raw) if raw else None
+        answer = await asyncio.wait_for(read_message(reader), DIAL_TIMEOUT_S * 2 + 2)
     except Exception as e:
         logger.debug("dial-back: no answer from %s: %s", peer, e)
         return None

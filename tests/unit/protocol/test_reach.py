@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import socket
+
+import msgpack
 
 from protocol.transport.hivemind import reach
 
@@ -85,3 +88,118 @@ def test_dial_sees_an_open_and_a_closed_port():
         return opened, closed
 
     assert asyncio.run(main()) == (True, False)
+
+
+class _Info:
+    """What p2pd tells a handler about the asker's stream: its peer id and the address its connection comes from."""
+
+    def __init__(self, peer: str = "asker", addr: str = "/ip4/127.0.0.1/tcp/40000"):
+        self.peer_id, self.addr = peer, addr
+
+
+class _Writer:
+    def __init__(self) -> None:
+        self.data, self.closed = b"", False
+
+    def write(self, b: bytes) -> None:
+        self.data += b
+
+    async def drain(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+
+async def _answer(service: reach.DialBackService, *chunks: bytes, peer: str = "asker") -> object:
+    """Run one probe through ``service`` with the request arriving in ``chunks`` (one event-loop turn apart)."""
+    reader, writer = asyncio.StreamReader(), _Writer()
+    reader.feed_data(chunks[0])
+    task = asyncio.create_task(service._handle(_Info(peer), reader, writer))
+    for chunk in chunks[1:]:
+        await asyncio.sleep(0.01)
+        reader.feed_data(chunk)
+    reader.feed_eof()
+    await task
+    return msgpack.unpackb(writer.data) if writer.data else None
+
+
+async def _counting_server() -> tuple[asyncio.Server, int, list[int]]:
+    accepted: list[int] = []
+
+    def on_connect(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        accepted.append(1)
+        w.close()
+
+    server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1], accepted
+
+
+def test_a_repeated_port_is_dialled_once_and_listed_once():
+    """SPEC 9: the answerer dials each distinct port once; a request repeating one port four times opens one
+    connection and is answered with the port once."""
+
+    async def main():
+        server, port, accepted = await _counting_server()
+        async with server:
+            answer = await _answer(reach.DialBackService(), msgpack.packb([port, port, port, port]))
+            await asyncio.sleep(0.05)  # let the server's accept callbacks run
+        return answer, port, len(accepted)
+
+    answer, port, n = asyncio.run(main())
+    assert answer == {"ip": "127.0.0.1", "open": [port]}
+    assert n == 1
+
+
+def test_only_the_first_four_entries_are_read_and_a_request_in_pieces_is_answered():
+    """SPEC 9: entries after the 4th are ignored (no error); the request is one msgpack array, read however the
+    stream splits it (the asker's write may arrive in several pieces)."""
+
+    async def main():
+        server, port, _ = await _counting_server()
+        async with server:
+            closed = []
+            for _ in range(4):
+                s = socket.socket()
+                s.bind(("127.0.0.1", 0))
+                closed.append(s.getsockname()[1])
+                s.close()
+            service = reach.DialBackService()
+            over = await _answer(service, msgpack.packb([*closed, port]), peer="a")
+            request = msgpack.packb([port, "junk", -1, 70000])
+            pieces = await _answer(service, request[:1], request[1:2], request[2:], peer="b")
+            too_long = await _answer(service, msgpack.packb(list(range(1, 200))), peer="c")
+        return over, pieces, too_long, port
+
+    over, pieces, too_long, port = asyncio.run(main())
+    assert over == {"ip": "127.0.0.1", "open": []}  # the open port was the 5th entry: not dialled
+    assert pieces == {"ip": "127.0.0.1", "open": [port]}  # non-port entries are skipped
+    assert too_long is None  # a request over 256 bytes gets no answer
+
+
+def test_four_at_a_time_bounds_concurrency_not_rate(monkeypatch):
+    """SPEC 9: a probe that finds 4 probes being dialled is refused; once they finish the next asker is answered at
+    once (no rate limit beyond one probe per asking peer per 20 s, which a refusal does not start)."""
+
+    async def main():
+        release = asyncio.Event()
+
+        async def slow_dial(ip: str, port: int) -> bool:
+            await release.wait()
+            return False
+
+        monkeypatch.setattr(reach, "_dial", slow_dial)
+        service = reach.DialBackService()
+        busy = [asyncio.create_task(_answer(service, msgpack.packb([1]), peer=f"p{i}")) for i in range(4)]
+        await asyncio.sleep(0.05)
+        fifth = await _answer(service, msgpack.packb([1]), peer="p4")
+        release.set()
+        answers = await asyncio.gather(*busy)
+        again = await _answer(service, msgpack.packb([1]), peer="p4")  # refused before: not in its cooldown
+        repeat = await _answer(service, msgpack.packb([1]), peer="p0")  # answered a moment ago: cooldown
+        return fifth, answers, again, repeat
+
+    fifth, answers, again, repeat = asyncio.run(main())
+    assert fifth == {"refused": True} and repeat == {"refused": True}
+    assert answers == [{"ip": "127.0.0.1", "open": []}] * 4
+    assert again == {"ip": "127.0.0.1", "open": []}
