@@ -60,6 +60,15 @@ def run(
     typer.echo(f"results in {out}/results.md and {out}/report.html, plots in {plots}")
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []})
+def experiment(ctx: typer.Context) -> None:
+    """Run a registered learning experiment (a configs/sim YAML with a registration: block) pair by pair, then
+    write its report (--help for the options)."""
+    from sim.driver.main import main as run_registered
+
+    raise typer.Exit(code=run_registered(list(ctx.args)))
+
+
 def main() -> None:
     app(prog_name="swarm-sim")
 

@@ -20,6 +20,7 @@ from pydantic import Field, model_validator
 from node.config import NodeConfig
 from protocol.config import StrictModel, validate_config
 from protocol.errors import ConfigError
+from sim.registration import Registration
 
 #: Kinds of adversarial node (see ``sim.adversary``).
 AdversaryType = Literal["garbage", "forged_reward", "replay", "flood", "wrong_swarm", "tamper", "sybil"]
@@ -277,6 +278,9 @@ class SimConfig(StrictModel):
     ``mnpo.md`` (``sim.experiments.mnpo_game``); None for other experiments."""
     quick: dict[str, Any] = Field(default_factory=dict)
     """Overrides applied by ``--quick`` (dotted keys, e.g. ``steps: 3``, ``seeds: [0]``)."""
+    registration: Registration | None = None
+    """A learning experiment's pre-registration (``sim.registration``), run by ``swarm-sim experiment``; ignored
+    by ``swarm-sim run``."""
 
     @model_validator(mode="after")
     def _check(self) -> SimConfig:
@@ -327,6 +331,8 @@ class SimConfig(StrictModel):
                     self.node_config(v.name, i, self.seeds[0])
                 except ConfigError as e:
                     raise ValueError(f"configuration {v.name!r}, node {i}: {e}") from None
+        if self.registration is not None:
+            self._check_registration(self.registration)
         if self.policy == "scripted":
             from sim.scripted import MIN_NEW_TOKENS
 
@@ -334,6 +340,21 @@ class SimConfig(StrictModel):
                 if self.node_config(v.name, 0, self.seeds[0]).rollout.max_new_tokens < MIN_NEW_TOKENS:
                     raise ValueError(f"policy scripted needs node.rollout.max_new_tokens >= {MIN_NEW_TOKENS}")
         return self
+
+    def _check_registration(self, reg: Registration) -> None:
+        """The registration's arms, nodes and readout exist in this experiment, and its side is the nodes'."""
+        missing = [a for a in reg.arms if a not in {v.name for v in self.configurations}]
+        if missing:
+            raise ValueError(f"registration arms {missing} are not configurations of the experiment; add or rename")
+        nodes = [*(reg.measured or []), *(i for part in reg.parts.values() for i in part)]
+        for i in nodes:
+            if not 0 <= i < self.nodes:
+                raise ValueError(f"registration names node {i}, but nodes are 0..{self.nodes - 1}")
+        if isinstance(reg.readout, int) and reg.readout > self.steps:
+            raise ValueError(f"registration readout {reg.readout} is after the last step ({self.steps})")
+        side = self.node_config(self.configurations[0].name, 0, self.seeds[0]).eval.side
+        if side != reg.side:
+            raise ValueError(f"registration side {reg.side!r} differs from the nodes' eval.side {side!r}")
 
     def variant(self, name: str) -> Variant:
         for v in self.configurations:

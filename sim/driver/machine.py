@@ -1,4 +1,4 @@
-"""Shared by the benchmark scripts: the machine description every results file starts with.
+"""The machine description every results file starts with (the experiment driver's reports and the benchmarks').
 
 Imports nothing heavy at import time (torch only inside :func:`machine_info`, and only if installed), so the
 libp2p benchmark, which must never share a process with hivemind, can use it too.

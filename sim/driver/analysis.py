@@ -1,0 +1,111 @@
+"""The registered analysis: per-arm numbers, paired differences with 95% t-intervals, and the verdict read off
+them by the registration's target rule.
+
+Works on ``data[arm][seed]`` = a pair's record (``records``) and nothing else, so a result JSON re-analyses without
+the runs. Knows nothing about running or writing.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from sim.driver.metrics import value
+from sim.driver.stats import t_interval
+from sim.registration import Condition, Registration
+
+Data = dict[str, dict[int, dict[str, Any]]]
+
+
+def arm_summary(data: Data, reg: Registration, readout: str) -> dict[str, Any]:
+    """arm -> {"seeds": [...], metric: {"start": [...], "end": [...]}} over the arm's finished seeds."""
+    out: dict[str, Any] = {}
+    for arm, pairs in data.items():
+        seeds = sorted(pairs)
+        out[arm] = {"seeds": seeds}
+        for m in reg.metrics:
+            out[arm][m] = {at: [value(pairs[k], reg, m, step) for k in seeds]
+                           for at, step in (("start", "0"), ("end", readout))}  # fmt: skip
+    return out
+
+
+def compare(arms: dict[str, Any], reg: Registration, arm: str, control: str) -> dict[str, Any] | None:
+    """Arm minus control at the readout, paired by seed, per metric: the differences, their mean and 95% interval,
+    and ``beats`` (``yes``: the lower end above 0; ``worse``: the upper end below 0; else ``no``). None when they
+    share fewer than two seeds."""
+    if arm not in arms or control not in arms:
+        return None
+    a, c = arms[arm], arms[control]
+    seeds = sorted(set(a["seeds"]) & set(c["seeds"]))
+    if len(seeds) < 2:
+        return None
+    row: dict[str, Any] = {"arm": arm, "control": control, "seeds": seeds}
+    for m in reg.metrics:
+        ea, ec = dict(zip(a["seeds"], a[m]["end"], strict=True)), dict(zip(c["seeds"], c[m]["end"], strict=True))
+        d = [ea[k] - ec[k] for k in seeds]
+        mean, lo, hi = t_interval(d)
+        beats = "yes" if lo > 0 else ("worse" if hi < 0 else "no")
+        row[m] = {"diff": d, "mean": mean, "lo": lo, "hi": hi, "beats": beats}
+    return row
+
+
+def better_of(arms: dict[str, Any], names: list[str], metric: str) -> str | None:
+    """The arm among ``names`` with the higher mean of ``metric`` at the readout (None if none has run)."""
+    ran = [n for n in names if n in arms]
+    return max(ran, key=lambda n: statistics.fmean(arms[n][metric]["end"])) if ran else None
+
+
+def _condition(arms: dict[str, Any], reg: Registration, cand: str, c: Condition) -> tuple[bool, str]:
+    """Whether ``c`` holds for candidate ``cand``, and the line that says so."""
+    metric, subject = c.metric or reg.primary, c.arm or cand
+    if subject not in arms:
+        return False, f"{subject} has not run"
+    if c.beats is not None:
+        names = [c.beats] if isinstance(c.beats, str) else c.beats
+        ctl = better_of(arms, names, metric)
+        row = compare(arms, reg, subject, ctl) if ctl else None
+        if row is None:
+            return False, f"{subject} vs {'/'.join(names)}: fewer than two paired seeds"
+        r = row[metric]
+        ok = r["lo"] > c.above
+        which = f" (the better of {', '.join(names)})" if len(names) > 1 else ""
+        return ok, (f"{metric}: {subject} - {ctl}{which} = {r['mean']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}], "
+                    f"lower end {'>' if ok else '<='} {c.above:+g}")  # fmt: skip
+    mean = statistics.fmean(arms[subject][metric]["end"])
+    ok = mean >= c.at_least if c.at_least is not None else mean <= c.at_most
+    bound = f">= {c.at_least:g}" if c.at_least is not None else f"<= {c.at_most:g}"
+    return ok, f"{metric}: {subject} mean {mean:.3f} {'' if ok else 'not '}{bound}"
+
+
+def verdict(arms: dict[str, Any], reg: Registration) -> dict[str, Any]:
+    """The target read off the numbers: which candidates meet every condition, each condition's line, and whether
+    every arm has every registered seed (else the verdict is an interim one)."""
+    checks = {a: [_condition(arms, reg, a, c) for c in reg.target.all] for a in reg.target.arms if a in arms}
+    met = [a for a, cs in checks.items() if all(ok for ok, _ in cs)]
+    complete = all(set(reg.seeds) <= set(arms.get(a, {}).get("seeds", [])) for a in reg.arms)
+    head = f"**Target met** by {', '.join(met)}" if met else "**Target not met**"
+    text = f"{head}: {reg.target.text}" if reg.target.text else head
+    if not complete:
+        text += " (interim: not every arm has every registered seed)"
+    return {"met": bool(met), "by": met, "complete": complete, "text": text,
+            "checks": {a: [{"ok": ok, "line": line} for ok, line in cs] for a, cs in checks.items()}}  # fmt: skip
+
+
+def analyse(data: Data, reg: Registration, readout: str) -> dict[str, Any]:
+    """The registered analysis of ``data``: arms, the registered comparisons, the verdict."""
+    arms = arm_summary(data, reg, readout)
+    wanted = list(dict.fromkeys(tuple(p) for p in reg.comparisons))
+    rows = [r for a, c in wanted if (r := compare(arms, reg, a, c)) is not None]
+    return {"arms": arms, "comparisons": rows, "verdict": verdict(arms, reg) if data else None}
+
+
+def baseline(data: Data, reg: Registration, readout: str) -> dict[str, float] | None:
+    """The registration's baseline field at the readout (the problems are the same in every pair), from any pair
+    that recorded it."""
+    for pairs in data.values():
+        for rec in pairs.values():
+            b = rec["steps"][readout].get(reg.baseline) if reg.baseline else None
+            if b and not any(math.isnan(v) for v in b.values()):
+                return b
+    return None

@@ -1,0 +1,136 @@
+"""``swarm-sim experiment CONFIG``: run what a registered experiment is missing, pair by pair, then write its report.
+
+Flow: the YAML (with ``--quick`` and ``--set``) -> its registration hash -> refuse if the existing result JSON was
+made under another registration (unless an amendment names it) -> the shared start (if any) -> every (arm, seed)
+pair not finished, each rewriting the report as it lands -> the report (``<results>.md`` / ``.json`` / ``.png``).
+``--analyze`` only re-reads; a result JSON alone (no run directory) re-analyses to the same numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from sim.driver import analysis, pairs, provenance, report
+from sim.driver.start import run_start, shared_start, start_key
+from sim.registration import registration_hash
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="swarm-sim experiment", description=__doc__.splitlines()[0])
+    ap.add_argument("config", type=Path, help="a registered experiment (configs/sim/*.yaml with registration:)")
+    ap.add_argument("--seeds", default=None, help="seeds to run now, e.g. 0-9 or 0,2,5 (default: the registered)")
+    ap.add_argument("--workers", type=int, default=None, help="(arm, seed) pairs at once (default: the YAML's)")
+    ap.add_argument("--only", default="", help="comma-separated arms to run (the report reads every finished one)")
+    ap.add_argument("--work", type=Path, default=None, help="run directory (default runs/<results>)")
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="where the report goes")
+    ap.add_argument("--set", action="append", default=[], help="experiment override, e.g. steps=20")
+    ap.add_argument("--quick", action="store_true", help="the YAML's quick overrides (seconds; a test)")
+    ap.add_argument("--analyze", action="store_true", help="only re-read the runs and the result JSON")
+    args = ap.parse_args(argv)
+    args.command = "swarm-sim experiment " + " ".join(sys.argv[1:] if argv is None else argv)
+    return args
+
+
+def load(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    """The validated experiment and the mapping its registration hash is computed on."""
+    from protocol.config import _set_path, parse_override, read_yaml, validate_config
+    from sim.config import SimConfig, apply_quick
+    from sim.driver.stats import parse_seeds
+
+    mapping = read_yaml(args.config)
+    mapping = apply_quick(mapping) if args.quick else mapping
+    for text in args.set:
+        _set_path(mapping, *parse_override(text))
+    sim = validate_config(SimConfig, mapping, str(args.config))
+    if sim.registration is None:
+        raise SystemExit(f"{args.config} has no registration: block (see docs/development.md)")
+    seeds = parse_seeds(args.seeds) if args.seeds else sim.registration.seeds
+    update: dict[str, Any] = {"seeds": seeds} | ({"workers": args.workers} if args.workers else {})
+    return sim.model_copy(update=update), mapping
+
+
+def main(argv: list[str] | None = None) -> int:
+    from sim.driver.metrics import check_hooks
+
+    args = parse_args(argv)
+    sim, mapping = load(args)
+    reg = sim.registration
+    check_hooks(reg)
+    stem = reg.results + ("_quick" if args.quick else "")
+    out_json = args.out / f"{stem}.json"
+    old = json.loads(out_json.read_text()) if out_json.is_file() else None
+    h = registration_hash(mapping)
+    provenance.check_results(old, reg, h, out_json)
+    root = args.config.resolve().parent
+    prov = {"hash": h, "config": str(args.config)}
+    prov["registered"] = provenance.registered_at(reg, args.config.resolve(), h) if not args.quick else None
+    keys = pairs.arm_keys(sim)
+    saved = pairs.saved_pairs(old, keys, out_json.name, analyze=args.analyze)
+    if args.analyze:  # re-read pairs keep the keys they were made under
+        keys = {**keys, **(old or {}).get("arm_keys", {})}
+    start = (old or {}).get("shared_start") if shared_start(sim) else None
+    start = start if start and (args.analyze or start.get("key") == start_key(sim)) else None
+    work = args.work or Path("runs") / stem
+    if not args.analyze:
+        if not args.quick and prov["registered"] is None:
+            raise SystemExit(f"{args.config}: no commit holds this registration; commit it before its first run")
+        work.mkdir(parents=True, exist_ok=True)
+        arms = [a for a in reg.arms if not args.only or a in args.only.split(",")]
+        t0 = time.perf_counter()
+        if shared_start(sim):
+            start = run_start(sim, work, start)
+            write(work, sim, args, prov, keys, saved, start, stem)  # the start (its digests) is kept from now on
+        have = {(a, k) for a, seeds in saved.items() for k in seeds}
+        meta = {"commit": provenance.head(root), "registration": h}
+        pairs.run_pending(sim, work, arms, have, meta, after_each=lambda: write(work, sim, args, prov, keys, saved,
+                                                                                start, stem))  # fmt: skip
+        print(f"ran in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
+    elif start is None and shared_start(sim) and (work / "stock" / "node0" / "eval.jsonl").is_file():
+        start = run_start(sim, work, None, digests=False)  # finished evaluations on disk: read them
+    return write(work, sim, args, prov, keys, saved, start, stem)
+
+
+def write(work: Path, sim: Any, args: argparse.Namespace, prov: dict[str, Any], keys: dict[str, str],
+          saved: pairs.Data, start: dict[str, Any] | None, stem: str) -> int:  # fmt: skip
+    """Read every finished pair (on disk, else saved), analyse, and write the report; 1 when there is nothing."""
+    from sim.driver.machine import machine_info
+
+    reg = sim.registration
+    data = pairs.collect(work, sim, saved, start)
+    if not data and start is None:
+        print("no finished pairs to report", file=sys.stderr)
+        return 1
+    readout = str(sim.steps if reg.readout == "final" else reg.readout)
+    result: dict[str, Any] = {"name": sim.name, "setting": reg.setting, **analysis.analyse(data, reg, readout)}
+    result["baseline"] = analysis.baseline(data, reg, readout) if data else None
+    out_json = args.out / f"{stem}.json"
+    prov = {**prov, "first_result": provenance.first_result(data, out_json)}
+    lines = report.header(sim, reg, prov, machine_info(), args.command)
+    lines += report.stock_lines(start, sim) if start else []
+    lines += report.tables(result, reg) if data else ["No (arm, seed) pair has finished yet.", ""]
+    text = "\n".join(lines)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if data:
+        png = report.plot(data, reg, sim.name, args.out / f"{stem}.png")
+        text += f"\n![{reg.primary} over steps]({png.name})\n"
+    reading = args.out / f"{stem}_reading.md"  # a person's reading of the numbers, kept across rewrites
+    if reading.is_file():
+        text += "\n" + reading.read_text()
+    result["registration"] = {**prov, "amendments": [a.model_dump(mode="json") for a in reg.amendments]}
+    result["pairs"] = {a: {str(k): v for k, v in d.items()} for a, d in data.items()}
+    result["arm_keys"] = {arm: keys[arm] for arm in data}
+    if start:
+        result["shared_start"] = start
+    print(text)
+    (args.out / f"{stem}.md").write_text(text)
+    out_json.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

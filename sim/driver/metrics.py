@@ -1,0 +1,62 @@
+"""Metric hooks: how a registered metric turns one pair's record into one number at one evaluation step.
+
+A hook is a plain function ``(record, registration, spec, step) -> float`` registered in :data:`METRICS` under the
+name a registration's ``metrics.<name>.hook`` gives. Adding an experiment with a derived metric is one function
+here and one line in the table, never code in the YAML.
+
+Knows nothing about arms, seeds or intervals.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+from sim.registration import MetricSpec, Registration
+
+Hook = Callable[[dict[str, Any], Registration, MetricSpec, str], float]
+
+
+def exact(record: dict[str, Any], reg: Registration, spec: MetricSpec, step: str) -> float:
+    """The mean of ``spec.key`` over the part's (node, family) cells (``records.aggregate``)."""
+    return record["steps"][step][spec.key][spec.part]
+
+
+def gap_closed(record: dict[str, Any], reg: Registration, spec: MetricSpec, step: str) -> float:
+    """How much of the gap to its peers a node closed on the family it lacks, mean over the measured nodes of
+    ``(end - start) / (peer level - start)``: ``start`` and ``end`` the node's ``spec.key`` on its ``lacking``
+    family at step 0 and ``step``, the peer level the mean step-0 ``spec.key`` of the other nodes whose ``known``
+    family it is (each seed's own start when the warm start is drawn per seed). 0 at step 0 by construction."""
+    start, now = record["per_node"]["0"], record["per_node"][step]
+    measured = set(reg.measured) if reg.measured is not None else None
+    gaps = []
+    for i, fam in sorted(reg.parts["lacking"].items()):
+        if measured is not None and i not in measured:
+            continue
+        peers = [start[str(j)][fam][spec.key] for j, f in reg.parts["known"].items() if f == fam and j != i]
+        s = start[str(i)][fam][spec.key]
+        gaps.append((now[str(i)][fam][spec.key] - s) / (statistics.fmean(peers) - s))
+    return statistics.fmean(gaps)
+
+
+#: Hook name -> function (a registration's ``metrics.<name>.hook``).
+METRICS: dict[str, Hook] = {"exact": exact, "gap_closed": gap_closed}
+#: What a hook needs of the registration: the parts it reads.
+NEEDS_PARTS = {"gap_closed": ("lacking", "known")}
+
+
+def check_hooks(reg: Registration) -> None:
+    """Every metric names a known hook and the registration declares the parts it reads (one clear line if not)."""
+    for name, spec in reg.metrics.items():
+        if spec.hook not in METRICS:
+            raise SystemExit(f"metric {name!r}: unknown hook {spec.hook!r}; known: {sorted(METRICS)}")
+        missing = [p for p in NEEDS_PARTS.get(spec.hook, ()) if p not in reg.parts]
+        if missing:
+            raise SystemExit(f"metric {name!r} ({spec.hook}) needs registration parts {missing}")
+
+
+def value(record: dict[str, Any], reg: Registration, name: str, step: str) -> float:
+    """Metric ``name`` of one pair at evaluation step ``step``."""
+    spec = reg.metrics[name]
+    return METRICS[spec.hook](record, reg, spec, step)

@@ -1,0 +1,125 @@
+"""Running a registered experiment pair by pair, and resuming it.
+
+An (arm, seed) pair is finished when every node evaluated at the last step; the result JSON keeps every finished
+pair's record, so a later session without the run directory re-reads it and runs only what is missing. A pair
+saved under another arm key (the arm's resolved settings changed, say a default) is not reused. In-process pairs
+that did not finish start over (the simulator keeps no checkpoints); real-process pairs resume from their nodes'
+checkpoints. With ``per_seed`` paths the experiment is rebuilt for each seed (its warm start drawn from the seed).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sim.config import SimConfig
+from sim.driver.records import pair_done, pair_record
+
+Data = dict[str, dict[int, dict[str, Any]]]
+
+
+def arm_keys(sim: SimConfig) -> dict[str, str]:
+    """What decides an arm's numbers (the experiment without its seed list, workers, registration and other arms,
+    the arm's own settings, every node's resolved config without its seed), per arm: a saved pair is reused only
+    under the same key, and adding an arm keeps the others' pairs."""
+    d = sim.model_dump(mode="json")
+    arms = {c["name"]: c for c in d.pop("configurations")}
+    for k in ("seeds", "workers", "registration"):
+        d.pop(k, None)
+
+    def nodes(arm: str) -> list[dict[str, Any]]:
+        return [{**sim.node_config(arm, i, 0).model_dump(mode="json"), "seed": None} for i in range(sim.nodes)]
+
+    return {
+        name: hashlib.sha256(json.dumps([d, arm, nodes(name)], sort_keys=True).encode()).hexdigest()[:16]
+        for name, arm in arms.items()
+    }
+
+
+def saved_pairs(old: dict[str, Any] | None, keys: dict[str, str], name: str, analyze: bool = False) -> Data:
+    """The finished pairs of an earlier result JSON whose arm keys match; an arm whose settings resolve differently
+    now (a changed or new default) keeps none for a run, since new pairs would not pair with them. ``analyze`` keeps
+    them all: re-reading results never needs the code they ran with."""
+    out: Data = {}
+    for arm, seeds in (old or {}).get("pairs", {}).items():
+        if old.get("arm_keys", {}).get(arm) == keys.get(arm) or analyze:
+            out[arm] = {int(k): v for k, v in seeds.items()}
+        else:
+            print(f"{name}: arm {arm} was another experiment; its pairs are not reused", file=sys.stderr)
+    return out
+
+
+def collect(work: Path, sim: SimConfig, saved: Data, start: dict[str, Any] | None) -> Data:
+    """arm -> seed -> record for every finished pair of the run's seeds: on disk (with the marker the driver wrote
+    when it started the pair), else saved. A pair without a step-0 evaluation takes the shared ``start``."""
+    reg = sim.registration
+    data: Data = {}
+    for arm in reg.arms:
+        pairs = dict(saved.get(arm, {}))
+        for seed_dir in sorted((work / arm).glob("seed*")):
+            if seed_dir.is_dir() and pair_done(seed_dir, sim.nodes, sim.steps):
+                marker = seed_dir.with_suffix(".pair.json")
+                meta = json.loads(marker.read_text()) if marker.is_file() else {}
+                pairs[int(seed_dir.name[4:])] = {**pair_record(seed_dir, sim.nodes, reg), **meta}
+        for seed, rec in sorted(pairs.items()):
+            if seed in sim.seeds:
+                if "0" not in rec["steps"] and start is not None:
+                    rec = {**rec, "steps": {"0": start["record"], **rec["steps"]}}
+                    if "per_node" in rec and "per_node" in start:
+                        rec["per_node"] = {"0": start["per_node"], **rec["per_node"]}
+                data.setdefault(arm, {})[seed] = rec
+    return data
+
+
+def seed_sim(sim: SimConfig, seed: int) -> SimConfig:
+    """The experiment as run for ``seed``: its ``per_seed`` paths set to the seed (the warm start drawn per seed)."""
+    from protocol.config import _set_path
+
+    paths = sim.registration.per_seed if sim.registration else []
+    if not paths:
+        return sim
+    mapping = sim.model_dump(mode="json", exclude_unset=True)
+    for path in paths:
+        _set_path(mapping, path, seed)
+    return SimConfig.model_validate(mapping)
+
+
+def run_pending(sim: SimConfig, work: Path, arms: list[str], have: set[tuple[str, int]], meta: dict[str, Any],
+                after_each: Callable[[], None] | None = None) -> None:  # fmt: skip
+    """Run every (arm, seed) pair not finished (on disk or in ``have``), seed by seed, writing a marker with
+    ``meta`` (the commit and registration hash) beside each pair as it starts. With one worker ``after_each`` runs
+    after each pair (the report is rewritten, so a session that ends mid-run keeps every finished pair)."""
+    from sim.runner import run_experiment
+
+    per_seed = bool(sim.registration and sim.registration.per_seed)
+    by_seed: dict[int, list[tuple[str, int]]] = {}  # one group unless the experiment is rebuilt per seed
+    for seed in sim.seeds:
+        for arm in arms:
+            run_dir = work / arm / f"seed{seed}"
+            if (arm, seed) in have or pair_done(run_dir, sim.nodes, sim.steps):
+                continue
+            if sim.mode == "inprocess":
+                shutil.rmtree(run_dir, ignore_errors=True)
+            run_dir.parent.mkdir(parents=True, exist_ok=True)
+            stamp = {**meta, "ran": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M")}
+            run_dir.with_suffix(".pair.json").write_text(json.dumps(stamp))
+            by_seed.setdefault(seed if per_seed else 0, []).append((arm, seed))
+    print(f"{sum(map(len, by_seed.values()))} pairs to run", file=sys.stderr, flush=True)
+
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    for seed, pending in by_seed.items():
+        s = seed_sim(sim, seed)
+        if s.workers > 1 or after_each is None:
+            run_experiment(s, work, progress=progress, pairs=pending)
+            continue
+        for pair in pending:
+            run_experiment(s, work, progress=progress, pairs=[pair])
+            after_each()

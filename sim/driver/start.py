@@ -1,0 +1,134 @@
+"""The shared start: when every seed begins from the same models (``eval.at_start: false``), their step-0
+evaluation runs once for every pair, beside the stock model (the configured model without its warm start) on the
+same items at the same token budget, and is kept in the result JSON. A later session that rebuilds the models
+checks them against it (weight digests, or the evaluation itself) before pairing new pairs with finished ones.
+
+Imports torch and the node only inside the functions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from sim.config import SimConfig
+from sim.driver.records import pair_record, read_evals
+
+
+def shared_start(sim: SimConfig) -> bool:
+    """Whether the experiment evaluates its initial models once for every pair (``eval.at_start: false``)."""
+    return not sim.node_config(sim.configurations[0].name, 0, sim.seeds[0]).eval.at_start
+
+
+def _eval_key(cfg: Any) -> str:
+    """What decides a node's initial evaluation: its model, tasks, evaluation and sampling settings."""
+    return json.dumps([cfg.model_dump(mode="json")[k] for k in ("model", "tasks", "eval", "rollout")], sort_keys=True)
+
+
+def start_key(sim: SimConfig) -> str:
+    """What decides the shared start's numbers: every node's model and evaluation, and the tasks."""
+    arm = sim.configurations[0].name
+    parts = [_eval_key(sim.node_config(arm, i, sim.seeds[0])) for i in range(sim.nodes)]
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _evaluate_initial(cfg: Any, run_dir: Path, done: dict[str, Path]) -> None:
+    """Evaluate ``cfg``'s initial model into ``run_dir/eval.jsonl`` at step 0. ``done`` maps what decides an
+    evaluation to a directory that already holds it: identical nodes are evaluated once."""
+    import yaml
+
+    from node.eval import append_result, evaluate_run
+
+    what = _eval_key(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not any(e["step"] == 0 for e in read_evals(run_dir)):
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+        if what in done:
+            shutil.copyfile(done[what] / "eval.jsonl", run_dir / "eval.jsonl")
+        else:
+            append_result(run_dir, evaluate_run(run_dir, initial=True))
+    done.setdefault(what, run_dir)
+
+
+def _evaluate_nodes(nodes: list[Any], run_dir: Path, done: dict[str, Path]) -> None:
+    for i, cfg in enumerate(nodes):
+        _evaluate_initial(cfg, run_dir / f"node{i}", done)
+
+
+def initial_digests(nodes: list[Any]) -> list[str]:
+    """Each node's initial weights as the node loads them (built or warm-started here if not cached), hashed."""
+    import torch
+
+    from node.model.policy import load_policy
+
+    out = []
+    for cfg in nodes:
+        model = load_policy(cfg.model).model
+        h = hashlib.sha256()
+        for name, t in sorted(model.state_dict().items()):
+            h.update(name.encode())
+            h.update(t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        out.append(h.hexdigest()[:16])
+        del model
+    return out
+
+
+def _start_record(run_dir: Path, sim: SimConfig) -> dict[str, Any]:
+    rec = pair_record(run_dir, sim.nodes, sim.registration)
+    return {"record": rec["steps"]["0"], "per_node": rec["per_node"]["0"]}
+
+
+def checked_start(saved: dict[str, Any], nodes: list[Any], work: Path, sim: SimConfig) -> dict[str, Any]:
+    """The saved shared start, once the initial models built here are known to be the ones it was evaluated on: the
+    same weight digests, or (a start saved before digests were kept) the same step-0 evaluation, run again here.
+    A different start would unpair every pair still to run from the finished ones, so it stops the run."""
+    digests = initial_digests(nodes)
+    if saved.get("digests") == digests:
+        return saved
+    again = "Run on the saved start's machine, or start the experiment afresh (remove its result JSON)."
+    if saved.get("digests") is not None:
+        raise SystemExit(
+            f"the initial models built here (weights {digests}) are not the ones the saved shared start was "
+            f"evaluated on ({saved['digests']}): pairs run now would not pair with the finished ones. {again}"
+        )
+    _evaluate_nodes(nodes, work / "start-check", {})
+    record = _start_record(work / "start-check", sim)["record"]
+    if record != saved["record"]:
+        raise SystemExit(
+            f"the initial models built here evaluate to {record}, not the saved start's {saved['record']}: pairs run "
+            f"now would not pair with the finished ones. {again}"
+        )
+    return {**saved, "digests": digests}
+
+
+def run_start(sim: SimConfig, work: Path, saved: dict[str, Any] | None, digests: bool = True) -> dict[str, Any]:
+    """Evaluate the shared start and the stock model (or reuse the saved start when its key matches)."""
+    import torch
+
+    from node.cli.logs import setup_cli_logging
+
+    setup_cli_logging("INFO")  # a warm start or a model conversion takes minutes: its progress lines show
+    torch.set_num_threads(sim.workers * sim.torch_threads)
+    arm = sim.configurations[0].name
+    nodes = [sim.node_config(arm, i, sim.seeds[0]) for i in range(sim.nodes)]
+    if saved and saved.get("key") == start_key(sim):
+        return checked_start(saved, nodes, work, sim)
+    t0 = time.perf_counter()
+    done: dict[str, Path] = {}
+    _evaluate_nodes(nodes, work / "start", done)
+    stock_cfg = nodes[0].model_copy(update={"model": nodes[0].model.model_copy(update={"warm_start": None})})
+    _evaluate_initial(stock_cfg, work / "stock" / "node0", done)
+    print(f"shared start evaluated in {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
+    stock = read_evals(work / "stock" / "node0")[0]
+    return {
+        "key": start_key(sim),
+        "digests": initial_digests(nodes) if digests else None,
+        **_start_record(work / "start", sim),
+        "stock": {fam: {k: f[k] for k in ("accuracy", "pass_at_8")} for fam, f in stock["families"].items()},
+        "stock_model": nodes[0].model.name,
+    }
