@@ -778,3 +778,35 @@ async def test_the_factory_gives_the_host_the_identity_key_and_a_fresh_key_witho
         assert not any(NetworkKey.of(ident).peer_id in a for a in other.addresses())
     finally:
         await other.close()
+
+
+def test_py_libp2p_builds_and_accepts_the_spec_gossip_trace():
+    """SPEC 7.6's trace is what py-libp2p signs and checks: its own protobuf of the same fields is the same bytes, its
+    signature validator accepts it, and the advertisement a hivemind node makes (without libp2p) verifies here."""
+    import time
+
+    from libp2p.pubsub.pb import rpc_pb2
+    from libp2p.pubsub.validators import signature_validator
+
+    from protocol.transport.gossip import make_ad
+    from protocol.transport.libp2p.peers import verify_ad
+    from protocol.transport.netkey import NetworkKey
+    from tests.unit.protocol.test_gossip_vector import SEQNO, crossing
+    from tests.unit.protocol.test_records import ALICE
+
+    c = crossing()
+    key = NetworkKey.of(ALICE)
+    msg = rpc_pb2.Message(from_id=key.peer_id_bytes, data=c["data"], seqno=SEQNO, topicIDs=["rl-swarm/spec/records/1"])
+    assert msg.SerializeToString() == c["unsigned"]
+    msg.signature = c["signature"]
+    msg.key = key.public_protobuf()
+    assert msg.SerializeToString() == c["message"]
+    assert signature_validator(msg)
+    msg.ClearField("key")  # as go-libp2p sends it
+    assert msg.SerializeToString() == c["message_go"] and signature_validator(msg)
+    msg.data = c["data"][:-1] + b"\x00"
+    assert not signature_validator(msg)
+
+    addr = f"/ip4/127.0.0.1/tcp/1/p2p/{key.peer_id}"
+    ad = make_ad(key.seed, key.peer_id_bytes, swarm=SWARM, addrs=[addr], version=(2, 2), now=time.time())
+    assert verify_ad(ad, swarm=SWARM, now=time.time(), ttl_s=600).addrs == (addr,)
