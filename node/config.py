@@ -186,6 +186,11 @@ class TaskConfig(StrictModel):
     """Time limit of one call into a task plug-in's code (generate, score, split_key, trace; ``node.tasks.guard``):
     a call past it drops the peer's group (``plugin_timeout``) or scores an own completion 0, and a plug-in with two
     such calls still running is quarantined. Built-in families run without it."""
+    plugin_quarantine_after: int = Field(default=20, ge=1)
+    """A task plug-in whose calls on this node's own items (its draws, its completions, its evaluation) fail this
+    many times in a row -- raise, time out or return junk, no call succeeding in between -- is quarantined for the
+    life of the node: no longer drawn, evaluated or accepted from peers. 20: a sporadic failure costs its item;
+    a plug-in that always fails stops wasting steps within one."""
 
     @model_validator(mode="before")
     @classmethod

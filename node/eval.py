@@ -27,7 +27,10 @@ reports, from ``eval.samples`` completions per item at the training temperature 
 * ``correct``: per item, in item order, how many of its sampled completions were exact (pairwise comparisons of
   policies on the same items: win rates under the verifier, as B6's real-model section computes them);
 * ``items``: per item, in item order, a record for re-analysis: ``key`` (its split key, ``node.tasks.split_key``),
-  ``samples_right`` (exact samples), ``n_samples`` and ``greedy_right`` (bool; ``None`` without greedy decoding).
+  ``samples_right`` (exact samples), ``n_samples`` and ``greedy_right`` (bool; ``None`` without greedy decoding);
+* ``plugin_failures`` (only where there were some): completions a task plug-in's scorer failed on (raised, ran past
+  its time limit, returned junk), each scored 0. A family quarantined during or before an evaluation
+  (``node.tasks.source``) is left out of it: a faulty plug-in costs its own family's numbers, never the node.
 
 Headline ``accuracy``, ``reward``, ``pass_at_1``, ``pass_at_8`` and ``greedy_accuracy`` are unweighted means over
 families; ``at_or_below_baseline`` lists the families whose accuracy does not beat their majority baseline.
@@ -49,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from node.config import EvalConfig, RolloutConfig
-from node.tasks import Side, TaskItem, TaskSource, extract_answer, is_exact, split_key
+from node.tasks import PluginError, Side, TaskItem, TaskSource, extract_answer, is_exact, split_key
 from protocol.errors import SwarmError
 from protocol.types import TaskRef
 
@@ -81,9 +84,12 @@ class FamilyResult:
     pass_at_8: float | None = None
     correct: list[int] | None = None
     items: list[dict[str, Any]] | None = None
+    plugin_failures: int = 0
 
     def to_dict(self) -> dict[str, Any]:
+        extra = {"plugin_failures": self.plugin_failures} if self.plugin_failures else {}
         return {
+            **extra,
             "accuracy": self.accuracy,
             "reward": self.reward,
             "majority_baseline": self.majority_baseline,
@@ -121,8 +127,18 @@ def score_family(
 ) -> FamilyResult:
     """The numbers of one family from raw completion texts: ``sampled[i]`` are item ``i``'s sampled completions,
     ``greedy[i]`` its greedy one (``None``: not decoded), ``lengths`` the sampled completions' token counts."""
+    failures = 0
+
+    def score(item: TaskItem, text: str) -> float:
+        nonlocal failures
+        try:
+            return tasks.score(item, text)
+        except PluginError:  # counted here and by the task source; the completion scores 0
+            failures += 1
+            return 0.0
+
     answers = [[extract_answer(t) for t in texts] for texts in sampled]
-    rewards = [[tasks.score(it, t) for t in texts] for it, texts in zip(items, sampled, strict=True)]
+    rewards = [[score(it, t) for t in texts] for it, texts in zip(items, sampled, strict=True)]
     exact = [
         [is_exact(it, a, r) for a, r in zip(ans, rew, strict=True)]
         for it, ans, rew in zip(items, answers, rewards, strict=True)
@@ -137,7 +153,7 @@ def score_family(
     greedy_acc = greedy_rew = None
     greedy_right: list[bool | None] = [None] * len(items)
     if greedy is not None:
-        g_rewards = [tasks.score(it, t) for it, t in zip(items, greedy, strict=True)]
+        g_rewards = [score(it, t) for it, t in zip(items, greedy, strict=True)]
         greedy_rew = _mean(g_rewards)
         greedy_right = [is_exact(it, extract_answer(t), r) for it, t, r in zip(items, greedy, g_rewards, strict=True)]
         greedy_acc = _mean([float(bool(x)) for x in greedy_right])
@@ -165,6 +181,7 @@ def score_family(
             }
             for it, e, g in zip(items, exact, greedy_right, strict=True)
         ],
+        plugin_failures=failures,
     )
 
 
@@ -191,8 +208,17 @@ class Evaluator:
         self._item_s: float | None = None
         n = items_per_family or cfg.items_per_family
         refs = tasks.split_refs(self.side, n, cfg.seed)
-        self.items: dict[str, list[TaskItem]] = {fam: [tasks.materialize(r) for r in rs] for fam, rs in refs.items()}
+        self.items: dict[str, list[TaskItem]] = {}
+        for fam, rs in refs.items():
+            self.items[fam] = []
+            for r in rs:
+                try:
+                    self.items[fam].append(tasks.materialize(r))
+                except PluginError:  # counted by the task source; a quarantined family ends with no items
+                    continue
         for fam, items in self.items.items():
+            if fam in tasks.quarantined:
+                continue
             if len(items) < n:
                 logger.warning("%s side of %r has only %d distinct items (asked for %d)", self.side, fam, len(items), n)
 
@@ -215,7 +241,7 @@ class Evaluator:
         done = 0
         first: tuple[int, float] | None = None
         for offset, (fam, items) in enumerate(self.items.items()):
-            if not items:
+            if not items or fam in self.tasks.quarantined:  # quarantined: said once, when it happened
                 continue
             prompts = [self.policy.format_prompt(it.question) for it in items]
             sampled = self.engine.generate(
@@ -230,13 +256,17 @@ class Evaluator:
             if self.cfg.greedy:
                 best = self.engine.generate(prompts, 1, max_new_tokens=self.max_new_tokens, temperature=0.0)
                 greedy = [comps[0].text for comps in best]
-            families[fam] = score_family(
+            result = score_family(
                 self.tasks,
                 items,
                 [[c.text for c in comps] for comps in sampled],
                 greedy,
                 [len(c.token_ids) for comps in sampled for c in comps],
             )
+            if fam in self.tasks.quarantined:
+                logger.info("evaluation: %s left out (its plug-in was quarantined while scoring it)", fam)
+            else:
+                families[fam] = result
             done += len(items)
             elapsed = time.perf_counter() - t0
             if first is None:  # the first family carries the warm-up: the next estimate leaves it out

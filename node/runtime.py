@@ -36,7 +36,7 @@ from node.learn.batch import SampleBuilder, TrainBatch
 from node.rollout.groups import OwnRollouts, own_rollouts
 from node.rollout.planner import Planner, RolloutPlanner, UniformPlanner, planner_enabled
 from node.seams import EngineLike, GenerationSettings, LearnerLike, NoPhase, PolicyLike, StepPhase, TasksLike
-from node.tasks import PluginError, TaskError, TaskItem, extract_answer, is_exact
+from node.tasks import HeldOutError, PluginError, TaskError, TaskItem, extract_answer, is_exact
 from node.telemetry.metrics import JsonlWriter, LiveView, truncate_after_step
 from node.telemetry.trackers import open_metrics
 from protocol.channel import Channel
@@ -330,13 +330,17 @@ class Node:
             return self.verified_reward(item, text)
         except PluginError as e:
             self.totals["plugin_own_failures"] += 1
-            self._note_task_refusal(item.ref.family, e)
+            key = (item.ref.family[:128], "own")
+            if key not in self._task_refusals_logged and e.reason != "plugin_quarantined":
+                self._task_refusals_logged.add(key)
+                logger.warning("task plug-in %r failed on an own completion, scored 0 (plugin_own_failures in the "
+                               "metrics line; logged once per family): %s", item.ref.family[:128], e)  # fmt: skip
             return 0.0
 
-    def verified_reward(self, item: TaskItem, text: str) -> float:
+    def verified_reward(self, item: TaskItem, text: str, *, own: bool = True) -> float:
         """The verifier's score, or exact match (``tasks.reward``); :class:`PluginError` when a plug-in's scorer
-        fails."""
-        score = float(self.tasks.score(item, text))
+        fails. ``own``: this node's completion, not a peer's (``TaskSource.score``)."""
+        score = float(self.tasks.score(item, text, own=own))
         if self.cfg.tasks.reward == "partial":
             return score
         return float(is_exact(item, extract_answer(text), score))
@@ -365,7 +369,7 @@ class Node:
         group; ``ingest_rollouts`` counts it under the error's ``reason``."""
         try:
             item = self.tasks.materialize_for_training(ref)
-            return [self.verified_reward(item, t) for t in texts]
+            return [self.verified_reward(item, t, own=False) for t in texts]
         except TaskError as e:
             self._note_task_refusal(ref.family, e)
             raise
@@ -376,7 +380,14 @@ class Node:
         if key in self._task_refusals_logged or len(self._task_refusals_logged) >= 256:
             return
         self._task_refusals_logged.add(key)
-        level = logging.DEBUG if e.reason == "task_rejected" else logging.WARNING
+        # Routine (a peer's item on this node's held-out side) or said once already (the quarantine's own line):
+        # debug; another family config: info; the rest name a fault of the plug-in or of the peer: warning.
+        if isinstance(e, HeldOutError) or e.reason == "plugin_quarantined":
+            level = logging.DEBUG
+        elif e.reason == "task_rejected":
+            level = logging.INFO
+        else:
+            level = logging.WARNING
         logger.log(level, "dropping peers' groups of task family %r (%s, counted in rejected_by_reason; logged "
                    "once per family): %s", family[:128], e.reason, e)  # fmt: skip
 
@@ -636,6 +647,9 @@ class Node:
             **self.pool.stats(self.step),
             **self.phase.metrics(),
             **self.planner.metrics(),
+            # task plug-ins' failed calls by family and reason, and quarantined families (absent for built-ins only)
+            **self.tasks.metrics(),
+            "plugin_own_failures": self.totals.get("plugin_own_failures", 0),
             **self._pending_heldout,
         }
         self._pending_heldout = {}

@@ -42,6 +42,15 @@ def run(
     try:
         cfg = load_sim_config(str(config), overrides or [], quick=quick)
         check_trackers(cfg.trackers())
+        if cfg.policy == "real":  # every node's task families, before any model is built
+            from node.tasks.registry import check_families
+
+            check_families(
+                f
+                for v in cfg.configurations
+                for i in range(cfg.nodes)
+                for f in cfg.node_config(v.name, i, cfg.seeds[0]).tasks.families
+            )
         make_output_dir(out, "--out directory")
     except SwarmError as e:
         fail(str(e))

@@ -153,8 +153,12 @@ class ScriptedTasks:
         """Nothing to warn about: scripted items cannot be memorized."""
         return []
 
-    def score(self, item: TaskItem, completion_text: str) -> float:
+    def score(self, item: TaskItem, completion_text: str, *, own: bool = True) -> float:
         return 1.0 if extract_answer(completion_text) == item.answer else 0.0
+
+    def metrics(self) -> dict[str, Any]:
+        """No plug-ins, nothing to count."""
+        return {}
 
 
 @dataclass

@@ -198,6 +198,10 @@ def run_join(
     check_peers(getattr(cfg.transport, "initial_peers", []), cfg.transport.type)
     check_trackers(cfg.report_to)
     check_output_dir(run_dir)
+    # every configured task family (installed, named, versioned, its config accepted) before the model build
+    from node.tasks.registry import check_families
+
+    check_families(cfg.tasks.families)
     if identity_path is not None and not identity_path.exists():
         check_output_dir(identity_path.expanduser().absolute().parent, "identity key's directory")
     if cfg.rollout.engine == "vllm" and cfg.vllm.mode == "in_process":

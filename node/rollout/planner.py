@@ -189,6 +189,8 @@ class RolloutPlanner(UniformPlanner):
         settings, acfg = self.engine.settings, self.cfg.april
         target = self.cfg.rollout.prompts_per_step
         want = groups_in_flight(target, acfg.oversample)
+        # partial groups of a family quarantined since (a faulty task plug-in) are dropped, not continued
+        self.buffer.groups = [g for g in self.buffer.groups if self.tasks.accepts(TaskRef(**g.payload))]
         carried = self.buffer.groups[:want]  # oldest first
         kept = self.buffer.groups[want:]
         room = max(0, acfg.max_buffer_groups - len(kept))

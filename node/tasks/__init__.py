@@ -26,6 +26,7 @@ from node.tasks.builtin import DEFAULT_SIZE
 from node.tasks.family import (
     ENTRY_POINT_GROUP,
     Family,
+    HeldOutError,
     PluginError,
     TaskError,
     TaskItem,
@@ -56,6 +57,7 @@ __all__ = [
     "SAPO_FAMILIES",
     "SIDES",
     "Family",
+    "HeldOutError",
     "PluginError",
     "Side",
     "SplitShares",

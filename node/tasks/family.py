@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from protocol.errors import SwarmError
+from protocol.errors import ConfigError, SwarmError
 from protocol.types import Scalar, TaskRef
 
 logger = logging.getLogger(__name__)
@@ -64,12 +64,27 @@ class TaskError(SwarmError):
             self.reason = reason
 
 
+class HeldOutError(TaskError):
+    """A peer's group on this node's dev or test side of the split (``task_rejected``): routine between peers whose
+    splits agree on the problem but not on every sampled index, so receivers count it without a log line."""
+
+
 class PluginError(TaskError):
     """A family's own code failed on an item: it raised (``plugin_error``), ran past its time limit
     (``plugin_timeout``), returned something that is not an item or a score (``plugin_junk``), or is quarantined after
     calls that never returned (``plugin_quarantined``)."""
 
     reason = "plugin_error"
+
+
+class FamilyConfigError(ConfigError):
+    """Configured families that cannot be used, one problem each (``node.tasks.registry.check_families``). Its
+    message is the problems joined by ``"\nerror: "``, so a CLI that prints ``error: <message>`` shows one
+    ``error:`` line per problem."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("\nerror: ".join(problems))
+        self.problems = problems
 
 
 @dataclass
@@ -130,7 +145,13 @@ def check_family(obj: Any, name: str) -> Family:
     if obj.name != name:
         raise TaskError(f"task plug-in registered as {name!r} names itself {obj.name!r}", "task_unknown")
     version = obj.version
-    if not isinstance(version, str) or not VERSION_RE.fullmatch(version):
+    if not isinstance(version, str):
+        raise TaskError(
+            f'task plug-in {name!r}: version must be a string such as "1" (it travels as text on the wire), '
+            f"not the {type(version).__name__} {version!r}",
+            "task_unknown",
+        )
+    if not VERSION_RE.fullmatch(version):
         raise TaskError(
             f"task plug-in {name!r}: version {version!r} must be 1-31 characters of letters, digits and ._+-",
             "task_unknown",

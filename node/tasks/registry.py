@@ -2,15 +2,25 @@
 
 The order (``node.tasks.family`` describes each): ``verifiers:<module>``; ``lab_add``/``lab_sub``; a reasoning-gym
 dataset name; an entry point of the group ``rl_swarm.tasks``. A plug-in may not take a built-in's name. Resolved
-families are cached for the life of the process.
+families are cached for the life of the process. :func:`check_families` checks a whole configuration up front.
 """
 
 from __future__ import annotations
 
 import importlib.metadata as md
+from collections.abc import Iterable
+from typing import Any
 
 from node.tasks.builtin import builtin_family
-from node.tasks.family import ENTRY_POINT_GROUP, NAME_RE, Family, TaskError, check_family
+from node.tasks.family import (
+    ENTRY_POINT_GROUP,
+    NAME_RE,
+    Family,
+    FamilyConfigError,
+    TaskError,
+    check_family,
+    config_key,
+)
 
 
 def entry_point_names() -> list[str]:
@@ -69,3 +79,40 @@ def resolve_family(name: str) -> Family:
         )
     _RESOLVED[name] = family
     return family
+
+
+def family_problems(families: Iterable[Any]) -> list[str]:
+    """One line per configured family (``TaskFamily``: ``name``, ``config``) that cannot be used, in order: not
+    installed, not a family, a clash with a built-in name, a version that is not a string, ``seed`` in its config,
+    or a config its ``check_config`` refuses. Each distinct ``(name, config)`` is checked once."""
+    problems: list[str] = []
+    seen: set[tuple[str, str]] = set()
+    for fam in families:
+        key = (fam.name, config_key(fam.config))
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            family = resolve_family(fam.name)
+        except TaskError as e:
+            problems.append(str(e))
+            continue
+        if "seed" in fam.config:
+            problems.append(f"task family {fam.name!r}: remove 'seed' from its config (use tasks.seed)")
+            continue
+        check = getattr(family, "check_config", None)
+        if check is None:
+            continue
+        try:
+            check(dict(fam.config))
+        except Exception as e:  # a plug-in's refusal, in its own words, as one line
+            problems.append(f"task family {fam.name!r}: check_config({key[1]}) refused it: {str(e) or repr(e)}")
+    return problems
+
+
+def check_families(families: Iterable[Any]) -> None:
+    """:class:`FamilyConfigError` listing every problem :func:`family_problems` finds; run before anything slow
+    (a model build, the network) starts."""
+    problems = family_problems(families)
+    if problems:
+        raise FamilyConfigError(problems)

@@ -142,3 +142,65 @@ def test_doctor_checks_the_configured_engine(tmp_path):
         [sys.executable, "-m", "node.cli.app", "doctor"], capture_output=True, text=True, timeout=120, cwd=REPO
     )
     assert "ok   rollout engine: transformers" in ok.stdout, ok.stdout
+
+
+#: A plug-in distribution with three faulty families: one takes a built-in name (gcd), one gives its version as a
+#: number, one refuses its config.
+_BAD_PLUGINS = """
+class Gcd:
+    name = "gcd"
+    version = "1"
+
+    def generate(self, config, seed, index):
+        return {"question": "gcd(4, 6)?", "answer": "2", "metadata": {}}
+
+    def score(self, item, completion):
+        return 0.0
+
+
+class Numbered(Gcd):
+    name = "numbered"
+    version = 2
+
+
+class Picky(Gcd):
+    name = "picky"
+
+    def check_config(self, config):
+        raise ValueError("picky needs max_value")
+"""
+
+
+def _bad_plugin_env(tmp_path: Path) -> dict[str, str]:
+    site = tmp_path / "plugin-site"
+    info = site / "bad_tasks-1.0.dist-info"
+    info.mkdir(parents=True)
+    (site / "bad_tasks.py").write_text(_BAD_PLUGINS)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: bad-tasks\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(
+        "[rl_swarm.tasks]\ngcd = bad_tasks:Gcd\nnumbered = bad_tasks:Numbered\npicky = bad_tasks:Picky\n"
+    )
+    return {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{REPO}"}
+
+
+@pytest.mark.parametrize("tool", ["swarm-node", "swarm-sim"])
+def test_every_task_family_is_checked_before_anything_is_built(tmp_path, tool):
+    """Each faulty family is one ``error:`` line, all of them in one run, before the model build or the network
+    (no run dir made), with no traceback."""
+    families = "tasks.families=[{name: gcd}, {name: numbered}, {name: picky}, {name: lab_add}, {name: lab_sub}]"
+    out = tmp_path / "run"
+    if tool == "swarm-node":
+        cmd = [sys.executable, "-m", "node.cli.app", "join", "--run-dir", str(out), "--set", families]
+        cmd += ["--set", "model.name=builtin:lab", "--transport", "memory", "--max-steps", "1"]
+    else:
+        cmd = [sys.executable, "-m", "sim.cli", "run", "configs/sim/demo.yaml", "--out", str(out)]
+        cmd += ["--set", f"node.{families}"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO, env=_bad_plugin_env(tmp_path))
+    assert res.returncode == 1, (res.returncode, res.stdout, res.stderr)
+    assert "Traceback" not in res.stderr + res.stdout
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 3, res.stderr
+    assert "built-in family 'gcd'" in errors[0]
+    assert "'numbered': version must be a string" in errors[1]
+    assert "'picky': check_config({}) refused it: picky needs max_value" in errors[2]
+    assert not out.exists()

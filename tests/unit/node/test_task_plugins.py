@@ -87,6 +87,19 @@ class Junk(Echo):
         return super().score(item, completion)
 
 
+class IntVersion(Echo):
+    name = "int_version_n"
+    version = 1
+
+
+class Picky(Echo):
+    name = "picky_n"
+
+    def check_config(self, config):
+        if "level" not in config:
+            raise ValueError("picky_n needs a 'level' in its config")
+
+
 def make_echo():
     return Echo()
 '''
@@ -107,6 +120,8 @@ def install_plugin_dist(site: Path, version: str = "1", extra_entry: str = "") -
             raises_n = fake_tasks:Raises
             hangs_n = fake_tasks:Hangs
             junk_n = fake_tasks:Junk
+            int_version_n = fake_tasks:IntVersion
+            picky_n = fake_tasks:Picky
             """
         )
         + extra_entry
@@ -180,6 +195,41 @@ def test_a_plugin_name_may_not_shadow_a_builtin(tmp_path: Path, monkeypatch: pyt
         _source("chain_sum")
 
 
+def test_every_configured_family_is_checked_up_front_one_line_each(tmp_path: Path, monkeypatch) -> None:
+    """``check_families`` (run by ``swarm-node join`` and ``swarm-sim run`` before any model is built): a clash with
+    a built-in name, a version given as a number, a ``check_config`` that raises, an unknown name -- one line each,
+    every family checked, the good ones silent."""
+    from node.config import TaskFamily
+    from node.tasks.family import FamilyConfigError
+    from node.tasks.registry import check_families
+
+    site = tmp_path / "site3"
+    install_plugin_dist(site, extra_entry="gcd = fake_tasks:make_echo\n")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setattr(registry, "_RESOLVED", {})
+    families = [
+        TaskFamily(name="echo_n"),
+        TaskFamily(name="gcd"),
+        TaskFamily(name="int_version_n"),
+        TaskFamily(name="picky_n"),
+        TaskFamily(name="picky_n", config={"level": 2}),
+        TaskFamily(name="no_such_family"),
+        TaskFamily(name="chain_sum", config={"seed": 3}),
+    ]
+    with pytest.raises(FamilyConfigError) as e:
+        check_families(families)
+    problems = e.value.problems
+    assert len(problems) == 5, problems
+    assert "built-in family 'gcd'; rename the plug-in" in problems[0]
+    assert 'version must be a string such as "1"' in problems[1] and "not the int 1" in problems[1]
+    assert "'picky_n': check_config({}) refused it: picky_n needs a 'level'" in problems[2]
+    assert "unknown task family 'no_such_family'" in problems[3]
+    assert "remove 'seed'" in problems[4]
+    assert str(e.value).count("\nerror: ") == 4  # the CLI prints "error: " before the first
+    assert all("\n" not in p for p in problems)
+    check_families([TaskFamily(name="echo_n"), TaskFamily(name="picky_n", config={"level": 1})])
+
+
 def test_an_unknown_family_is_one_clear_error() -> None:
     with pytest.raises(TaskError, match="unknown task family 'no_such_family'.*rl_swarm.tasks"):
         _source("no_such_family")
@@ -242,12 +292,24 @@ def test_hostile_plugins_cost_one_group_each_counted_by_reason(plugins: Path) ->
     assert src.guard.stuck("hangs_n@1") == 2
     import fake_tasks
 
-    fake_tasks.RELEASE.set()  # the stuck calls return: the family is usable again
+    fake_tasks.RELEASE.set()  # the stuck calls return; the family stays quarantined for the life of the source
     deadline = time.monotonic() + 5
     while src.guard.stuck("hangs_n@1") and time.monotonic() < deadline:
         time.sleep(0.01)
-    item = src.materialize(train_ref("hangs_n", 2))
-    assert src.score(item, f"<answer>{item.answer}</answer>") == 1.0
+    assert src.quarantined.keys() == {"hangs_n@1"}
+    with pytest.raises(PluginError) as e:
+        src.materialize(TaskRef(family="hangs_n@1", seed=0, index=3))
+    assert e.value.reason == "plugin_quarantined"
+    m = src.metrics()
+    assert m["quarantined_families"] == ["hangs_n@1"]
+    assert m["plugin_failures"] == {
+        "hangs_n@1": {"plugin_timeout": 2},
+        "junk_n@1": {"plugin_junk": 4},
+        "raises_n@1": {"plugin_error": 1},
+    }
+    # own draws skip the quarantined family; the indices >= 500 that raise_n and junk_n fail on are redrawn
+    assert {r.family for r in src.sample(random.Random(1), 40)} == {"echo_n@1", "raises_n@1", "junk_n@1"}
+    assert not src.quarantined.keys() - {"hangs_n@1"}
 
 
 def test_guard_counts_a_call_that_returns_late_only_while_it_runs() -> None:
@@ -305,4 +367,5 @@ def test_node_drops_and_counts_peer_groups_and_logs_once_per_family(
     assert own == 0.0
     lines = [r.getMessage() for r in caplog.records if "dropping peers' groups" in r.getMessage()]
     assert len([m for m in lines if "'echo_n@2'" in m]) == 1, lines  # three groups, one line
-    assert len([m for m in lines if "'junk_n@1'" in m and "plugin_junk" in m]) == 1, lines
+    own_lines = [r.getMessage() for r in caplog.records if "failed on an own completion" in r.getMessage()]
+    assert len([m for m in own_lines if "'junk_n@1'" in m and "score returned nan" in m]) == 1, own_lines
