@@ -45,14 +45,25 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from node.canonical import canonical_problem
 from node.config import EvalConfig, RolloutConfig
-from node.tasks import PluginError, Side, TaskItem, TaskSource, extract_answer, is_exact, split_key
+from node.tasks import (
+    PluginError,
+    Side,
+    TaskItem,
+    TaskSource,
+    extract_answer,
+    is_exact,
+    split_key,
+    split_wire_family,
+)
 from protocol.errors import SwarmError
 from protocol.types import TaskRef
 
@@ -444,4 +455,54 @@ def evaluate_run(
     tasks = TaskSource(cfg.tasks)
     eval_cfg = cfg.eval if side is None else cfg.eval.model_copy(update={"side": side})
     evaluator = Evaluator(tasks, policy, engine, eval_cfg, cfg.rollout, items_per_family=items)
+    for line in split_leak_warnings(tasks, evaluator.items, eval_cfg.seed):
+        logger.warning("%s", line)
     return evaluator.evaluate(0 if ckpt is None else ckpt.step)
+
+
+_NUMBER_RE = re.compile(r"\d+")
+#: Train-side items read per family to look for evaluated questions' numbers (enough for families of a few thousand
+#: problems; a larger family's leak is rarer and shows on a sample).
+LEAK_PROBE_ITEMS = 2000
+
+
+def _numbers(question: str) -> tuple[str, ...]:
+    return tuple(sorted(_NUMBER_RE.findall(question)))
+
+
+def split_leak_warnings(
+    tasks: TaskSource, items: dict[str, list[TaskItem]], seed: int, *, probe: int = LEAK_PROBE_ITEMS
+) -> list[str]:
+    """One warning per family whose split key is its question text (no ``split_key`` of its own and no built-in
+    canonical form) and whose evaluated questions carry the same numbers, in any order, as a train-side question
+    with other text: ``gcd(4, 6)`` on the test side and ``gcd(6, 4)`` in training are one problem on two sides
+    unless the family says so with a ``split_key`` (docs/tasks.md). Questions with fewer than two numbers are not
+    compared (their text is their problem). Reads up to ``probe`` train-side items of each such family."""
+    warnings = []
+    for family, evaluated in items.items():
+        name, _ = split_wire_family(family)
+        if tasks.has_split_key(family) or not evaluated:
+            continue
+        if any(canonical_problem(name, it.question) is not None for it in evaluated):
+            continue  # a built-in canonical form (arithmetic, word tasks) already folds such twins together
+        wanted = {_numbers(it.question): it.question for it in evaluated if len(_numbers(it.question)) >= 2}
+        if not wanted:
+            continue
+        twins: dict[str, str] = {}
+        for ref in tasks.split_refs("train", probe, seed).get(family, []):
+            try:
+                question = tasks.materialize(ref).question
+            except PluginError:
+                continue
+            key = _numbers(question)
+            if key in wanted and question != wanted[key]:
+                twins.setdefault(wanted[key], question)
+        if twins:
+            test_q, train_q = next(iter(twins.items()))
+            warnings.append(
+                f"task family {family!r} has no split_key, and {len(twins)} of its {len(evaluated)} evaluated "
+                f"questions have the same numbers as a training question (e.g. {test_q[:80]!r} evaluated, "
+                f"{train_q[:80]!r} trained on): if such questions are one problem, the evaluation side leaks into "
+                "training; give the family a split_key (docs/tasks.md, 'The split')"
+            )
+    return warnings

@@ -100,6 +100,25 @@ class Picky(Echo):
             raise ValueError("picky_n needs a 'level' in its config")
 
 
+class Pair(Echo):
+    """A symmetric problem: gcd(a, b) is gcd(b, a), but the default split key is the question text."""
+    name = "pair_n"
+
+    def generate(self, config, seed, index):
+        import math, random
+        rng = random.Random(f"{seed}:{index}")
+        a, b = rng.randint(1, 12), rng.randint(1, 12)
+        return {"question": f"gcd({a}, {b})?", "answer": str(math.gcd(a, b)), "metadata": {}}
+
+
+class KeyedPair(Pair):
+    name = "keyed_pair_n"
+
+    def split_key(self, question):
+        a, b = sorted(int(n) for n in question[4:-2].split(", "))
+        return f"gcd:{a},{b}"
+
+
 def make_echo():
     return Echo()
 '''
@@ -122,6 +141,8 @@ def install_plugin_dist(site: Path, version: str = "1", extra_entry: str = "") -
             junk_n = fake_tasks:Junk
             int_version_n = fake_tasks:IntVersion
             picky_n = fake_tasks:Picky
+            pair_n = fake_tasks:Pair
+            keyed_pair_n = fake_tasks:KeyedPair
             """
         )
         + extra_entry
@@ -369,3 +390,19 @@ def test_node_drops_and_counts_peer_groups_and_logs_once_per_family(
     assert len([m for m in lines if "'echo_n@2'" in m]) == 1, lines  # three groups, one line
     own_lines = [r.getMessage() for r in caplog.records if "failed on an own completion" in r.getMessage()]
     assert len([m for m in own_lines if "'junk_n@1'" in m and "score returned nan" in m]) == 1, own_lines
+
+
+def test_eval_warns_when_a_family_without_split_key_has_swapped_twins_across_the_split(plugins: Path) -> None:
+    """``swarm-node eval``'s check (``node.eval.split_leak_warnings``): gcd(a, b) evaluated while gcd(b, a) is a
+    training question is one problem on two sides; a family with a ``split_key`` that folds the order keeps both on
+    one side, and has no warning."""
+    from node.eval import split_leak_warnings
+
+    src = _source("pair_n", "keyed_pair_n", "echo_n", "chain_sum")
+    test = {fam: [src.materialize(r) for r in refs] for fam, refs in src.split_refs("test", 20, 0).items()}
+    warnings = split_leak_warnings(src, test, 0)
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith("task family 'pair_n@1' has no split_key") and "split_key" in warnings[0]
+    # the keyed family's sides hold no swapped twins at all
+    keys = {src.split_key(src.materialize(r)) for r in src.split_refs("train", 200, 0)["keyed_pair_n@1"]}
+    assert not keys & {src.split_key(it) for it in test["keyed_pair_n@1"]}
