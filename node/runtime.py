@@ -53,6 +53,9 @@ logger = logging.getLogger(__name__)
 
 #: An fsync cadence that never comes: the simulator's runs are reproducible from their seed, not from disk.
 NO_FSYNC = 1 << 30
+#: Distinct (family, reason) pairs of dropped peer groups a node logs, one line each (SPEC 6; as SPEC 15 caps the
+#: versions it reports): one record may name 1,024 families, each a line without a cap.
+MAX_LOGGED_TASK_REFUSALS = 16
 
 
 @dataclass
@@ -375,11 +378,17 @@ class Node:
             raise
 
     def _note_task_refusal(self, family: str, e: TaskError) -> None:
-        """One log line per (family, reason) for the life of the node; the counts go to ``rejected_by_reason``."""
-        key = (family[:128], e.reason)
-        if key in self._task_refusals_logged or len(self._task_refusals_logged) >= 256:
+        """One log line per (family, reason) for the life of the node, for the first
+        :data:`MAX_LOGGED_TASK_REFUSALS` pairs, then one line saying the rest are not logged; the counts go to
+        ``rejected_by_reason``, uncapped."""
+        key, logged = (family[:128], e.reason), self._task_refusals_logged
+        if key in logged or len(logged) > MAX_LOGGED_TASK_REFUSALS:
             return
-        self._task_refusals_logged.add(key)
+        logged.add(key)
+        if len(logged) > MAX_LOGGED_TASK_REFUSALS:
+            logger.info("dropping peers' groups of more task families than the %d logged: further ones are counted in "
+                        "rejected_by_reason, not logged", MAX_LOGGED_TASK_REFUSALS)  # fmt: skip
+            return
         # Routine (a peer's item on this node's held-out side) or said once already (the quarantine's own line):
         # debug; another family config: info; the rest name a fault of the plug-in or of the peer: warning.
         if isinstance(e, HeldOutError) or e.reason == "plugin_quarantined":
