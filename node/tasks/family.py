@@ -137,6 +137,16 @@ def split_wire_family(family: str) -> tuple[str, str]:
     return name, version
 
 
+def parse_wire_family(family: str) -> tuple[str, str] | None:
+    """``(name, version)`` of a well-formed ``family`` string (SPEC 13: a name, or ``name@version`` with a version of
+    1-31 characters), else None: ``echo@`` (empty version), a 32-character version, ``@1`` (empty name) or
+    ``echo@1@2`` name no code, so a receiver drops them as ``task_rejected``."""
+    name, at, version = family.partition("@")
+    if not NAME_RE.fullmatch(name) or (at and not VERSION_RE.fullmatch(version)):
+        return None
+    return name, version
+
+
 def check_family(obj: Any, name: str) -> Family:
     """``obj`` as a family named ``name``, or :class:`TaskError` saying what it lacks."""
     missing = [a for a in ("name", "version", "generate", "score") if not hasattr(obj, a)]

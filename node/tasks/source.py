@@ -46,6 +46,7 @@ from node.tasks.family import (
     TaskError,
     TaskItem,
     config_key,
+    parse_wire_family,
     split_wire_family,
     wire_family,
 )
@@ -424,7 +425,10 @@ class TaskSource:
             return PluginError(
                 f"task plug-in {ref.family!r} is quarantined: {self.quarantined[ref.family]}", "plugin_quarantined"
             )
-        name, version = split_wire_family(ref.family)
+        parsed = parse_wire_family(ref.family)
+        if parsed is None:  # names no code, so no version of it is installed anywhere (SPEC 13)
+            return TaskError(f"task family {ref.family[:128]!r} is neither a name nor name@version")
+        name, version = parsed
         mine = self._by_name.get(name)
         if mine is not None and mine.version != version:
             return TaskError(

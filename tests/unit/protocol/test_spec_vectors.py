@@ -284,6 +284,37 @@ def test_split_vectors():
     assert any(not v["key"].startswith("expr:") for v in vectors)
 
 
+class _Echo:
+    """A versioned family ``echo`` in version ``1``, as a plug-in would register it."""
+
+    name, version = "echo", "1"
+
+    def generate(self, config, seed, index):
+        return {"question": f"Echo {index}.", "answer": str(index), "metadata": {}}
+
+    def score(self, item, completion):
+        return 0.0
+
+
+def test_family_vectors(monkeypatch):
+    """SPEC.md 13: the reason a receiver gives for each family string, malformed ``name@version`` strings included."""
+    from node.config import TaskConfig
+    from node.tasks import TaskError, TaskSource, registry
+
+    monkeypatch.setitem(registry._RESOLVED, "echo", _Echo())
+    src = TaskSource(TaskConfig(families=[{"name": "chain_sum"}, {"name": "echo"}]))
+    vectors = spec_json_vectors("family-vectors")
+    assert {v["reason"] for v in vectors} == {None, "task_version", "task_unknown", "task_rejected"}
+    for v in vectors:
+        ref = TaskRef(family=v["family"], seed=0, index=1)
+        if v["reason"] is None:
+            assert src.accepts(ref), v
+            continue
+        with pytest.raises(TaskError) as e:
+            src.materialize(ref)
+        assert e.value.reason == v["reason"], v
+
+
 def test_lab_vectors():
     """SPEC.md 13: the laboratory families regenerate each item (question, gold answer) from its ref, and the
     reference trace writer writes the trace shown."""
