@@ -291,6 +291,12 @@ class LearnerConfig(StrictModel):
     entropy_top_frac: float = Field(default=1.0, gt=0.0, le=1.0)
     """Train only on this share of completion tokens with the highest policy entropy (1.0 = all tokens; 0.2 =
     the "80/20" high-entropy minority, Wang et al. 2025, arXiv 2506.01939; DART's optional token selection)."""
+    guidance_gamma: float = Field(default=0.1, gt=0)
+    """``gamma`` of the policy shaping ``f(p) = p / (p + gamma)`` on peers' completions trained as off-policy
+    guidance (``sapo.peer_advantage: guided``); LUFFY's value (Yan et al. 2025, arXiv 2504.14945)."""
+    guidance_weight: float = Field(default=1.0, gt=0)
+    """A trace-level weight ``k`` on the guided term ``-k * A * f(p)`` (shaping caps a token's gradient weight at
+    1/4 of a likelihood loss's, at ``p = gamma``; ``k`` restores the dose)."""
 
 
 class SapoConfig(StrictModel):
@@ -327,13 +333,19 @@ class SapoConfig(StrictModel):
     peer_importance_weights: bool = True
     """Weight peers' completions by the truncated importance ratio min(pi_old / pi_behaviour, C) from the
     sender's behaviour-logprob hint; ``false`` trains on them with weight 1 (an ablation)."""
-    peer_advantage: Literal["group", "receiver"] = "receiver"
+    peer_advantage: Literal["group", "receiver", "guided"] = "receiver"
     """How peers' completions are credited. ``receiver`` (the default): a peer's completion that this node's
     verifier scores 1.0 gets advantage ``1 - b``, ``b`` this node's own recent solve rate on the task's family, and
     every other peer completion none; peers' groups without a solved completion are not pooled. A stronger peer's
     all-right groups, which carry nothing group-relative, then teach a node that does not solve the task, and a
     weaker peer's wrong answers never push this node's policy (``swarm.sapo.SolveRates``). ``group`` (SAPO as
     written): group-relative, like own groups; peers' groups with equal rewards are not pooled.
+    ``guided`` (off-policy guidance, LUFFY's Mixed-Policy GRPO, Yan et al. 2025, arXiv 2504.14945): the J peers'
+    groups are drawn before the node generates, the node also rolls out G completions on each of their prompts,
+    and the peer's completions its own verifier scores right join that group under one group baseline; they train
+    with the shaped term ``-A * f(p)``, ``f(p) = p / (p + learner.guidance_gamma)``, with no clip and no
+    importance weight, so a trace far from this node's policy still teaches (``node.learn.losses``). Pooling,
+    quotas and the sybil budget are ``receiver``'s.
 
     Why ``receiver`` is the default (the controls comparison, ``benchmarks/controls.py``, by a rule written before
     its homogeneous run was read): on the laboratory model, 10 seeds each, test side, final step, paired by seed,
@@ -366,8 +378,10 @@ class SapoConfig(StrictModel):
             self.external_fraction = None  # resolved: the written config states I and J explicitly
         if self.local_groups + self.external_groups == 0:
             raise ValueError("local_groups + external_groups must be at least 1 (set sapo.local_groups)")
-        if self.peer_groups == "stronger" and self.peer_advantage != "receiver":
-            raise ValueError("sapo.peer_groups: stronger needs sapo.peer_advantage: receiver (a solve-rate baseline)")
+        if self.peer_groups == "stronger" and self.peer_advantage == "group":
+            raise ValueError(
+                "sapo.peer_groups: stronger needs sapo.peer_advantage: receiver or guided (a solve-rate baseline)"
+            )
         return self
 
 

@@ -35,7 +35,16 @@ from node.heap import release_free_memory
 from node.learn.batch import SampleBuilder, TrainBatch
 from node.rollout.groups import OwnRollouts, own_rollouts
 from node.rollout.planner import Planner, RolloutPlanner, UniformPlanner, planner_enabled
-from node.seams import EngineLike, GenerationSettings, LearnerLike, NoPhase, PolicyLike, StepPhase, TasksLike
+from node.seams import (
+    EngineLike,
+    GenerationSettings,
+    LearnerLike,
+    NoPhase,
+    PolicyLike,
+    StepPhase,
+    TasksLike,
+    TrainSample,
+)
 from node.tasks import HeldOutError, PluginError, TaskError, TaskItem, extract_answer, is_exact
 from node.telemetry.metrics import JsonlWriter, LiveView, truncate_after_step
 from node.telemetry.trackers import open_metrics
@@ -43,7 +52,7 @@ from protocol.channel import Channel
 from protocol.types import Envelope, Group, RolloutBatch, TaskRef
 from swarm.evals import EVAL as _EVAL  # noqa: F401  (registers "eval": nodes store and relay it, never train on it)
 from swarm.pool import RolloutPool, rollout_stats
-from swarm.sapo import SapoSampler, SolveRates, ingest_rollouts
+from swarm.sapo import SapoBatch, SapoSampler, SolveRates, ingest_rollouts
 from swarm.scores import SCORES as _SCORES  # noqa: F401  (registers the MNPO "scores" record kind)
 
 if TYPE_CHECKING:
@@ -128,7 +137,12 @@ class Node:
         self.step = 0
         #: ``sapo.peer_advantage: receiver``: peers' solved completions are credited against this node's own
         #: solve rate per family (``swarm.sapo.SolveRates``), updated from its own groups every step.
-        self.receiver = cfg.sapo.peer_advantage == "receiver"
+        self.receiver = cfg.sapo.peer_advantage in ("receiver", "guided")
+        #: ``sapo.peer_advantage: guided``: each step's peers' groups are drawn before generating, this node rolls
+        #: out on their prompts too, and each peer's right completions join its own group there (``_guides``: own
+        #: group index -> the peer's group), trained as off-policy guidance (``SampleBuilder.guided``).
+        self.guided = cfg.sapo.peer_advantage == "guided"
+        self._guides: SapoBatch | None = None
         self.solve_rates = SolveRates(stronger_only=cfg.sapo.peer_groups == "stronger")
         self.pool = RolloutPool(cfg.sapo.pool_size, cfg.sapo.max_age_steps, protect_steps=cfg.sapo.establish_steps)
         self.sampler = SapoSampler(
@@ -148,7 +162,7 @@ class Node:
             max_new_tokens=cfg.rollout.max_new_tokens,
             advantages=lambda rewards: advantages_for(cfg.learner, rewards),
             peer_importance_weights=cfg.sapo.peer_importance_weights,
-            peer_advantages=self.solve_rates.advantages if self.receiver else None,
+            peer_advantages=self.solve_rates.advantages if cfg.sapo.peer_advantage == "receiver" else None,
             peer_text=cfg.sapo.peer_text,
         )
         #: ``labels``: a task source over the families this node adds its own gold labels for (a control).
@@ -353,7 +367,13 @@ class Node:
         self.phase.generate(self.step)
         if not self.phase.runs_grpo(self.step):
             return OwnRollouts()
-        items, gens = self.planner.generate(self._step_rng("prompts"), self.step)
+        rng = self._step_rng("prompts")
+        items, gens = self.planner.generate(rng, self.step)
+        if self.guided:
+            guides = self.choose_guides().external
+            if guides:
+                g_items, g_gens = self.planner.rollout([g.group.task for g in guides], self.cfg.rollout.group_size, rng)
+                items, gens = [*items, *g_items], [*gens, *g_gens]
         own = own_rollouts(
             [it.ref for it in items],
             gens,
@@ -557,18 +577,44 @@ class Node:
             del self._peer_last_step[sender]
         return len(self._peer_last_step)
 
+    def choose_guides(self) -> SapoBatch:
+        """A guided node's peers' groups for this step (drawn once, by the sampler, with every bound of a peer's
+        share): on the event loop, before :meth:`generate` rolls out on their prompts."""
+        if self._guides is None or self._guides.step != self.step:
+            self._guides = self.sampler.choose_external(self.pool, self.step)
+        return self._guides
+
     def make_batch(self, own: OwnRollouts) -> TrainBatch:
         """SAPO's batch for this step (own groups plus peers' pooled ones) as learner samples. On the event loop:
         the pool is also fed there, by :meth:`sync`."""
         self.solve_rates.update(own.groups)
+        if self.guided:
+            return self._guided_batch(own)
         sapo = self.sampler.sample(self.pool, self.step, own.groups)
         samples = self.samples.build(sapo, own.generations)
-        if self._label_tasks is not None:
-            refs = self._label_tasks.sample(self._step_rng("labels"), self.cfg.labels.per_step)
-            items = [self._label_tasks.materialize(r) for r in refs]
-            samples += self.samples.labels(items, lambda fam: 1.0 - self.solve_rates.rate(fam),
-                                           trace=self.cfg.labels.trace)  # fmt: skip
-        return TrainBatch(sapo, samples)
+        return TrainBatch(sapo, samples + self._label_samples())
+
+    def _guided_batch(self, own: OwnRollouts) -> TrainBatch:
+        """The guided batch: the peers' groups drawn before generating, each mixed with this node's own group on
+        its prompt (the last ``len(guides)`` own groups), plus up to I other own informative groups."""
+        chosen = self.choose_guides()
+        n_guided = len(chosen.external)
+        split = len(own.groups) - n_guided
+        pairs = list(zip(own.groups[split:], chosen.external, strict=True))
+        sapo = self.sampler.sample(self.pool, self.step, own.groups[:split], chosen=chosen, pinned=own.groups[split:])
+        plain = SapoBatch(local=sapo.local[n_guided:], step=self.step)
+        samples = self.samples.build(plain, own.generations)
+        for mine, guide in pairs:
+            samples += self.samples.guided(mine, own.generations[mine.key], guide)
+        return TrainBatch(sapo, samples + self._label_samples())
+
+    def _label_samples(self) -> list[TrainSample]:
+        """The ``labels`` control's gold-label samples of this step (none when it is off)."""
+        if self._label_tasks is None:
+            return []
+        refs = self._label_tasks.sample(self._step_rng("labels"), self.cfg.labels.per_step)
+        items = [self._label_tasks.materialize(r) for r in refs]
+        return self.samples.labels(items, lambda fam: 1.0 - self.solve_rates.rate(fam), trace=self.cfg.labels.trace)
 
     def learn(self, batch: TrainBatch) -> dict[str, float]:
         """One learner update (blocking), then the side phase's (MNPO); no update when nothing is informative."""
@@ -585,6 +631,8 @@ class Node:
     async def step_once(self, *, poll: bool = True) -> dict[str, Any]:
         """One full step. ``poll=False`` when a background poller (or the simulator) feeds the pool."""
         t0 = time.perf_counter()
+        if self.guided:
+            self.choose_guides()  # on the loop: the pool is fed here too
         own = await asyncio.to_thread(self.generate)
         t_gen = time.perf_counter() - t0
         if self.channel is not None:

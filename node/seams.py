@@ -80,6 +80,11 @@ class TrainSample:
     """Mean per-token behaviour logprob, an untrusted hint a peer may send with its rollouts."""
     external: bool = False
     """True for a peer's completion (its behaviour information is untrusted and clamped)."""
+    guided: bool = False
+    """Train it as off-policy guidance (``sapo.peer_advantage: guided``): LUFFY's shaped term, no clip, no
+    importance weight (``node.learn.losses.policy_gradient_loss``)."""
+    family: str = ""
+    """The task family of a peer's completion, for the learner's per-family peer metrics ("" for own samples)."""
 
 
 class Generation(Protocol):

@@ -273,16 +273,41 @@ class SapoSampler:
         #: The newcomer credit: at most ``newcomer_slots``, spent one per newcomer group trained.
         self.newcomer_credit = float(slots)
 
-    def sample(self, pool: RolloutPool, step: int, own: Sequence[PooledGroup]) -> SapoBatch:
-        """Choose the step's training groups; marks chosen external groups as used."""
-        batch = SapoBatch(step=step)
+    def sample(
+        self,
+        pool: RolloutPool,
+        step: int,
+        own: Sequence[PooledGroup],
+        *,
+        chosen: SapoBatch | None = None,
+        pinned: Sequence[PooledGroup] = (),
+    ) -> SapoBatch:
+        """Choose the step's training groups; marks chosen external groups as used.
+
+        ``chosen``: the externals were already drawn this step (:meth:`choose_external`, a guided node picks them
+        before it generates, to roll out on their prompts); ``pinned``: own groups that train whatever their rewards
+        (a guided node's groups on those prompts: with the peer's right completions they have a spread). Both count
+        against the batch as the externals and locals they are; ``own`` holds the other own groups."""
         informative = [g for g in own if g.informative]
+        self.rng.shuffle(informative)  # before the externals' draw: one random stream, in the order it always had
+        batch = chosen if chosen is not None else self.choose_external(pool, step)
         batch.dropped_local_zero_adv = len(own) - len(informative)
-        self.rng.shuffle(informative)
         if self.keep_zero_advantage:  # the unfiltered baseline: own groups train whatever their rewards
             batch.dropped_local_zero_adv = 0
             informative = informative + [g for g in own if not g.informative]
 
+        n_local = self.local_groups
+        if self.fill_local:
+            n_local += self.external_groups - len(batch.external)
+        batch.local = list(pinned) + informative[:n_local]
+        for g in batch.local:
+            g.uses += 1
+        return batch
+
+    def choose_external(self, pool: RolloutPool, step: int) -> SapoBatch:
+        """Draw this step's peers' groups (every bound applies: freshness, ``max_per_peer``, the sybil budget) into
+        a new batch, marking them used; its locals are still to be chosen (:meth:`sample`)."""
+        batch = SapoBatch(step=step)
         candidates = [g for g in pool.fresh(step, local=False, unused_only=True) if self.useful(g)]
         batch.external_candidates = len(candidates)
         self.rng.shuffle(candidates)
@@ -317,12 +342,5 @@ class SapoSampler:
             )
         batch.newcomer_credit = self.newcomer_credit
         for g in batch.external:
-            g.uses += 1
-
-        n_local = self.local_groups
-        if self.fill_local:
-            n_local += self.external_groups - len(batch.external)
-        batch.local = informative[:n_local]
-        for g in batch.local:
             g.uses += 1
         return batch

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from node.seams import BEHAVIOUR_LOGPROB_FLOOR, Generation, PolicyLike, TasksLike, TrainSample
 from node.tasks import TaskItem, extract_answer, format_answer
 from protocol.types import TaskRef
-from swarm.pool import PooledGroup
+from swarm.pool import SOLVED, PooledGroup
 from swarm.sapo import SapoBatch
 
 #: Behaviour log-prob hints from peers are clamped to this range (per-token mean, nats); the learner clamps
@@ -108,7 +108,34 @@ class SampleBuilder:
                 if not ids:
                     continue
                 hint = clamp_hint(comp.logprob_mean) if use_hint else None
-                samples.append(TrainSample(prompt_ids, ids, adv, None, hint, external=True))
+                samples.append(TrainSample(prompt_ids, ids, adv, None, hint, external=True, family=g.group.task.family))
+        return samples
+
+    def guided(self, own: PooledGroup, generations: Sequence[Generation], guide: PooledGroup) -> list[TrainSample]:
+        """One mixed group (LUFFY's Mixed-Policy GRPO, Yan et al. 2025, arXiv 2504.14945): this node's own ``G``
+        completions of a peer's prompt and the peer's completions of it that this node's verifier scored right
+        (``guide.rewards`` are the receiver's own scores, from ingest), under one group baseline,
+        ``A_i = (r_i - mean(G_on + G_off)) / std(G_on + G_off)`` (as the loss preset scales advantages). Own samples
+        train on the engine's tokens with their behaviour logprobs; the peer's are marked ``guided`` (shaped, no
+        clip, no importance weight). The peer's wrong completions are never trained on."""
+        right = [c for c, r in zip(guide.group.completions, guide.rewards, strict=True) if r >= SOLVED]
+        texts = [(self._peer_text(c.text), c.finish_reason) for c in right]
+        peer_ids = [self.completion_ids(t, fr) if t else [] for t, fr in texts]
+        peer_ids = [ids for ids in peer_ids if ids]
+        advs = self.advantages([*own.rewards, *[1.0] * len(peer_ids)])
+        samples = [
+            TrainSample(gen.prompt_ids, list(gen.token_ids), adv, list(gen.logprobs))
+            for gen, adv in zip(generations, advs, strict=False)
+            if gen.token_ids
+        ]
+        if not peer_ids:
+            return samples
+        prompt_ids = self.prompt_ids(guide.group.task)
+        family = guide.group.task.family
+        samples += [
+            TrainSample(prompt_ids, ids, adv, external=True, guided=True, family=family)
+            for ids, adv in zip(peer_ids, advs[len(own.rewards) :], strict=True)
+        ]
         return samples
 
     def _peer_text(self, text: str) -> str:

@@ -153,6 +153,53 @@ class _Batch:
     behaviour_mean: Tensor  # (b,) sequence-mean hint (valid where has_mean_behaviour)
     has_mean_behaviour: Tensor  # (b,) bool
     external: Tensor  # (b,) bool: a peer's sample
+    guided: Tensor  # (b,) bool: a peer's sample trained as off-policy guidance
+    families: list[str]  # (b,) the task family of each peer's sample ("" for own)
+
+
+class PeerTokenStats:
+    """Per task family, what peers' completions weigh in an update (the transfer diagnosis, issue 67).
+
+    For the peers' rows of each micro-batch: completions and tokens that reached the learner, the mean importance
+    weight of their tokens and the share weighted below 1/2 (where the receiver is unlike the sender the truncated
+    ratio ``min(pi_old / pi_peer, 1)`` vanishes), their mean log-probability under the receiver, and for guided rows
+    the mean gradient weight LUFFY's shaping gives a token, ``gamma p / (p + gamma)^2`` (1 would be a likelihood
+    loss's). A single update per batch means the clipped surrogate never clips (``rho = 1`` at ``pi_old``), so a
+    clipped share is not kept. Sums only, no ``.item()`` per micro-batch; :meth:`metrics` divides once.
+    """
+
+    KEYS = ("n", "tokens", "w", "w_low", "logp", "shaping")
+
+    def __init__(self) -> None:
+        self.sums: dict[str, dict[str, Tensor]] = {}
+
+    def add(self, batch: _Batch, old_logp: Tensor, weights: Tensor, gamma: float) -> None:
+        mask = batch.mask.to(old_logp.dtype)  # (b, T)
+        for fam in sorted({f for f in batch.families if f}):
+            rows = torch.tensor([f == fam for f in batch.families], device=mask.device)  # (b,)
+            m = mask * rows.unsqueeze(-1).to(mask.dtype)  # (b, T)
+            p = old_logp.exp()  # (b, T)
+            acc = self.sums.setdefault(fam, {k: torch.zeros((), device=mask.device) for k in self.KEYS})
+            acc["n"] += rows.sum()
+            acc["tokens"] += m.sum()
+            acc["w"] += (weights * m).sum()
+            acc["w_low"] += ((weights < 0.5).to(m.dtype) * m).sum()
+            acc["logp"] += (old_logp * m).sum()
+            acc["shaping"] += (gamma * p / (p + gamma) ** 2 * m * batch.guided.unsqueeze(-1).to(m.dtype)).sum()
+
+    def metrics(self) -> dict[str, Tensor]:
+        out: dict[str, Tensor] = {}
+        for fam, acc in self.sums.items():
+            tok = acc["tokens"].clamp(min=1.0)
+            out |= {
+                f"peer_completions_{fam}": acc["n"],
+                f"peer_tokens_{fam}": acc["tokens"],
+                f"peer_is_weight_{fam}": acc["w"] / tok,
+                f"peer_weight_low_frac_{fam}": acc["w_low"] / tok,
+                f"peer_logp_{fam}": acc["logp"] / tok,
+                f"peer_shaping_weight_{fam}": acc["shaping"] / tok,
+            }
+        return out
 
 
 class Learner:
@@ -290,6 +337,7 @@ class Learner:
         trunc_tokens = torch.zeros((), device=self.device)
         ext_weight = torch.zeros((), device=self.device)  # sum of IS weights over peers' tokens
         ext_tokens = torch.zeros((), device=self.device)
+        peer_sums = PeerTokenStats()
         mb = self.cfg.micro_batch_size
         fwd_s = bwd_s = 0.0  # the step's time split (the forward pass also gives pi_old: no separate logprob pass)
         for lo in range(0, n_seq, mb):
@@ -310,6 +358,8 @@ class Learner:
                 logp, entropy = logp
             old_logp = logp.detach()  # (b, T)
             weights, hits, counted = self._is_weights(old_logp, batch)  # (b, T)
+            # guidance rows carry no importance weight at all (LUFFY): neither the peer's hint nor the cap applies
+            weights = torch.where(batch.guided.unsqueeze(-1), torch.ones_like(weights), weights)  # (b, T)
             if entropy is not None:  # high-entropy token selection (per micro-batch): other tokens get weight 0
                 keep = high_entropy_mask(entropy, batch.mask, top_frac)  # (b, T)
                 weights = weights * keep
@@ -341,6 +391,7 @@ class Learner:
                 beta=self.cfg.beta,
                 batch_tokens=float(n_tok),
                 batch_sequences=n_seq,
+                **self._guidance_kwargs(batch),
             )
             t_bwd = time.perf_counter()
             fwd_s += t_bwd - t_fwd
@@ -357,18 +408,30 @@ class Learner:
                 ext_mask = batch.mask.to(weights.dtype) * batch.external.unsqueeze(-1).to(weights.dtype)  # (b, T)
                 ext_weight += (weights * ext_mask).sum()
                 ext_tokens += ext_mask.sum()
+                peer_sums.add(batch, old_logp, weights, self.cfg.guidance_gamma)
         out = {"loss": loss_total, "pg_loss": pg_total, **sums}
         out["is_truncated_frac"] = trunc_hits / trunc_tokens.clamp(min=1.0)
         # What a peer's rollouts weigh in this update: their share of the tokens, and their mean IS weight (1 where
         # the sender's hint was not used; 0 when there were none).
         out["external_token_share"] = ext_tokens / n_tok
         out["external_is_weight_mean"] = ext_weight / ext_tokens.clamp(min=1.0)
+        out.update(peer_sums.metrics())
         out["tokens"] = torch.tensor(float(n_tok))
         out["sequences"] = torch.tensor(float(n_seq))
         out["fwd_s"], out["bwd_s"] = torch.tensor(fwd_s), torch.tensor(bwd_s)
         return out
 
     # ------------------------------------------------------------------------------------------------------
+    def _guidance_kwargs(self, batch: _Batch) -> dict[str, object]:
+        """The loss's guidance arguments: none when the micro-batch holds no guided row."""
+        if not bool(batch.guided.any()):
+            return {}
+        return {
+            "guided": batch.guided,
+            "shaping_gamma": self.cfg.guidance_gamma,
+            "guided_weight": self.cfg.guidance_weight,
+        }
+
     def _is_weights(self, old_logp: Tensor, batch: _Batch) -> tuple[Tensor, Tensor, Tensor]:
         """Truncated IS weights (1 where no behaviour information), and (#truncated, #tokens with information)."""
         cap = self.cfg.is_cap
@@ -441,4 +504,6 @@ class Learner:
             behaviour_mean=means.to(dev),
             has_mean_behaviour=has_mean.to(dev),
             external=torch.tensor([s.external for s in samples], dtype=torch.bool, device=dev),
+            guided=torch.tensor([s.guided for s in samples], dtype=torch.bool, device=dev),
+            families=[s.family if s.external else "" for s in samples],
         )

@@ -117,6 +117,28 @@ def sequence_is_weights(old_logp: Tensor, mask: Tensor, behaviour_logp_mean: Ten
     return log_ratio.exp().unsqueeze(-1).expand_as(old_logp)  # (B, T)
 
 
+def shaped_guidance(logp: Tensor, gamma: float) -> Tensor:
+    """LUFFY's policy shaping of an off-policy token, ``f(p) = p / (p + gamma)`` with ``p = exp(logp)``.
+
+    Its gradient is ``gamma * p / (p + gamma)^2 * grad log p``: against plain importance sampling with the trace
+    policy's probability taken as 1 (``p * grad log p``) it lifts the weight of low-probability tokens by up to
+    ``1 / gamma``, where the learner and the trace disagree, so the learner does not only sharpen what it already
+    writes (Yan et al. 2025, arXiv 2504.14945, section 3.3). The weight peaks at ``1/4`` where ``p = gamma`` and
+    stays bounded, so no token of a far-off trace can take the update over (no ``1/p`` of a likelihood loss).
+    Formed as ``sigmoid(logp - log gamma)``, exact and stable for any ``logp <= 0``.
+
+    Args:
+        logp: ``(B, T)`` logprobs of the trace's tokens under the policy being trained (with gradient).
+        gamma: ``> 0``.
+
+    Returns:
+        ``(B, T)`` ``f(p)`` in ``(0, 1 / (1 + gamma)]``.
+    """
+    if not gamma > 0:
+        raise ValueError(f"shaping gamma must be > 0, got {gamma}")
+    return torch.sigmoid(logp - math.log(gamma))  # (B, T)  p / (p + gamma) = 1 / (1 + gamma / p)
+
+
 def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
     """Per-token k3 estimator of KL(pi || pi_ref): ``exp(ref - logp) - (ref - logp) - 1`` (Schulman 2020).
 
@@ -198,6 +220,9 @@ def policy_gradient_loss(
     beta: float = 0.0,
     batch_tokens: Tensor | float | None = None,
     batch_sequences: int | None = None,
+    guided: Tensor | None = None,
+    shaping_gamma: float = 0.1,
+    guided_weight: float = 1.0,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped surrogate policy-gradient loss of the GRPO family, with truncated IS and an optional k3 KL.
 
@@ -210,6 +235,15 @@ def policy_gradient_loss(
     :func:`truncated_is_weights`). ``w`` multiplies the policy-gradient term only, not the KL term, exactly as
     TRL's ``GRPOTrainer`` applies its vLLM importance-sampling ratio. Then :func:`aggregate` reduces ``l``.
 
+    Rows marked ``guided`` (a peer's verified-right completion trained as off-policy guidance) take LUFFY's
+    off-policy term instead (Yan et al. 2025, Learning to Reason under Off-Policy Guidance, arXiv 2504.14945, eq. 6
+    with the trace policy's probability set to 1, as their implementation does), see :func:`shaped_guidance`::
+
+        l_it = -k * A_i * f(pi(a_t)),   f(p) = p / (p + gamma)
+
+    no clip, no importance weight (``is_weights`` is ignored on those rows), ``k = guided_weight``. The token-mean
+    normaliser stays the whole batch's, own and guided tokens together, as in LUFFY's mixed-policy objective.
+
     Args:
         logp: ``(B, T)`` logprobs of the sampled tokens under the policy being trained (with gradient).
         old_logp: ``(B, T)`` the same under ``pi_old`` (no gradient).
@@ -220,6 +254,9 @@ def policy_gradient_loss(
         is_weights: ``(B, T)`` truncated IS weights, or None for all-ones.
         ref_logp: ``(B, T)`` reference-policy logprobs, needed when ``beta > 0``.
         beta: KL coefficient.
+        guided: ``(B,)`` bool, rows trained with the shaped off-policy term; None for none.
+        shaping_gamma: ``gamma > 0`` of the shaping (LUFFY's default 0.1).
+        guided_weight: ``k``, a trace-level weight on the guided rows' term.
 
     Returns:
         ``(loss, metrics)``: the scalar loss and detached 0-d metrics, each a mean over this call's masked tokens:
@@ -233,6 +270,12 @@ def policy_gradient_loss(
     pg = -torch.min(ratio * adv, clipped * adv)  # (B, T)
     if is_weights is not None:
         pg = pg * is_weights.detach()  # (B, T)
+    on_policy = fmask
+    if guided is not None:
+        rows = guided.to(torch.bool).unsqueeze(-1)  # (B, 1)
+        shaped = -guided_weight * adv * shaped_guidance(logp, shaping_gamma)  # (B, T)
+        pg = torch.where(rows, shaped, pg)  # (B, T)
+        on_policy = fmask * (~rows).to(fmask.dtype)  # (B, T) the clip and IS metrics read own-policy rows only
     per_token = pg
     if beta != 0.0:
         if ref_logp is None:
@@ -252,14 +295,14 @@ def policy_gradient_loss(
     with torch.no_grad():
         n = fmask.sum().clamp(min=1.0)
 
-        def mean(x: Tensor) -> Tensor:
-            return (x.to(fmask.dtype) * fmask).sum() / n
+        def mean(x: Tensor, over: Tensor = fmask) -> Tensor:
+            return (x.to(fmask.dtype) * over).sum() / n
 
         weights = torch.ones_like(logp) if is_weights is None else is_weights
         metrics = {
             "pg_loss": agg(pg.detach()),
-            "clip_low_frac": mean((ratio < 1.0 - eps_low) & (adv < 0)),
-            "clip_high_frac": mean((ratio > 1.0 + eps_high) & (adv > 0)),
+            "clip_low_frac": mean((ratio < 1.0 - eps_low) & (adv < 0), on_policy),
+            "clip_high_frac": mean((ratio > 1.0 + eps_high) & (adv > 0), on_policy),
             "ratio_mean": mean(ratio),
             "is_weight_mean": mean(weights),
             "kl": mean(kl.detach()),

@@ -243,3 +243,33 @@ def test_preference_step_in_parts_gives_the_whole_batch_update(name):
     assert (p1 - p3).abs().max().item() < 1e-6 and (p1 - _flat(tiny_model())).abs().max().item() > 1e-5
     with pytest.raises(ValueError, match="at least one part"):
         learner(tiny_model()).preference_step([])
+
+
+def test_guided_rows_ignore_importance_weights_and_report_per_family():
+    # A peer's row with a hint far above our logprobs: under the surrogate its weight is tiny; marked guided the
+    # hint is ignored (weight 1). The per-family diagnostics count the peers' completions and tokens and read the
+    # receiver's mean logprob of them.
+    lrn, batch, logp = _batch_and_logprobs()
+    n1, n2 = len(batch[1].completion_ids), len(batch[2].completion_ids)
+    for i, fam in ((1, "lab_sub"), (2, "lab_add")):
+        batch[i].external, batch[i].family, batch[i].behaviour_logprob_mean = True, fam, 0.0
+    surrogate = learner(tiny_model()).step(copy.deepcopy(batch))
+    assert surrogate["peer_is_weight_lab_sub"] == pytest.approx(math.exp(float(logp[1, :n1].mean())), rel=1e-4)
+    assert surrogate["peer_weight_low_frac_lab_sub"] == 1.0  # exp(mean logp of a random model) < 1/2
+    assert surrogate["peer_shaping_weight_lab_sub"] == 0.0
+    batch[1].guided = True
+    guided = learner(tiny_model()).step(copy.deepcopy(batch))
+    assert guided["peer_is_weight_lab_sub"] == 1.0 and guided["peer_weight_low_frac_lab_sub"] == 0.0
+    assert guided["peer_completions_lab_sub"] == 1.0 and guided["peer_tokens_lab_sub"] == n1
+    assert guided["peer_logp_lab_sub"] == pytest.approx(float(logp[1, :n1].mean()), rel=1e-4)
+    p = logp[1, :n1].exp()
+    assert guided["peer_shaping_weight_lab_sub"] == pytest.approx(float((0.1 * p / (p + 0.1) ** 2).mean()), rel=1e-4)
+    assert guided["peer_tokens_lab_add"] == n2 and guided["peer_is_weight_lab_add"] < 1.0  # still the surrogate
+    # The guided row's gradient differs from the surrogate's; the trace weight k scales exactly that row's term.
+    assert guided["loss"] != pytest.approx(surrogate["loss"])
+    only = [copy.deepcopy(batch[1])]
+    g1 = _grad_of(only)
+    lrn3 = learner(tiny_model(), guidance_weight=3.0)
+    lrn3.accumulate_gradients(copy.deepcopy(only))
+    g3 = torch.cat([q.grad.flatten() for q in lrn3.params])
+    assert (g3 - 3.0 * g1).abs().max() <= 1e-5 * g1.abs().max()

@@ -15,6 +15,7 @@ from node.learn.losses import (
     kl_k3,
     policy_gradient_loss,
     register_loss,
+    shaped_guidance,
     sequence_is_weights,
     truncated_is_weights,
 )
@@ -209,3 +210,46 @@ def test_advantages_for_follows_the_preset():
         [0.5 / std, -0.5 / std, -0.5 / std, 0.5 / std]
     )
     assert all(isinstance(a, float) for a in advantages_for(LearnerConfig(loss="grpo"), r))
+
+
+def test_shaped_guidance_hand_computed():
+    # f(p) = p / (p + gamma): p = 0.1, gamma = 0.1 -> 0.5; p = 0.9 -> 0.9; p = 1e-4 -> 1e-4 / 0.1001.
+    logp = torch.log(torch.tensor([[0.1, 0.9, 1e-4]], dtype=torch.float64))
+    f = shaped_guidance(logp, 0.1)
+    assert f.tolist()[0] == pytest.approx([0.5, 0.9, 1e-4 / 0.1001], rel=1e-12)
+    with pytest.raises(ValueError, match="gamma must be > 0"):
+        shaped_guidance(logp, 0.0)
+
+
+def test_guided_rows_take_luffys_term_hand_computed():
+    # Two rows, token-mean over 3 real tokens. Row 0 is own (ratio 1 at pi_old, IS weight 0.5 applies): its two
+    # tokens give -0.5 * 1 * A0 each. Row 1 is guided, one token with p = 0.1: -k * A1 * 0.1 / (0.1 + 0.1), the IS
+    # weight 0.01 and the clip ignored. A0 = 2, A1 = 0.8, k = 3:
+    # loss = (2 * (-0.5 * 2) + (-3 * 0.8 * 0.5)) / 3 = (-2 - 1.2) / 3.
+    logp = torch.log(torch.tensor([[0.3, 0.6], [0.1, 1.0]], dtype=torch.float64)).requires_grad_(True)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]], dtype=torch.float64)
+    adv = torch.tensor([2.0, 0.8], dtype=torch.float64)
+    w = torch.tensor([[0.5, 0.5], [0.01, 0.01]], dtype=torch.float64)
+    loss, m = policy_gradient_loss(
+        logp, logp.detach(), adv, mask, eps_low=EPS_LOW, eps_high=EPS_HIGH, aggregation="token_mean",
+        is_weights=w, guided=torch.tensor([False, True]), shaping_gamma=0.1, guided_weight=3.0,
+    )  # fmt: skip
+    assert loss.item() == pytest.approx((-2.0 - 1.2) / 3, abs=1e-12)
+    loss.backward()
+    # d/dlogp of -k A p/(p+g) = -k A g p / (p+g)^2 = -3 * 0.8 * 0.1 * 0.1 / 0.04 = -0.6, over 3 tokens.
+    assert logp.grad[1, 0].item() == pytest.approx(-0.6 / 3, abs=1e-12)
+    assert logp.grad[1, 1].item() == 0.0  # padding
+    # own token: d/dlogp of -w * A * exp(logp - old) at logp = old -> -0.5 * 2 = -1, over 3 tokens
+    assert logp.grad[0, 0].item() == pytest.approx(-1.0 / 3, abs=1e-12)
+    assert m["clip_low_frac"].item() == 0.0 and m["clip_high_frac"].item() == 0.0
+
+
+def test_guided_term_stays_bounded_where_a_likelihood_loss_explodes():
+    # A token the learner gives probability 1e-6: the shaped gradient weight is about p / gamma (tiny, bounded),
+    # where a likelihood loss's is 1 / p relative to p's own gradient; and it peaks at 1/4 where p = gamma.
+    p = torch.tensor([[1e-6, 0.1, 0.999]], dtype=torch.float64)
+    logp = torch.log(p).requires_grad_(True)
+    shaped_guidance(logp, 0.1).sum().backward()
+    expected = (0.1 * p / (p + 0.1) ** 2)[0]
+    assert logp.grad[0].tolist() == pytest.approx(expected.tolist(), rel=1e-9)
+    assert logp.grad.max().item() == pytest.approx(0.25, rel=1e-9)

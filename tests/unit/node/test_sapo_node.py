@@ -306,3 +306,45 @@ def test_peer_text_answer_trains_on_a_peers_answer_only(model_dir: Path, tmp_pat
         assert texts == ["2+1 is <answer>3</answer>", "x"]
     else:  # the answer re-written alone; a completion without an answer is no sample
         assert texts == ["<answer>3</answer>"]
+
+
+def test_a_guided_node_rolls_out_on_its_peers_prompts_and_shares_one_baseline(tmp_path: Path) -> None:
+    """``sapo.peer_advantage: guided``: the peers' groups are drawn before the node generates (at most
+    ``max_per_peer`` from one sender), the node rolls out G completions on each of their prompts too, and each peer's
+    right completions join that own group under one group baseline (LUFFY's mixed group); the peer's wrong ones are
+    never trained on, and its right ones are marked as guidance."""
+    from node.learn.losses import advantages_for
+    from protocol.types import Envelope, RolloutBatch
+
+    strong = _scripted_node(tmp_path, "strong", "receiver", 0.85)
+    weak = _scripted_node(tmp_path, "weak", "guided", 0.05, max_per_peer=1)
+    guided_steps = 0
+
+    async def loop() -> None:
+        nonlocal guided_steps
+        for seq in range(4):
+            published = strong.generate().informative(solved=True)
+            batch = RolloutBatch(model="m", policy_version=0, tokenizer="scripted-bytes-v1", groups=tuple(published))
+            weak.ingest(Envelope(1, "rollouts", "swarm", "strong", b"k" * 32, seq, 0, 0.0, batch))
+            own = weak.generate()
+            guides = weak.choose_guides().external
+            assert len(guides) <= 1  # max_per_peer: one sender fills at most one of the J = 2 slots
+            assert len(own.groups) == weak.cfg.rollout.prompts_per_step + len(guides)
+            train = weak.make_batch(own)
+            assert train.sapo.external == guides
+            for mine, guide in zip(own.groups[-len(guides) :] if guides else [], guides, strict=True):
+                assert mine.group.task == guide.group.task  # the node's own group on the peer's prompt
+                right = sum(1 for r in guide.rewards if r >= 1.0)
+                advs = advantages_for(weak.cfg.learner, [*mine.rewards, *[1.0] * right])
+                peer = [s for s in train.samples if s.guided]
+                assert len(peer) == right and all(s.external and s.family == "chain_sum" for s in peer)
+                assert [s.advantage for s in peer] == pytest.approx(advs[len(mine.rewards) :])
+                assert mine in train.sapo.local  # trained whatever its own rewards
+                guided_steps += 1
+            assert all(s.guided for s in train.samples if s.external)
+            weak.learn(train)
+            weak.step += 1
+            strong.step += 1
+
+    asyncio.run(loop())
+    assert guided_steps >= 2
