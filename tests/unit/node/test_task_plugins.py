@@ -373,6 +373,11 @@ def test_node_drops_and_counts_peer_groups_and_logs_once_per_family(
                 _envelope([_group(TaskRef(family="echo_n@2", seed=0, index=i), "<answer>1</answer>", "x")])
                 for i in range(3)
             ]
+            # a peer training echo_n on another config: task_rejected, one INFO line for the family
+            envs += [
+                _envelope([_group(TaskRef(family="echo_n@1", config={"hard": i}, seed=0, index=1), "a", "b")])
+                for i in range(2)
+            ]
             for env in envs:
                 node.ingest_counts.update(ingest_rollouts(node.pool, env, node.score_external, node.step))
             # an own completion the plug-in fails on scores 0 and the node goes on
@@ -382,12 +387,15 @@ def test_node_drops_and_counts_peer_groups_and_logs_once_per_family(
         finally:
             await node.close()
 
-    with caplog.at_level(logging.WARNING, logger="node.runtime"):
+    with caplog.at_level(logging.INFO, logger="node.runtime"):
         counts, own = asyncio.run(run())
-    assert counts["task_version"] == 3
+    assert counts["task_version"] == 3 and counts["task_rejected"] == 2
     assert own == 0.0
     lines = [r.getMessage() for r in caplog.records if "dropping peers' groups" in r.getMessage()]
     assert len([m for m in lines if "'echo_n@2'" in m]) == 1, lines  # three groups, one line
+    rejected = [r for r in caplog.records if "task_rejected" in r.getMessage()]
+    assert len(rejected) == 1 and rejected[0].levelno == logging.INFO, lines  # two groups, one line
+    assert "is not one of this node's families" in rejected[0].getMessage()
     own_lines = [r.getMessage() for r in caplog.records if "failed on an own completion" in r.getMessage()]
     assert len([m for m in own_lines if "'junk_n@1'" in m and "score returned nan" in m]) == 1, own_lines
 
