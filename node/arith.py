@@ -58,7 +58,9 @@ class LabConfig:
     min_digits: int = 2
     max_digits: int = 3
     seed: int | None = None
-    size: int = 500
+    #: Items (indices ``0 <= index < size``): the range every built-in family has on a node (SPEC 13), also when the
+    #: dataset is made without ``size``.
+    size: int = 1_000_000_000
 
     def validate(self) -> None:
         assert self.size > 0, "size must be positive"

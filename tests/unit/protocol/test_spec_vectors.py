@@ -315,6 +315,28 @@ def test_family_vectors(monkeypatch):
         assert e.value.reason == v["reason"], v
 
 
+def test_every_builtin_family_has_one_index_range():
+    """SPEC.md 13: items 0 <= index < size, size the config's ``size`` or 10^9, for reasoning-gym and laboratory
+    families alike; the laboratory datasets made without ``size`` have the same range (they had 500)."""
+    import reasoning_gym
+
+    from node.config import TaskConfig
+    from node.tasks import TaskError, TaskSource
+
+    for name in ("lab_add", "lab_sub", "chain_sum"):
+        src = TaskSource(TaskConfig(families=[{"name": name}]))
+        assert src.materialize(TaskRef(family=name, seed=0, index=10**9 - 1)).question
+        for bad in (TaskRef(family=name, seed=0, index=10**9), TaskRef(family=name, seed=-1, index=0)):
+            with pytest.raises(TaskError) as e:
+                src.materialize(bad)
+            assert e.value.reason == "task_rejected"
+        small = TaskSource(TaskConfig(families=[{"name": name, "config": {"size": 20}}]))
+        with pytest.raises(TaskError):
+            small.materialize(TaskRef(family=name, config={"size": 20}, seed=0, index=20))
+    for name in ("lab_add", "lab_sub"):
+        assert reasoning_gym.create_dataset(name, seed=0).size == 10**9
+
+
 def test_lab_vectors():
     """SPEC.md 13: the laboratory families regenerate each item (question, gold answer) from its ref, and the
     reference trace writer writes the trace shown."""
