@@ -3,7 +3,7 @@
 * ``mnpo_game`` -- B6: the MNPO population game (non-transitive oracle; win rate and duality gap per method) and
   the per-method table of the real-node MNPO runs
 
-The readers of the benchmarks' run directories (the B4 SAPO analysis) live in ``benchmarks.analysis``.
+Registered learning experiments run through ``sim.driver``.
 """
 
 from sim.experiments.mnpo_game import run_game, run_mnpo_report

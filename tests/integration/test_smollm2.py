@@ -58,19 +58,3 @@ def test_smollm2_loads_generates_and_learns(tmp_path) -> None:
     assert learner.policy_version == 1 and torch.isfinite(torch.tensor(metrics["loss"]))
     changed = sum(not torch.equal(before[n], p.detach()) for n, p in policy.model.named_parameters())
     assert changed > 0.9 * len(before)
-
-
-@pytest.mark.timeout(1800)
-def test_real_model_benchmark_quick(tmp_path) -> None:
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2]
-    bench = [sys.executable, str(root / "benchmarks" / "real_model.py"), "--quick", "--out", str(tmp_path)]
-    subprocess.run(bench, check=True, cwd=root, capture_output=True)
-    [row] = json.loads((tmp_path / "real_model_quick.json").read_text())
-    assert row["setting"] == "alone" and row["before"]["step"] == 0 and row["after"]["step"] == 2
-    assert all(f["n"] == 4 for f in row["after"]["families"].values())
-    assert "| alone | a | 0 | 2 |" in (tmp_path / "real_model_quick.md").read_text()
