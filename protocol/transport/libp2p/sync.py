@@ -28,23 +28,14 @@ from libp2p.network.stream.exceptions import StreamError
 from libp2p.peer.id import ID
 from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_bytes_limited
 
+from protocol.transport.gossip import MAX_GET, MAX_HAVE, MAX_PX, MAX_REQUEST_BYTES, MAX_WINDOWS, SYNC_PROTOCOL
 from protocol.transport.libp2p.peers import MAX_AD_BYTES
 from protocol.transport.libp2p.store import Counters, RecordStore, digest_of
 
 logger = logging.getLogger(__name__)
 
-SYNC_PROTOCOL = "/rl-swarm/sync/1.0.0"
-#: Largest sync request accepted (a request names windows, digests or one advertisement only).
-MAX_REQUEST_BYTES = 64 * 1024
-#: Most digests one ``get`` request may name, and most (window, digest) pairs one ``have`` reply may list.
-MAX_GET = 32
-MAX_HAVE = 8192
 #: The stream failing under a request (the requester gave up or went away), as opposed to a malformed request.
 STREAM_FAILURES = (StreamError, IncompleteReadError, trio.BrokenResourceError, trio.ClosedResourceError)
-#: Most windows one ``have`` request may name.
-MAX_WINDOWS = 64
-#: Most advertisements one ``peers`` reply may hold.
-MAX_PX = 16
 
 PeersHandler = Callable[[Any], list[bytes]]
 

@@ -61,6 +61,7 @@ from libp2p.tools.anyio_service import background_trio_service
 from protocol.errors import TransportError
 from protocol.transport.base import RecordCheck, Transport
 from protocol.transport.config import Libp2pTransportConfig, ProtocolConfig
+from protocol.transport.gossip import TAG_ANNOUNCE, TAG_RECORD, gossip_topic
 from protocol.transport.libp2p.bridge import TrioBridge
 from protocol.transport.libp2p.edge import EdgeValidator
 from protocol.transport.libp2p.gossipsub import GRAYLIST_THRESHOLD, PUBLISH_THRESHOLD, build_pubsub
@@ -87,9 +88,6 @@ __all__ = [
     "gossip_topic",
 ]
 
-#: Gossip message tags.
-TAG_RECORD = 0x01
-TAG_ANNOUNCE = 0x02
 #: Forwarders remembered per announced record being fetched, to ask if that fetch fails.
 MAX_ANNOUNCE_ALTERNATES = 8
 #: Most peers one peer-exchange round dials at once.
@@ -100,11 +98,6 @@ MAX_FETCHES_PER_FORWARDER = 2
 MAX_HOLD_OFF_TIMEOUTS = 6
 #: How often a background retry looks again for an alternate forwarder that was busy (seconds).
 ALTERNATE_WAIT_S = 0.25
-
-
-def gossip_topic(prefix: str, swarm: str) -> str:
-    """The GossipSub topic of a swarm."""
-    return f"{prefix}/{swarm}/records/1"
 
 
 class Libp2pTransport(Transport):
