@@ -347,6 +347,10 @@ def test_lab_vectors():
 
     vectors = spec_json_vectors("lab-vectors")
     assert {v["family"] for v in vectors} == {"lab_add", "lab_sub"}
+    steps = [line for v in vectors if v["family"] == "lab_sub" for line in v["trace"].split("\n")[1:]]
+    assert any("=-" in line for line in steps), "no borrow in the lab_sub vectors"
+    assert any("=-10 " in line for line in steps), "no column of 0 - 9 - 1"
+    assert any(line.split(" r")[-1].split("<")[0].startswith("0") for line in steps), "no leading zero in a result"
     for v in vectors:
         src = TaskSource(TaskConfig(families=[TaskFamily(name=v["family"], config=v["config"])]))
         item = src.materialize(TaskRef(family=v["family"], config=v["config"], seed=v["seed"], index=v["index"]))
