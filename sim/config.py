@@ -352,9 +352,11 @@ class SimConfig(StrictModel):
                 raise ValueError(f"registration names node {i}, but nodes are 0..{self.nodes - 1}")
         if isinstance(reg.readout, int) and reg.readout > self.steps:
             raise ValueError(f"registration readout {reg.readout} is after the last step ({self.steps})")
-        side = self.node_config(self.configurations[0].name, 0, self.seeds[0]).eval.side
-        if side != reg.side:
-            raise ValueError(f"registration side {reg.side!r} differs from the nodes' eval.side {side!r}")
+        ev = self.node_config(self.configurations[0].name, 0, self.seeds[0]).eval
+        if ev.side != reg.side:
+            raise ValueError(f"registration side {reg.side!r} differs from the nodes' eval.side {ev.side!r}")
+        if reg.per_seed and not ev.at_start:
+            raise ValueError("registration per_seed draws each seed's warm start: set node.eval.at_start: true")
 
     def variant(self, name: str) -> Variant:
         for v in self.configurations:

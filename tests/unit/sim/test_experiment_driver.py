@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from protocol.errors import ConfigError
 from sim.config import load_sim_config
 from sim.driver import analysis, metrics, provenance
 from sim.driver.main import main
@@ -170,6 +171,9 @@ def test_per_seed_paths_draw_the_warm_start_from_the_seed() -> None:
     )
     for seed in (3, 7):
         assert seed_sim(sim, seed).node_config("alone", 1, seed).model.builtin["seed"] == seed
+    with pytest.raises(ConfigError, match="eval.at_start: true"):  # one start for every seed contradicts per_seed
+        load_sim_config(str(ROOT / "configs" / "sim" / "controls-het.yaml"),
+                        ["registration.per_seed=[node.model.builtin.seed]", "node.eval.at_start=false"])  # fmt: skip
     assert seed_sim(sim, 3).node_config("alone", 0, 3).model.builtin["families"] == sim.node_config(
         "alone", 0, 3).model.builtin["families"]  # fmt: skip
 
