@@ -282,6 +282,8 @@ def test_split_vectors():
         by_key.setdefault(v["key"], set()).add(v["family"])
     assert any({"chain_sum", "basic_arithmetic"} <= families for families in by_key.values())  # cross-family
     assert any(not v["key"].startswith("expr:") for v in vectors)
+    # an empty text is not a letter_counting word key: the question text is
+    assert any(v["family"] == "letter_counting" and v["key"] == v["question"] for v in vectors)
 
 
 class _Echo:
