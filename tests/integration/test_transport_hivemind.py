@@ -194,7 +194,8 @@ async def _forget_every_peer(node) -> None:
 
 
 async def test_two_nodes_that_dropped_each_other_find_each_other_again(make_transports):
-    a, b = await make_transports(2)
+    # DHT only: with gossip the record would arrive over the daemons' still-open connection, before any rejoin
+    a, b = await make_transports(2, gossip=False)
     assert await a.peers() and await b.peers()  # (a node asks every step; a remembers where b listens)
     # What a partition leaves when both sides time out on each other: hivemind drops a peer from the routing
     # table after one unanswered request and only re-learns peers from requests, so nobody would ask again.
@@ -324,3 +325,25 @@ async def test_the_factory_makes_the_identity_p2pd_key_in_a_private_0600_file_an
         assert not any(NetworkKey.of(ident).peer_id in a for a in other.addresses())
     finally:
         await other.close()
+
+
+async def test_records_also_travel_over_the_gossip_topic_and_a_late_joiner_syncs_them(make_transports):
+    """SPEC 7.6: a hivemind node publishes on the swarm's GossipSub topic through its p2pd too, and one that joins
+    later pulls the recent windows over the sync protocol (what a libp2p node, which reads no DHT, relies on)."""
+    a, b = await make_transports(2)
+    ident, w = Identity.generate(), now_window()
+    data = make_record(ident, window=w)
+    await publish_listed(a, ident, data, w)
+
+    async def stats_of(t: HivemindTransport) -> dict:
+        return t.stats()
+
+    await eventually(lambda: stats_of(b), lambda s: s.get("gossip_topic_records", 0) >= 1)
+    assert data in await b.fetch_recent([w])
+    late = await _start(b.addresses())
+    try:
+        await eventually(lambda: stats_of(late), lambda s: s.get("gossip_synced", 0) >= 1)
+        assert a.stats()["gossip_published"] == 1 and late.stats().get("gossip_rejected_total") == 0
+        assert data in late.member.records([w])
+    finally:
+        await late.close()

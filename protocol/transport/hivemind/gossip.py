@@ -148,7 +148,7 @@ class TopicMember:
         if self._pubsub is None:
             raise RuntimeError("not attached to a daemon")
         await self._pubsub.publish(record_frame(data, digest=digest, window=window, inline_max=self.inline_max_bytes))
-        self.counters.stat("gossip_published")
+        self.counters.stat("published")
 
     def records(self, windows: list[int]) -> list[bytes]:
         """Records of ``windows`` received over the topic or by sync, and our own."""
@@ -158,7 +158,7 @@ class TopicMember:
     def stats(self) -> dict[str, Any]:
         snap = self.counters.snapshot()
         if self._pubsub is not None:
-            snap["gossip_resubscribes"] = self._pubsub.resubscribes
+            snap["resubscribes"] = self._pubsub.resubscribes
         return snap
 
     # -- receive path (never raises) --------------------------------------------------------------------------------
@@ -173,7 +173,7 @@ class TopicMember:
             return
         if tag == TAG_RECORD:
             if self.edge.admit(body) is None:
-                self.counters.stat("gossip_records")
+                self.counters.stat("topic_records")
             return
         digest, size = body
         if size > self.protocol.max_record_bytes:
