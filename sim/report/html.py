@@ -130,12 +130,15 @@ def _node_rows(out: Path, res: Any) -> list[list[Any]]:
 def write_html_report(out: str | Path, results: Sequence[Any], rows: Sequence[dict[str, Any]], title: str) -> Path:
     """Write ``out/report.html`` from the collected results and the results-table rows; return its path."""
     out = Path(out)
+    # the laboratory families score 0 or 1: their reward is its exact twin, and "partial credit" would mislead
+    partial = any(abs(r["cumulative_reward"] - r["cumulative_exact"]) > 1e-9 for r in rows)
+    credit = "with the families' partial credit" if partial else "no partial credit: these families score 0 or 1"
     parts = [
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
         f"<title>{escape(title)}</title><style>{CSS}</style></head><body>",
         f"<h1>{escape(title)}</h1>",
         f"<p class='muted'>Simulator report written {_dt.datetime.now(_dt.UTC):%Y-%m-%d %H:%M UTC} from the per-node "
-        "metrics in this directory. Cumulative reward = reward_mean (partial credit) summed over nodes and steps (the "
+        f"metrics in this directory. Cumulative reward = reward_mean ({credit}) summed over nodes and steps (the "
         "SAPO paper's total reward), mean ± std over seeds; cumulative exact = its exact twin. Held-out exact = "
         "exact-match accuracy on problems no node trains on, first and last evaluation, mean over nodes; its gain "
         "is the learning measure, read against the majority baseline and pass@8.</p>",
@@ -146,7 +149,7 @@ def write_html_report(out: str | Path, results: Sequence[Any], rows: Sequence[di
                 "seeds",
                 "nodes",
                 "steps",
-                "cumulative reward (partial credit)",
+                "cumulative reward (partial credit)" if partial else "cumulative reward",
                 "± std",
                 "ratio",
                 "cumulative exact",
@@ -203,7 +206,7 @@ def write_html_report(out: str | Path, results: Sequence[Any], rows: Sequence[di
         parts += [
             "<section><h2>Held-out exact accuracy</h2><p class='muted'>exact-match accuracy on problems no node "
             "trains on, mean over nodes and seeds, at each evaluation: the learning measure (training reward can be "
-            "memorization or partial credit)</p>",
+            f"memorization{' or partial credit' if partial else ''})</p>",
             svg_lines(held_curves, ylabel="held-out exact accuracy"),
             "</section>",
         ]

@@ -1,10 +1,12 @@
 """Turn a simulator run directory into a results table (CSV + Markdown) and reward-curve plots (PNG).
 
 Layout read: ``OUT/<configuration>/seed<k>/node<i>/metrics.jsonl`` (one JSON object per learner step, written
-by :class:`node.runtime.Node`) and ``eval.jsonl`` beside it (held-out evaluations, ``node.eval``). Cumulative
-reward is ``reward_mean`` summed over nodes and steps (the SAPO paper's "total reward": training reward on the
-node's own rollouts, partial credit included), per seed, then averaged over seeds with its standard deviation;
-cumulative exact is its exact twin (``exact_mean``). Held-out accuracy is exact match, the mean over nodes of each
+by :class:`node.runtime.Node`) and ``eval.jsonl`` beside it (held-out evaluations, ``node.eval``). ``results.md``
+opens with what to look at (per configuration and node: the family it lacks and its own, first to last evaluation)
+before the full table. Cumulative reward is ``reward_mean`` summed over nodes and steps (the SAPO paper's "total
+reward": training reward on the node's own rollouts, partial credit included where the families give it), per
+seed, then averaged over seeds with its standard deviation; cumulative exact is its exact twin (``exact_mean``),
+shown only where the two differ. Held-out accuracy is exact match, the mean over nodes of each
 node's first and last evaluation on problems no node trained on, shown beside the majority-answer baseline and
 pass@8; its gain is the learning measure (training reward alone can be memorization or partial credit). Knows
 nothing about how the nodes were run.
@@ -237,16 +239,24 @@ def md_table(head: Sequence[str], rows: Iterable[Sequence[Any]], numeric_from: i
     return "\n".join(lines) + "\n"
 
 
+def has_partial_credit(rows: list[dict[str, Any]]) -> bool:
+    """Whether the training reward gave partial credit anywhere: its cumulative sum differs from its exact twin's
+    (the laboratory families score 0 or 1, so their reward is the exact one)."""
+    return any(abs(r["cumulative_reward"] - r["cumulative_exact"]) > 1e-9 for r in rows)
+
+
 def markdown_table(rows: list[dict[str, Any]]) -> str:
-    """The results rows as a GitHub Markdown table."""
+    """The results rows as a GitHub Markdown table (the cumulative exact column only where the reward differs from
+    it: partial credit)."""
+    partial = has_partial_credit(rows)
     head = (
         "config",
         "seeds",
         "nodes",
         "steps",
-        "cumulative reward (partial credit)",
+        "cumulative reward (partial credit)" if partial else "cumulative reward",
         f"ratio vs {rows[0]['config'] if rows else 'baseline'}",
-        "cumulative exact",
+        *(("cumulative exact",) if partial else ()),
         "final reward",
         "held-out exact start -> end",
         "held-out gain",
@@ -271,7 +281,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
                 r["steps"],
                 _spread(r["cumulative_reward"], r["cumulative_reward_std"], r["seeds"], 2),
                 _fmt(r["ratio_vs_baseline"]),
-                f"{r['cumulative_exact']:.2f}",
+                *((f"{r['cumulative_exact']:.2f}",) if partial else ()),
                 f"{r['final_reward']:.3f}",
                 held,
                 _spread(r["heldout_gain"], r["heldout_gain_std"], r["seeds"], 3),
@@ -358,34 +368,105 @@ def family_table(results: list[ConfigResult]) -> str:
     return md_table(head, body, numeric_from=3)
 
 
+def lacking_and_own(results: list[ConfigResult]) -> dict[int, tuple[str, str]]:
+    """Per node evaluated on two or more families: ``(lacking, own)``, the families with the lowest and the highest
+    held-out exact accuracy at its first evaluation (mean over configurations and seeds; a specialised node's
+    initial model is the same in every configuration); a node whose families start equal has none."""
+    starts: dict[int, dict[str, list[float]]] = {}
+    for res in results:
+        for run in res.runs:
+            for node, ev in run.evals.items():
+                for fam, f in (ev[0].get("families", {}) if ev else {}).items():
+                    if f.get("accuracy") is not None:
+                        starts.setdefault(node, {}).setdefault(fam, []).append(float(f["accuracy"]))
+    out = {}
+    for node, fams in sorted(starts.items()):
+        order = sorted(fams, key=lambda fam: (statistics.fmean(fams[fam]), fam))
+        if len(order) >= 2 and statistics.fmean(fams[order[0]]) < statistics.fmean(fams[order[-1]]):
+            out[node] = (order[0], order[-1])  # equal starts name no family lacking
+    return out
+
+
+def _change_text(fam: str, ends: list[tuple[float, float]]) -> str:
+    """``fam 0.14 -> 0.45, up 0.31`` (means over seeds), in words a reader needs no legend for."""
+    if not ends:
+        return f"{fam}: -"
+    a, b = statistics.fmean(x for x, _ in ends), statistics.fmean(y for _, y in ends)
+    d = b - a
+    change = "no change" if abs(d) < 0.0005 else f"{'up' if d > 0 else 'down'} {abs(d):.3f}"
+    return f"{fam}: {a:.3f} -> {b:.3f}, {change}"
+
+
+def glance_table(results: list[ConfigResult]) -> str:
+    """The short table of what to look at: per configuration and node, held-out exact accuracy on the family the
+    node lacks and on its own family, first to last evaluation ("" when no node evaluated two families)."""
+    roles = lacking_and_own(results)
+    if not roles:
+        return ""
+    body = []
+    for res in results:
+        for node, (lacking, own) in roles.items():
+            body.append(
+                (
+                    res.name,
+                    f"node {node}",
+                    _change_text(lacking, _family_ends(res, lacking, node, "accuracy")),
+                    _change_text(own, _family_ends(res, own, node, "accuracy")),
+                )
+            )
+    head = ("configuration", "node", "the family it lacks", "its own family")
+    return md_table(head, body, numeric_from=len(head))
+
+
 def plot_family_panels(results: list[ConfigResult], path: Path, title: str) -> Path:
-    """Held-out exact accuracy per family (one panel each), a line per (configuration, node)."""
+    """:func:`family_panels_figure`, saved as ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = family_panels_figure(results, title)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def family_panels_figure(results: list[ConfigResult], title: str) -> Any:
+    """Held-out exact accuracy per family (one panel each), a line per (configuration, node): the colour is the
+    configuration, the line style the node, and the legend shows them that way (a colour patch per configuration,
+    a long black sample of each node's line style); the title says what to look at."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
     curves = {res.name: res.family_curves() for res in results}
     families = sorted({fam for c in curves.values() for fam, _ in c})
-    fig, axes = plt.subplots(1, len(families), figsize=(5.5 * len(families), 4.2), dpi=110, squeeze=False)
+    nodes = sorted({node for c in curves.values() for _, node in c})
+    fig, axes = plt.subplots(1, len(families), figsize=(5.5 * len(families), 4.6), dpi=110, squeeze=False)
     styles = ["-", "--", ":", "-."]
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, fam in zip(axes[0], families, strict=True):
-        for ci, (name, c) in enumerate(curves.items()):
+        for ci, (_name, c) in enumerate(curves.items()):
             for (f, node), (steps, vals) in c.items():
                 if f == fam:
                     ax.plot(steps, vals, marker="o", markersize=3, linestyle=styles[node % len(styles)],
-                            color=colors[ci % len(colors)], label=f"{name} node {node}")  # fmt: skip
+                            color=colors[ci % len(colors)])  # fmt: skip
         ax.set_title(f"{fam}: held-out exact")
         ax.set_xlabel("learner step")
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
-        ax.legend(loc="best", fontsize="x-small")
-    fig.suptitle(title)
+    handles: list[Any] = [Patch(color=colors[ci % len(colors)], label=name) for ci, name in enumerate(curves)]
+    handles += [Line2D([], [], color="black", linestyle=styles[n % len(styles)], label=f"node {n}") for n in nodes]
+    axes[0][0].legend(handles=handles, loc="best", fontsize="small", handlelength=3.5)
+    roles = lacking_and_own(results)
+    look = (
+        "does each node rise on the family it lacks, and keep its own?"
+        if roles
+        else "does held-out exact accuracy rise over the steps?"
+    )
+    fig.suptitle(f"{title}: {look}\n(held-out exact per family; colour: configuration, line style: node)")
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return fig
 
 
 def write_report(out: str | Path, *, title: str = "experiment", order: list[str] | None = None) -> list[dict[str, Any]]:
@@ -405,10 +486,25 @@ def write_report(out: str | Path, *, title: str = "experiment", order: list[str]
         w.writeheader()
         for r in rows:
             w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
+    reward = (
+        "training reward of each node's own rollouts (reward_mean, with the families' partial credit) summed over "
+        "nodes and steps, mean ± std over seeds; cumulative exact = the same for completions whose answer is exactly "
+        "right (exact_mean)"
+        if has_partial_credit(rows)
+        else "training reward of each node's own rollouts (reward_mean: 1 for an exactly right answer, else 0; "
+        "these families give no partial credit) summed over nodes and steps, mean ± std over seeds"
+    )
+    glance = glance_table(results)
+    if glance:
+        glance = (
+            "## What to look at\n\nHeld-out exact accuracy (problems no node trains on) from the first to the last "
+            "evaluation, mean over seeds. Each node starts weaker on one family, the one it lacks, and stronger on "
+            "its own; a configuration helps when the family it lacks rises and its own does not fall.\n\n"
+            + glance
+            + "\n## Full table\n\n"
+        )
     md = (
-        f"# {title}\n\nCumulative reward = training reward of each node's own rollouts (reward_mean, reasoning-gym's "
-        "partial credit) summed over nodes and steps, mean ± std over seeds; cumulative exact = the same for "
-        "completions whose answer is exactly right (exact_mean). Held-out exact = mean over nodes of exact-match "
+        f"# {title}\n\n{glance}Cumulative reward = {reward}. Held-out exact = mean over nodes of exact-match "
         "accuracy on problems of the held-out split, which no node trains on, at the first and the last "
         "evaluation; its gain is the learning measure (mean ± std over seeds), to be read against the majority "
         "baseline (always giving the most common gold answer of the held-out items) and pass@8 (a fall is "

@@ -46,3 +46,53 @@ def test_report_without_evaluations_says_so(tmp_path: Path) -> None:
     md = (tmp_path / "results.md").read_text()
     assert row["heldout_gain"] != row["heldout_gain"]  # NaN: nothing to report
     assert "| only | 1 | 1 | 1 | 0.50 | 1 | 0.00 | 0.500 | - | - | - | - |" in md
+
+
+def _specialist(out: Path, config: str, node: int, lacking: tuple[float, float], own: tuple[float, float]) -> None:
+    """A node of the demo's shape: evaluated on lab_add and lab_sub, lacking one (node 0 lacks lab_sub)."""
+    d = out / config / "seed0" / f"node{node}"
+    fams = ("lab_sub", "lab_add") if node == 0 else ("lab_add", "lab_sub")
+    _write(d / "metrics.jsonl", [{"step": s, "reward_mean": 0.5, "exact_mean": 0.5} for s in (1, 2)])
+    _write(
+        d / "eval.jsonl",
+        [
+            {
+                "step": step,
+                "accuracy": 0.5,
+                "families": {fams[0]: {"accuracy": lacking[i]}, fams[1]: {"accuracy": own[i]}},
+            }
+            for i, step in enumerate((0, 2))
+        ],
+    )
+
+
+def test_results_open_with_what_to_look_at_and_the_plot_legend_matches_its_lines(tmp_path: Path) -> None:
+    for node in (0, 1):
+        _specialist(tmp_path, "alone", node, (0.1, 0.15), (0.8, 0.8))
+        _specialist(tmp_path, "sharing", node, (0.1, 0.4), (0.8, 0.75))
+    write_report(tmp_path, title="demo", order=["alone", "sharing"])
+    md = (tmp_path / "results.md").read_text()
+    glance, full = md.split("## Full table", 1)
+    assert (
+        "## What to look at" in glance and "| configuration | node | the family it lacks | its own family |" in glance
+    )
+    assert "| alone | node 0 | lab_sub: 0.100 -> 0.150, up 0.050 | lab_add: 0.800 -> 0.800, no change |" in glance
+    assert "| sharing | node 1 | lab_add: 0.100 -> 0.400, up 0.300 | lab_sub: 0.800 -> 0.750, down 0.050 |" in glance
+    assert "| config |" in full
+    # the reward is the exact one (no partial credit): the wording and the columns say so
+    assert "partial credit" not in md.replace("no partial credit", "")
+    assert "cumulative exact" not in full.split("\n\n")[2]  # the full table's header
+    assert (tmp_path / "families.png").stat().st_size > 0
+
+    from sim.report.summary import collect, family_panels_figure
+
+    fig = family_panels_figure(collect(tmp_path, ["alone", "sharing"]), "demo")
+    assert "does each node rise on the family it lacks" in fig._suptitle.get_text()
+    legend = fig.axes[0].get_legend()
+    styles = {h.get_label(): h.get_linestyle() for h in legend.legend_handles if hasattr(h, "get_linestyle")}
+    drawn = {line.get_linestyle() for ax in fig.axes for line in ax.get_lines()}
+    node_styles = {label: style for label, style in styles.items() if label.startswith("node ")}
+    assert node_styles == {"node 0": "-", "node 1": "--"} and drawn == {"-", "--"}
+    from matplotlib.patches import Patch
+
+    assert [h.get_label() for h in legend.legend_handles if isinstance(h, Patch)] == ["alone", "sharing"]
