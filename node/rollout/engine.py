@@ -28,6 +28,7 @@ object, so syncing weights is a no-op (the vLLM engine, ``node.rollout.engine_vl
 
 from __future__ import annotations
 
+import functools
 import logging
 from abc import ABC
 from collections.abc import Callable, Sequence
@@ -374,15 +375,28 @@ def cache_keyword(model: Any) -> str:
     """The name under which ``model``'s forward takes its KV cache: ``cache`` since transformers 5.2x, where the old
     ``past_key_values`` still works but warns (FutureWarning) and goes away in 5.40; ``past_key_values`` before.
     Read from the forward's signature (``inspect.signature`` follows the deprecation decorator's wrapper), so the
-    engine neither warns on a new transformers nor breaks on an old one."""
+    engine neither warns on a new transformers nor breaks on an old one; a wrapper whose forward names neither
+    (``forward(**kw)``) gets the installed transformers' name."""
     import inspect
 
     forward = getattr(model, "forward", model)
     try:
         params = inspect.signature(forward).parameters
-    except (TypeError, ValueError):  # a forward without a readable signature: the name every version accepts
-        return "past_key_values"
-    return "cache" if "cache" in params else "past_key_values"
+    except (TypeError, ValueError):
+        return _library_cache_keyword()
+    if "cache" in params:
+        return "cache"
+    return "past_key_values" if "past_key_values" in params else _library_cache_keyword()
+
+
+@functools.cache
+def _library_cache_keyword() -> str:
+    """The cache keyword of the installed transformers' causal LMs (read from Qwen2's, the built-in model's)."""
+    import inspect
+
+    from transformers import Qwen2ForCausalLM
+
+    return "cache" if "cache" in inspect.signature(Qwen2ForCausalLM.forward).parameters else "past_key_values"
 
 
 def _prefill(

@@ -188,8 +188,13 @@ def test_cache_keyword_follows_the_forward_signature(policy: Policy) -> None:
         def forward(self, input_ids=None, cache=None, use_cache=None):  # type: ignore[no-untyped-def]
             return None
 
+    class Wrapper:  # forwards everything to an inner model: the installed transformers' name
+        def forward(self, **kw):  # type: ignore[no-untyped-def]
+            return None
+
     assert cache_keyword(Old()) == "past_key_values"
     assert cache_keyword(New()) == "cache"
+    assert cache_keyword(Wrapper()) == cache_keyword(policy.model)
     import inspect
 
     expected = "cache" if "cache" in inspect.signature(policy.model.forward).parameters else "past_key_values"
