@@ -37,6 +37,11 @@ SIGINT/SIGTERM give it when the node is being stopped too), the next call restar
 with the same libp2p key and DHT id, bootstrapping from the configured peers and the peers it was last connected
 to, so peers' routing tables stay valid; a failed restart is retried with a growing delay.
 
+With ``cfg.gossip`` (the default) the node also joins the swarm's GossipSub topic through p2pd's own pubsub and serves
+the sync protocol (``protocol.transport.hivemind.gossip``, SPEC 7.6): every record is published to the DHT and to the
+topic, and ``fetch_recent`` adds what arrived over the topic or by sync, so libp2p-transport nodes are in the same
+swarm.
+
 This is the only module of the project that imports hivemind. It knows nothing about what a record means
 beyond its signed header (``protocol.records`` decodes it), nor about replay, quotas or dedup by sequence
 number: the channel's validator does those on the receive path.
