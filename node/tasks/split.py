@@ -17,6 +17,7 @@ import hashlib
 from typing import Literal, Protocol
 
 from node.canonical import canonical_problem, is_expression_key
+from node.tasks.family import split_wire_family
 
 #: A side of the split.
 Side = Literal["train", "dev", "test"]
@@ -34,16 +35,17 @@ class SplitShares(Protocol):
 
 def split_key(family: str, question: str) -> str:
     """What the split hashes for ``question``: its canonical problem (``node.canonical``: ``expr:`` value-level
-    arithmetic, ``word:``/``words:`` word tasks) where it has one, else the question text."""
-    canonical = canonical_problem(family, question)
+    arithmetic, ``word:``/``words:`` word tasks) where it has one, else the question text. ``family`` is a ref's
+    family string, ``name`` or ``name@version``: only the name counts (SPEC 13), here and in :func:`key_preimage`."""
+    canonical = canonical_problem(split_wire_family(family)[0], question)
     return question if canonical is None else canonical
 
 
 def key_preimage(family: str, key: str) -> bytes:
     """The bytes whose SHA-256 decides the side of a problem with split key ``key``: the UTF-8 key alone for an
     arithmetic key (the same problem in any family is one problem), else the UTF-8 family, a NUL byte and the UTF-8
-    key."""
-    return key.encode() if is_expression_key(key) else family.encode() + b"\0" + key.encode()
+    key; the family's name, never its version, so a new version of a family keeps its sides."""
+    return key.encode() if is_expression_key(key) else split_wire_family(family)[0].encode() + b"\0" + key.encode()
 
 
 def split_preimage(family: str, question: str) -> bytes:

@@ -270,7 +270,8 @@ def test_split_vectors():
     for v in vectors:
         assert split_key(v["family"], v["question"]) == v["key"], v
         key = v["key"].encode()
-        preimage = key if v["key"].startswith("expr:") else v["family"].encode() + b"\0" + key
+        name = v["family"].partition("@")[0]  # the split hashes the family's name, never its version
+        preimage = key if v["key"].startswith("expr:") else name.encode() + b"\0" + key
         digest = hashlib.sha256(preimage).digest()
         assert digest[:8].hex() == v["hash64"], v
         h = int(v["hash64"], 16)
@@ -282,6 +283,7 @@ def test_split_vectors():
         by_key.setdefault(v["key"], set()).add(v["family"])
     assert any({"chain_sum", "basic_arithmetic"} <= families for families in by_key.values())  # cross-family
     assert any(not v["key"].startswith("expr:") for v in vectors)
+    assert any("@" in v["family"] for v in vectors)  # a versioned family: hashed by its name
     # an empty text is not a letter_counting word key: the question text is
     assert any(v["family"] == "letter_counting" and v["key"] == v["question"] for v in vectors)
 
