@@ -5,7 +5,7 @@ its own sampling loop over a transformers causal LM: left-padded batches, one pr
 through the KV cache, per-row EOS stopping, and the log-probability of every sampled token recorded as it is
 drawn. A hand-written loop instead of ``model.generate(output_scores=True)``: it returns exactly what GRPO
 needs (token ids + logprobs, no score tensors to re-gather) and skips generate's per-step processor machinery,
-which dominates on small models (see ``benchmarks/b2_rollout.py``).
+which dominates on small models (see ``benchmarks/systems/b2_rollout.py``).
 
 **Behaviour logprobs** are those of the *sampling* distribution: logits / temperature, then top-p
 truncation and renormalisation (vLLM's ``logprobs_mode="processed_logprobs"``). With temperature 1 and top-p 1

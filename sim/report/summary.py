@@ -443,7 +443,7 @@ def family_panels_figure(results: list[ConfigResult], title: str) -> Any:
     families = sorted({fam for c in curves.values() for fam, _ in c})
     nodes = sorted({node for c in curves.values() for _, node in c})
     fig, axes = plt.subplots(1, len(families), figsize=(5.5 * len(families), 4.6), dpi=110, squeeze=False)
-    styles = ["-", "--", ":", "-."]
+    styles: list[Any] = ["-", "--", ":", "-."]
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, fam in zip(axes[0], families, strict=True):
         for ci, (_name, c) in enumerate(curves.items()):

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(180)
 def test_b1_quick_writes_a_table(tmp_path):
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "benchmarks" / "b1_gossip.py"), "--quick", "--out", str(tmp_path)],
+        [sys.executable, str(ROOT / "benchmarks" / "systems" / "b1_gossip.py"), "--quick", "--out", str(tmp_path)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -5,7 +5,7 @@ Two honest peers, a flood process storing dangling, unstamped index entries of f
 under the shard keys of levels 0, 4, 5 and 6 of a coming window, then a newcomer that publishes one record in that
 window. Asserted: both honest peers receive the newcomer's record; the flooded level-0 key, read back through the DHT,
 holds at most ``SHARD_CAPACITY`` entries; every honest node's storage held at most that many in any key; full keys
-refused flood entries. ``benchmarks/flood.py`` runs the same with 10,000 entries and times it.
+refused flood entries. ``benchmarks/systems/flood.py`` runs the same with 10,000 entries and times it.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ hivemind and libp2p cannot share a process (duplicate protobuf symbol, see FACTS
 * the contract suite and libp2p unit checks run in a child pytest (``tests/libp2p_isolated/contract_lp2p.py``);
 * a swarm of peer processes on 127.0.0.1 (``tests/libp2p_isolated/peer_lp2p.py``) exchanges records, a peer
   joins late and one leaves, and a hostile peer floods invalid records that honest peers refuse at the edge;
-* the B1 benchmark in quick mode (``benchmarks/b1_gossip_libp2p.py --quick``).
+* the B1 benchmark in quick mode (``benchmarks/systems/b1_gossip_libp2p.py --quick``).
 
 This module never imports libp2p. libp2p is part of the ``dev`` extra, so these tests always run; the first one
 fails with a clear message if it is missing rather than skipping.
@@ -223,7 +223,7 @@ def test_a_restarted_bootstrap_peer_keeps_its_multiaddr_and_its_peers_reach_it_a
 def _b1_libp2p(tmp_path: Path, *args: str, timeout: float) -> tuple[str, dict[str, list[str]], dict[str, list[str]]]:
     """Run B1 over libp2p; its table, its main rows by mode and its mesh rows by mode."""
     out = subprocess.run(
-        [sys.executable, "benchmarks/b1_gossip_libp2p.py", *args, "--out", str(tmp_path)],
+        [sys.executable, "benchmarks/systems/b1_gossip_libp2p.py", *args, "--out", str(tmp_path)],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.common import harness as b1_common
+from benchmarks.systems import gossip as b1_common
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -16,7 +16,7 @@ SCRIPT = textwrap.dedent(
     import json, os, sys
     from pathlib import Path
     sys.path.insert(0, {root!r})
-    from benchmarks.common import harness as b1_common
+    from benchmarks.systems import gossip as b1_common
 
     def run_worker(wargs):
         if wargs["index"] == {crash}:

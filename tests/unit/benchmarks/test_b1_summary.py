@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from benchmarks.common import harness as b1_common
-from benchmarks.common import summary as b1_summary
+from benchmarks.systems import gossip as b1_common
+from benchmarks.systems import gossip_summary as b1_summary
 
 
 def _worker(published, seen, fetch_s, polls):

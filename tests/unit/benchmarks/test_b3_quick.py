@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def test_b3_quick_writes_table(tmp_path):
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "b3_learner.py"), "--quick", "--out", str(tmp_path)],
+        [sys.executable, str(ROOT / "benchmarks" / "systems" / "b3_learner.py"), "--quick", "--out", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=300,

@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[3]
 def test_b5_scale_quick(tmp_path):
     out = tmp_path / "b5.md"
     res = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "b5_scale.py"), "--quick", "--out", str(out)],
+        [sys.executable, str(ROOT / "benchmarks" / "systems" / "b5_scale.py"), "--quick", "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -25,7 +25,7 @@ def test_sybils_take_at_most_the_newcomer_share(tmp_path):
     """100 fresh sybil identities per round publishing informative groups: honest peers still supply at least
     half of what an honest node trains on from outside (the newcomer budgets of the read and of SAPO)."""
     sys.path.insert(0, str(ROOT))
-    from benchmarks.sybil import measure
+    from benchmarks.systems.sybil import measure
 
     row = measure(100, 8, 3, tmp_path)
     assert row["external_groups"] > 0

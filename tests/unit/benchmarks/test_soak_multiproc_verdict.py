@@ -11,7 +11,8 @@ MB = 2**20
 
 
 def _soak():
-    spec = importlib.util.spec_from_file_location("soak_multiproc", ROOT / "benchmarks" / "soak_multiproc.py")
+    path = ROOT / "benchmarks" / "systems" / "soak_multiproc.py"
+    spec = importlib.util.spec_from_file_location("soak_multiproc", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

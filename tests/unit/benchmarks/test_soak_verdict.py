@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def _soak():
-    spec = importlib.util.spec_from_file_location("soak", ROOT / "benchmarks" / "soak.py")
+    spec = importlib.util.spec_from_file_location("soak", ROOT / "benchmarks" / "systems" / "soak.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

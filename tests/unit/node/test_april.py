@@ -34,7 +34,7 @@ def policy(cache: Path) -> Policy:
 @pytest.fixture(scope="module")
 def long_tail(policy: Policy) -> Policy:
     """The same model with EOS at probability 1/6 per token: geometric lengths, some groups run long."""
-    spec = importlib.util.spec_from_file_location("b2_april", ROOT / "benchmarks" / "b2_april.py")
+    spec = importlib.util.spec_from_file_location("b2_april", ROOT / "benchmarks" / "systems" / "b2_april.py")
     b2 = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(b2)
     return replace(policy, model=b2.stop_hazard_model(policy.model, list(policy.eos_token_ids), 1 / 6))
@@ -177,7 +177,7 @@ async def _run(cfg, run_dir: Path, steps: int, *, model=None):
 
 
 def _hazard(policy: Policy):
-    spec = importlib.util.spec_from_file_location("b2_april", ROOT / "benchmarks" / "b2_april.py")
+    spec = importlib.util.spec_from_file_location("b2_april", ROOT / "benchmarks" / "systems" / "b2_april.py")
     b2 = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(b2)
     return b2.stop_hazard_model(policy.model, list(policy.eos_token_ids), 1 / 8)
