@@ -518,7 +518,7 @@ class VadeConfig(StrictModel):
     information score (formulas in ``swarm.vade``)."""
 
     enabled: bool = False
-    """Off by default: uniform selection is the SAPO paper's setting (benchmarks/systems/vade.py measures the effect)."""
+    """Off by default: uniform selection is the SAPO paper's setting (``benchmarks/systems/vade.py`` measures it)."""
     candidates: float = Field(default=4.0, ge=1.0, le=64.0)
     """Candidates scored per selected prompt (``ceil(candidates * B)`` drawn, top ``B`` kept)."""
     revisit_fraction: float = Field(default=0.5, ge=0.0, le=1.0)

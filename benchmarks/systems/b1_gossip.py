@@ -13,10 +13,10 @@ DHT's store-time guard and without decoding or validating what arrives. The figu
 
 Usage::
 
-    python benchmarks/b1_gossip.py                  # 8 and 32 peers, writes benchmarks/results/b1_gossip.md
-    python benchmarks/b1_gossip.py --peers 8 --repeats 3
-    python benchmarks/b1_gossip.py --quick --out /tmp/b1   # 3 small peers, one repeat (what the test runs)
-    python benchmarks/b1_gossip.py --peers 64 --repeats 1 --modes hivemind --poll-s 2.0 --launch fork
+    python benchmarks/systems/b1_gossip.py                  # 8 and 32 peers, writes benchmarks/results/b1_gossip.md
+    python benchmarks/systems/b1_gossip.py --peers 8 --repeats 3
+    python benchmarks/systems/b1_gossip.py --quick --out /tmp/b1   # 3 small peers, one repeat (what the test runs)
+    python benchmarks/systems/b1_gossip.py --peers 64 --repeats 1 --modes hivemind --poll-s 2.0 --launch fork
                                                     # 64 peers forked from one process (shared import pages)
 
 Knows nothing about training: records carry synthetic text of realistic size.
@@ -33,13 +33,13 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import harness as b1_common  # noqa: E402
-from benchmarks.common import summary as b1_summary  # noqa: E402
-from benchmarks.common.harness import SWARM, make_batch  # noqa: E402
+from benchmarks.systems import gossip as b1_common  # noqa: E402
+from benchmarks.systems import gossip_summary as b1_summary  # noqa: E402
+from benchmarks.systems.gossip import SWARM, make_batch  # noqa: E402
 
 # -- worker (one peer per process) --------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """B1 gossip over libp2p: how fast signed rollout records spread over the py-libp2p transport, against raw GossipSub.
 
-Same workload and table as ``benchmarks/b1_gossip.py`` (the hivemind run): N peer processes on 127.0.0.1 each
+Same workload and table as ``benchmarks/systems/b1_gossip.py`` (the hivemind run): N peer processes on 127.0.0.1 each
 publish one group record per step (64 completions, ``encode_record``, ~50-200 KB) and poll the recent windows.
 Per record we time how long until every other peer has it (p50, p95), plus records/s, wire bytes per completion
 and the share of encode+sign+validate+decode in the time spent (client side and the transport's edge validator).
@@ -17,9 +17,9 @@ Every process here imports libp2p and never hivemind (they cannot share a proces
 
 Usage::
 
-    python benchmarks/b1_gossip_libp2p.py                  # 8 and 32 peers -> benchmarks/results/b1_gossip_libp2p.md
-    python benchmarks/b1_gossip_libp2p.py --peers 8 --repeats 1 --modes libp2p,libp2p-leave
-    python benchmarks/b1_gossip_libp2p.py --quick --out /tmp/b1   # 3 small peers, one repeat (what the test runs)
+    python benchmarks/systems/b1_gossip_libp2p.py          # 8 and 32 peers -> benchmarks/results/b1_gossip_libp2p.md
+    python benchmarks/systems/b1_gossip_libp2p.py --peers 8 --repeats 1 --modes libp2p,libp2p-leave
+    python benchmarks/systems/b1_gossip_libp2p.py --quick --out /tmp/b1  # 3 small peers, one repeat (the test)
 
 Knows nothing about training: records carry synthetic text of realistic size.
 """
@@ -38,13 +38,13 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import harness as b1_common  # noqa: E402
-from benchmarks.common import summary as b1_summary  # noqa: E402  (imports neither hivemind nor libp2p)
-from benchmarks.common.harness import SWARM, make_batch  # noqa: E402
+from benchmarks.systems import gossip as b1_common  # noqa: E402
+from benchmarks.systems import gossip_summary as b1_summary  # noqa: E402  (imports neither hivemind nor libp2p)
+from benchmarks.systems.gossip import SWARM, make_batch  # noqa: E402
 
 
 def _rid(data: bytes) -> str:

@@ -16,8 +16,8 @@ Each repeat runs ``--warmup`` untimed steps, then ``--steps`` timed steps of eac
 completed groups/s and tokens/s (median over repeats) and their ratio, plus APRIL's off-policy token share and
 buffer size. Tokens still in APRIL's buffer at the end are not credited (conservative).
 
-    python benchmarks/b2_april.py            # full: default tiny model, 8 groups x G=8, 5 repeats
-    python benchmarks/b2_april.py --quick    # smoke run: reduced model, 1 repeat
+    python benchmarks/systems/b2_april.py            # full: default tiny model, 8 groups x G=8, 5 repeats
+    python benchmarks/systems/b2_april.py --quick    # smoke run: reduced model, 1 repeat
 
 Writes ``benchmarks/results/b2_april.md`` (or ``--out``) with machine info and the date.
 """
@@ -35,7 +35,7 @@ from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

@@ -6,8 +6,8 @@ settings (temperature 1, top-p 1, EOS stopping, ``max_new_tokens``); for each ba
 including EOS (padding after EOS is not counted). ``model.generate`` returns no logprobs here, so the baseline
 does strictly less work than the engine.
 
-    python benchmarks/b2_rollout.py            # full: batches 16 and 64, 5 repeats, default model
-    python benchmarks/b2_rollout.py --quick    # smoke run: small model, 1 repeat
+    python benchmarks/systems/b2_rollout.py            # full: batches 16 and 64, 5 repeats, default model
+    python benchmarks/systems/b2_rollout.py --quick    # smoke run: small model, 1 repeat
 
 Writes ``benchmarks/results/b2_rollout.md`` (or ``--out``) with machine info and the date.
 """
@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

@@ -7,8 +7,8 @@ checkpointing: TRL's defaults of bf16 autocast and activation checkpointing are 
 arithmetic). Repeats alternate between the two; the table gives medians and the time ratio, plus the loss
 difference and the largest parameter difference after the first update from identical weights.
 
-    python benchmarks/b3_learner.py            # full mode, writes benchmarks/results/b3_learner.md
-    python benchmarks/b3_learner.py --quick --out /tmp/b3
+    python benchmarks/systems/b3_learner.py            # full mode, writes benchmarks/results/b3_learner.md
+    python benchmarks/systems/b3_learner.py --quick --out /tmp/b3
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

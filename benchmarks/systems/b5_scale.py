@@ -8,8 +8,8 @@ re-score, sample, train). It also measures how many of the other nodes fetched a
 publication and compares that with the arithmetic of ``protocol/SPEC.md`` 7.5 (``protocol.layout.expected_reach``).
 Target: per-node cost at N = 10,000 at most 1.5x the cost at N = 10.
 
-    python benchmarks/b5_scale.py            # N = 10, 100, 1000, 10000
-    python benchmarks/b5_scale.py --quick    # N = 5, 40 (a smoke run for the tests)
+    python benchmarks/systems/b5_scale.py            # N = 10, 100, 1000, 10000
+    python benchmarks/systems/b5_scale.py --quick    # N = 5, 40 (a smoke run for the tests)
 
 Writes ``benchmarks/results/b5_scale.md`` (or ``--out``) with machine info and the date.
 """
@@ -24,11 +24,12 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.common.machine import machine_info  # noqa: E402
+from benchmarks.systems.harness import write_table  # noqa: E402
 
 
 def live_polls(window_seconds: float, fetch_past_windows: int, round_seconds: float) -> int:
@@ -155,10 +156,7 @@ def main() -> int:
             rows.append(measure(n, rounds, min(args.warmup, rounds - 1), Path(tmp)))
             print(f"N={n}: {rows[-1]}", file=sys.stderr, flush=True)
     text = render(rows, args.quick, args.warmup)
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    return 0
+    return write_table(text, args.out)
 
 
 if __name__ == "__main__":

@@ -12,8 +12,8 @@ Two measurements:
    generate, the learner's forward (which also gives pi_old: there is no separate logprob pass), backward,
    optimizer, and the weight sync into vLLM. The first step is a warm-up and is left out.
 
-    python benchmarks/b8_vllm_speed.py                 # full: 8 prompts x 8, 3 repeats; 4 node steps per engine
-    python benchmarks/b8_vllm_speed.py --quick         # smoke run: built-in model, 1 repeat, 2 node steps
+    python benchmarks/systems/b8_vllm_speed.py                 # full: 8 prompts x 8, 3 repeats; 4 node steps per engine
+    python benchmarks/systems/b8_vllm_speed.py --quick         # smoke run: built-in model, 1 repeat, 2 node steps
 
 Writes ``benchmarks/results/b8_vllm_speed.md`` (``--out``) with the machine line and the commands.
 """
@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -137,7 +137,7 @@ def report(speed: list[dict], steps: list[dict], args: argparse.Namespace, model
     lines = [
         "# B2/B8 speed: the vLLM engine against the transformers engine, side by side\n",
         f"- machine: {machine_info([_vllm_dist(), 'transformers'])}",
-        f"- model: {model} (float32 learner); command: `python benchmarks/b8_vllm_speed.py"
+        f"- model: {model} (float32 learner); command: `python benchmarks/systems/b8_vllm_speed.py"
         f"{' --quick' if args.quick else ''}`",
         "",
         f"## Rollout tokens/s ({args.prompts} chat prompts of the default task mix x {args.group} completions, "

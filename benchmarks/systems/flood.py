@@ -11,8 +11,8 @@ record. Measured: seconds from the newcomer's publish until each honest peer rec
 level-0 key returned, and how many flood stores full shard keys refused. Before this change (issue 33) the level-0
 key grew to 12.5 MB, over p2pd's 4 MiB message cap, and the newcomer's record was not received within 30 s.
 
-    python benchmarks/flood.py                      # 10,000 entries, 3 repeats
-    python benchmarks/flood.py --flood 2000 --repeats 1 --out /tmp/flood.md
+    python benchmarks/systems/flood.py                      # 10,000 entries, 3 repeats
+    python benchmarks/systems/flood.py --flood 2000 --repeats 1 --out /tmp/flood.md
 
 Writes ``benchmarks/results/flood.md`` (or ``--out``) with the machine, the date and the command.
 """
@@ -30,11 +30,12 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.common.machine import machine_info  # noqa: E402
+from benchmarks.systems.harness import stop_process, write_table  # noqa: E402
 
 SWARM = "flood-bench"
 #: p2pd's message cap: a shard key must come back in one message.
@@ -85,13 +86,7 @@ class Peer:
             return {}
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_process(self.proc, 20)
 
 
 def one_repeat(rep: int, honest: list[Peer], bootstrap: str, args: argparse.Namespace, tmp: Path) -> dict:
@@ -212,7 +207,7 @@ def main() -> int:
     ap.add_argument("--flood-ahead", type=int, default=2, help="windows ahead of now the flood targets (max 2)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "flood.md")
     args = ap.parse_args()
-    command = "python benchmarks/flood.py " + " ".join(sys.argv[1:])
+    command = "python benchmarks/systems/flood.py " + " ".join(sys.argv[1:])
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="flood-") as td:
         tmp = Path(td)
@@ -240,10 +235,7 @@ def main() -> int:
             for p in honest:
                 p.stop()
     text = render(rows, storage, args, command)
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    return 0
+    return write_table(text, args.out)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The B1 gossip benchmarks' statistics and report: one run's metrics from its workers' result files, the sweep over
 swarm sizes and repeats, medians and ratios against raw hivemind, and the Markdown table.
 
-Imports neither hivemind nor libp2p; knows nothing about how peers are launched (``benchmarks.common.harness``).
+Imports neither hivemind nor libp2p; knows nothing about how peers are launched (``benchmarks.systems.gossip``).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import statistics
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from benchmarks.common.harness import COMPLETIONS, MEDIAN_KEYS
 from benchmarks.common.machine import machine_info
+from benchmarks.systems.gossip import COMPLETIONS, MEDIAN_KEYS
 
 
 def summarize(

@@ -16,7 +16,7 @@ on). ``libp2p-nat``: py-libp2p peers (``tests/libp2p_isolated/peer_lp2p.py``) on
 
 Usage::
 
-    python benchmarks/netlab.py nat latency drop --out benchmarks/results/netlab.md
+    python benchmarks/systems/netlab.py nat latency drop --out benchmarks/results/netlab.md
 
 Knows nothing about training: records carry synthetic text.
 """
@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

@@ -19,8 +19,8 @@ The verdict compares the first sample after the warm-up (step ``--every``) with 
 memory must stay within ``--rss-bound`` (default +15%) of that baseline, every cache within its stated cap, and
 every file that grows must grow linearly by design (append-only logs: bytes per step reported).
 
-    python benchmarks/soak.py                    # 2,000 steps alone, then 2,000 rounds of the 4-node swarm
-    python benchmarks/soak.py --quick            # 30 steps each, sampled every 10 (a smoke run for the tests)
+    python benchmarks/systems/soak.py                    # 2,000 steps alone, then 2,000 rounds of the 4-node swarm
+    python benchmarks/systems/soak.py --quick            # 30 steps each, sampled every 10 (a smoke run for the tests)
 
 Writes ``benchmarks/results/soak.md`` (or ``--out``) and the raw samples next to it as JSON.
 """
@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -400,9 +400,9 @@ def render(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
         "Cores shared with other engineers' jobs: wall times are indicative only.",
         "",
         (
-            "Command: `python benchmarks/soak.py` (this report re-rendered from its saved samples with `--from-json`)"
+            "Command: `python benchmarks/systems/soak.py` (re-rendered from its saved samples, `--from-json`)"
             if args.from_json is not None
-            else f"Command: `python benchmarks/soak.py {' '.join(sys.argv[1:])}`".replace(" `", "`")
+            else f"Command: `python benchmarks/systems/soak.py {' '.join(sys.argv[1:])}`".replace(" `", "`")
         ),
         "",
         f"Step: {json.dumps(STEP)}. Swarm: 4 nodes, one process, memory network; network clock +{args.round_s}s "

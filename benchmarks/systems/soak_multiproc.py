@@ -32,9 +32,9 @@ which the kernel drops and faults back in under other work's memory pressure. Re
 rule, not part of the verdict, which stays as registered: it tells whether the RSS swings are native memory the
 node holds or pages the kernel moves.
 
-    python benchmarks/soak_multiproc.py --duration-s 7200                         # the real soak (2 h)
-    python benchmarks/soak_multiproc.py --duration-s 720 --restart-every-s 180 --out /tmp/s.md   # a 12-min check
-    python benchmarks/soak_multiproc.py --duration-s 9000 --autogroup-nice 15     # beside other work, one regime
+    python benchmarks/systems/soak_multiproc.py --duration-s 7200                 # the real soak (2 h)
+    python benchmarks/systems/soak_multiproc.py --duration-s 720 --restart-every-s 180 --out /tmp/s.md  # 12 min
+    python benchmarks/systems/soak_multiproc.py --duration-s 9000 --autogroup-nice 15  # beside other work
 
 Writes ``benchmarks/results/soak_multiproc.md`` (or ``--out``) and the samples beside it as JSON.
 """
@@ -56,7 +56,7 @@ from pathlib import Path
 
 import psutil
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BASE_PORT = 34700
 SMALL = [
     "--set", "rollout.prompts_per_step=4",
@@ -281,7 +281,7 @@ def main() -> None:
     heap_outcome = verdict(samples, judged, duration, opts.rss_slope_pct, keys=("heap",))[1]
     anon_rows, anon_outcome = verdict(samples, judged, duration, opts.rss_slope_pct, keys=("rss_anon",))
     steps = [s["step"] for s in samples[-1]["nodes"]] if samples else []
-    cmd = "python benchmarks/soak_multiproc.py " + " ".join(sys.argv[1:])
+    cmd = "python benchmarks/systems/soak_multiproc.py " + " ".join(sys.argv[1:])
     lines = [
         "# Multi-process soak over hivemind",
         "",

@@ -6,8 +6,8 @@ record of *informative* groups (right and wrong answers, so re-scoring keeps the
 external groups the honest nodes trained on (from round ``--start`` on) that came from honest peers (minimum over
 the honest nodes, and the mean). Target (issue: hostile swarms): at least 0.5 under 1,000 sybils.
 
-    python benchmarks/sybil.py            # S = 10, 100, 1000
-    python benchmarks/sybil.py --quick    # S = 10, 100, fewer rounds (a smoke run for the tests)
+    python benchmarks/systems/sybil.py            # S = 10, 100, 1000
+    python benchmarks/systems/sybil.py --quick    # S = 10, 100, fewer rounds (a smoke run for the tests)
 
 Writes ``benchmarks/results/sybil.md`` (or ``--out``) with machine info and the date.
 """
@@ -22,11 +22,12 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.common.machine import machine_info  # noqa: E402
+from benchmarks.systems.harness import write_table  # noqa: E402
 
 
 def sim_config(sybils: int, steps: int, start: int):
@@ -111,10 +112,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="sybil-") as tmp:
         rows = [measure(s, steps, args.start, Path(tmp)) for s in sizes]
     text = render(rows, steps, args.start, args.quick)
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    return 0
+    return write_table(text, args.out)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,8 @@ trained on over the whole run and from B's first record on, B's share of them (t
 many sybil identities were minted and how many got a group trained, and the identities per window the sybil process
 actually achieved on this machine.
 
-    python benchmarks/sybil_real.py                       # 64 and 1,000 identities per window
-    python benchmarks/sybil_real.py --rates 64 --steps 40 --out /tmp/s.md
+    python benchmarks/systems/sybil_real.py                       # 64 and 1,000 identities per window
+    python benchmarks/systems/sybil_real.py --rates 64 --steps 40 --out /tmp/s.md
 
 Writes ``benchmarks/results/sybil_real.md`` (or ``--out``) with the machine, the date and the command.
 """
@@ -32,11 +32,12 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.common.machine import machine_info  # noqa: E402
+from benchmarks.systems.harness import stop_process, write_table  # noqa: E402
 
 MADDR = re.compile(r"listening on (/ip4/127\.0\.0\.1/tcp/\d+/p2p/\S+)")
 COMMON = [
@@ -76,13 +77,7 @@ class Proc:
         raise TimeoutError(f"{self.name}: {pattern.pattern!r} not seen in {timeout:.0f}s: {self.text()[-3000:]}")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_process(self.proc, 60)
 
 
 def join(name: str, tmp: Path, args: list[str]) -> Proc:
@@ -211,17 +206,14 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds node A gets for its run")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "sybil_real.md")
     args = ap.parse_args()
-    command = "python benchmarks/sybil_real.py " + " ".join(sys.argv[1:])
+    command = "python benchmarks/systems/sybil_real.py " + " ".join(sys.argv[1:])
     rows = []
     with tempfile.TemporaryDirectory(prefix="sybil-real-") as td:
         for rate in args.rates:
             rows.append(one_rate(rate, args, Path(td)))
             print(json.dumps(rows[-1]), flush=True)
     text = render(rows, args, command)
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    return 0
+    return write_table(text, args.out)
 
 
 if __name__ == "__main__":

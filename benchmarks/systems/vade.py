@@ -10,8 +10,8 @@ Runs every configuration of ``configs/sim/vade.yaml`` (uniform, VADE, VADE + DAR
 
 The ratio column is against ``uniform`` in the same run.
 
-    python benchmarks/vade.py            # full: the YAML as written
-    python benchmarks/vade.py --quick    # smoke run (the YAML's quick section)
+    python benchmarks/systems/vade.py            # full: the YAML as written
+    python benchmarks/systems/vade.py --quick    # smoke run (the YAML's quick section)
 
 Writes ``benchmarks/results/vade.md`` (or ``--out``) with machine info and the date.
 """
@@ -29,7 +29,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
