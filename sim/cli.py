@@ -45,10 +45,11 @@ def run(
         if cfg.policy == "real":  # every node's task families, before any model is built
             from node.tasks.registry import check_families
 
+            overridden = set(cfg.heterogeneity.node_overrides).union(*(v.node_overrides for v in cfg.configurations))
             check_families(
                 f
                 for v in cfg.configurations
-                for i in range(cfg.nodes)
+                for i in sorted({0} | {i for i in overridden if i < cfg.nodes})  # the other nodes are node 0's twins
                 for f in cfg.node_config(v.name, i, cfg.seeds[0]).tasks.families
             )
         make_output_dir(out, "--out directory")
