@@ -73,8 +73,11 @@ def _condition(arms: dict[str, Any], reg: Registration, cand: str, c: Condition)
         return ok, (f"{metric}: {subject} - {ctl}{which} = {r['mean']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}], "
                     f"lower end {'>' if ok else '<='} {c.above:+g}")  # fmt: skip
     mean = statistics.fmean(arms[subject][metric]["end"])
-    ok = mean >= c.at_least if c.at_least is not None else mean <= c.at_most
-    bound = f">= {c.at_least:g}" if c.at_least is not None else f"<= {c.at_most:g}"
+    if c.at_least is not None:
+        ok, bound = mean >= c.at_least, f">= {c.at_least:g}"
+    else:
+        assert c.at_most is not None  # the model allows exactly one of beats, at_least, at_most
+        ok, bound = mean <= c.at_most, f"<= {c.at_most:g}"
     return ok, f"{metric}: {subject} mean {mean:.3f} {'' if ok else 'not '}{bound}"
 
 

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     h = registration_hash(mapping)
     provenance.check_results(old, reg, h, out_json)
     root = args.config.resolve().parent
-    prov = {"hash": h, "config": str(args.config)}
+    prov: dict[str, Any] = {"hash": h, "config": str(args.config)}
     prov["registered"] = provenance.registered_at(reg, args.config.resolve(), h) if not args.quick else None
     keys = pairs.arm_keys(sim)
     saved = pairs.saved_pairs(old, keys, out_json.name, analyze=args.analyze)

@@ -48,7 +48,7 @@ def saved_pairs(old: dict[str, Any] | None, keys: dict[str, str], name: str, ana
     them all: re-reading results never needs the code they ran with."""
     out: Data = {}
     for arm, seeds in (old or {}).get("pairs", {}).items():
-        if old.get("arm_keys", {}).get(arm) == keys.get(arm) or analyze:
+        if (old or {}).get("arm_keys", {}).get(arm) == keys.get(arm) or analyze:
             out[arm] = {int(k): v for k, v in seeds.items()}
         else:
             print(f"{name}: arm {arm} was another experiment; its pairs are not reused", file=sys.stderr)
@@ -59,6 +59,7 @@ def collect(work: Path, sim: SimConfig, saved: Data, start: dict[str, Any] | Non
     """arm -> seed -> record for every finished pair of the run's seeds: on disk (with the marker the driver wrote
     when it started the pair), else saved. A pair without a step-0 evaluation takes the shared ``start``."""
     reg = sim.registration
+    assert reg is not None
     data: Data = {}
     for arm in reg.arms:
         pairs = dict(saved.get(arm, {}))
@@ -91,7 +92,7 @@ def seed_sim(sim: SimConfig, seed: int) -> SimConfig:
 
 
 def run_pending(sim: SimConfig, work: Path, arms: list[str], have: set[tuple[str, int]], meta: dict[str, Any],
-                after_each: Callable[[], None] | None = None) -> None:  # fmt: skip
+                after_each: Callable[[], object] | None = None) -> None:  # fmt: skip
     """Run every (arm, seed) pair not finished (on disk or in ``have``), seed by seed, writing a marker with
     ``meta`` (the commit and registration hash) beside each pair as it starts. With one worker ``after_each`` runs
     after each pair (the report is rewritten, so a session that ends mid-run keeps every finished pair)."""

@@ -58,7 +58,7 @@ def registered_at(reg: Registration, path: Path, current: str) -> dict[str, str]
     return None
 
 
-def first_result(pairs: dict[str, dict[str, Any]], results: Path) -> str | None:
+def first_result(pairs: dict[str, dict[int, dict[str, Any]]], results: Path) -> str | None:
     """The commit of the earliest pair that records one; for pairs made before the driver recorded commits, the
     commit that first added the result JSON."""
     ran = sorted((p["ran"], p["commit"]) for seeds in pairs.values() for p in seeds.values() if p.get("commit"))

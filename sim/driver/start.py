@@ -79,6 +79,7 @@ def initial_digests(nodes: list[Any]) -> list[str]:
 
 
 def _start_record(run_dir: Path, sim: SimConfig) -> dict[str, Any]:
+    assert sim.registration is not None
     rec = pair_record(run_dir, sim.nodes, sim.registration)
     return {"record": rec["steps"]["0"], "per_node": rec["per_node"]["0"]}
 
