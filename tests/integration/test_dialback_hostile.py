@@ -88,10 +88,13 @@ async def test_lying_silent_and_hanging_up_probers_cannot_demote_a_serving_node(
             await p2p.add_binary_stream_handler(reach.DIALBACK, prober(kind))
             hostile.append(p2p)
         await _connected(a, 4)
-        await _recheck(a)
+        for _ in range(5):  # until every prober took a probe (a busy machine may delay a stream): each one is a try
+            await _recheck(a)
+            assert _serving(a), "two liars in one network made a reachable node a DHT client"
+            assert a.reachability != reach.UNREACHABLE
+            if asked["lies"] >= 2 and asked["silent"] >= 1 and asked["closes"] >= 1:
+                break
         assert asked["lies"] >= 2 and asked["silent"] >= 1 and asked["closes"] >= 1, asked
-        assert _serving(a), "two liars in one network made a reachable node a DHT client"
-        assert a.reachability != reach.UNREACHABLE
         # still a DHT server: a newcomer's bootstrap ping is answered and puts it in the newcomer's table
         newcomer = await _start(a.addresses(), host="127.4.0.1")
         assert await newcomer.peers(), "the node stopped answering DHT pings"
@@ -125,8 +128,12 @@ async def test_honest_answers_from_two_networks_demote_a_node_nobody_can_dial(mo
         assert _serving(a), "one peer's answer demoted the node"
         peers.append(await _start(boot, host="127.2.0.1"))
         await _connected(a, 2)
-        await _recheck(a)
-        assert not _serving(a) and a.reachability == reach.UNREACHABLE
+        for _ in range(5):  # a probe that missed an answer (a stream slow to open on a busy machine) decides nothing
+            await _recheck(a)
+            if not _serving(a):
+                break
+        assert not _serving(a), await a._runner.call(a._probe(), timeout=60)
+        assert a.reachability == reach.UNREACHABLE
     finally:
         for t in (*peers, a):
             await t.close()
