@@ -69,10 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     root = args.config.resolve().parent
     prov: dict[str, Any] = {"hash": h, "config": str(args.config)}
     prov["registered"] = provenance.registered_at(reg, args.config.resolve(), h) if not args.quick else None
-    keys = pairs.arm_keys(sim)
-    saved = pairs.saved_pairs(old, keys, out_json.name, analyze=args.analyze)
-    if args.analyze:  # re-read pairs keep the keys they were made under
+    settings = pairs.arm_settings(sim)
+    keys = {arm: pairs._key(s) for arm, s in settings.items()}
+    saved = pairs.saved_pairs(old, settings, out_json.name, analyze=args.analyze)
+    if args.analyze:  # re-read pairs keep the keys and settings they were made under
         keys = {**keys, **(old or {}).get("arm_keys", {})}
+        settings = (old or {}).get("arm_settings", {})
     start = (old or {}).get("shared_start") if shared_start(sim) else None
     start = start if start and (args.analyze or start.get("key") == start_key(sim)) else None
     work = args.work or Path("runs") / stem
@@ -82,21 +84,22 @@ def main(argv: list[str] | None = None) -> int:
         work.mkdir(parents=True, exist_ok=True)
         arms = [a for a in reg.arms if not args.only or a in args.only.split(",")]
         t0 = time.perf_counter()
+        report_now = lambda: write(work, sim, args, prov, (keys, settings), saved, start, stem)  # noqa: E731
         if shared_start(sim):
             start = run_start(sim, work, start)
-            write(work, sim, args, prov, keys, saved, start, stem)  # the start (its digests) is kept from now on
+            report_now()  # the start (its digests) is kept from now on
         have = {(a, k) for a, seeds in saved.items() for k in seeds}
         meta = {"commit": provenance.head(root), "registration": h}
-        pairs.run_pending(sim, work, arms, have, meta, after_each=lambda: write(work, sim, args, prov, keys, saved,
-                                                                                start, stem))  # fmt: skip
+        pairs.run_pending(sim, work, arms, have, meta, after_each=report_now)
         print(f"ran in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
     elif start is None and shared_start(sim) and (work / "stock" / "node0" / "eval.jsonl").is_file():
         start = run_start(sim, work, None, digests=False)  # finished evaluations on disk: read them
-    return write(work, sim, args, prov, keys, saved, start, stem)
+    return write(work, sim, args, prov, (keys, settings), saved, start, stem)
 
 
-def write(work: Path, sim: Any, args: argparse.Namespace, prov: dict[str, Any], keys: dict[str, str],
-          saved: pairs.Data, start: dict[str, Any] | None, stem: str) -> int:  # fmt: skip
+def write(work: Path, sim: Any, args: argparse.Namespace, prov: dict[str, Any],
+          arms: tuple[dict[str, str], dict[str, Any]], saved: pairs.Data, start: dict[str, Any] | None,
+          stem: str) -> int:  # fmt: skip
     """Read every finished pair (on disk, else saved), analyse, and write the report; 1 when there is nothing."""
     from sim.driver.machine import machine_info
 
@@ -123,7 +126,10 @@ def write(work: Path, sim: Any, args: argparse.Namespace, prov: dict[str, Any], 
         text += "\n" + reading.read_text()
     result["registration"] = {**prov, "amendments": [a.model_dump(mode="json") for a in reg.amendments]}
     result["pairs"] = {a: {str(k): v for k, v in d.items()} for a, d in data.items()}
+    keys, settings = arms
     result["arm_keys"] = {arm: keys[arm] for arm in data}
+    if settings:  # what the keys hash, so a later run can say what changed (results from before it have none)
+        result["arm_settings"] = {arm: settings[arm] for arm in data if arm in settings}
     if start:
         result["shared_start"] = start
     print(text)

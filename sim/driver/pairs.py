@@ -24,10 +24,9 @@ from sim.driver.records import pair_done, pair_record
 Data = dict[str, dict[int, dict[str, Any]]]
 
 
-def arm_keys(sim: SimConfig) -> dict[str, str]:
-    """What decides an arm's numbers (the experiment without its seed list, workers, registration and other arms,
-    the arm's own settings, every node's resolved config without its seed), per arm: a saved pair is reused only
-    under the same key, and adding an arm keeps the others' pairs."""
+def arm_settings(sim: SimConfig) -> dict[str, dict[str, Any]]:
+    """What decides an arm's numbers, per arm: the experiment without its seed list, workers, registration and other
+    arms; the arm's own settings; every node's resolved config without its seed (so a changed default counts)."""
     d = sim.model_dump(mode="json")
     arms = {c["name"]: c for c in d.pop("configurations")}
     for k in ("seeds", "workers", "registration"):
@@ -36,22 +35,54 @@ def arm_keys(sim: SimConfig) -> dict[str, str]:
     def nodes(arm: str) -> list[dict[str, Any]]:
         return [{**sim.node_config(arm, i, 0).model_dump(mode="json"), "seed": None} for i in range(sim.nodes)]
 
-    return {
-        name: hashlib.sha256(json.dumps([d, arm, nodes(name)], sort_keys=True).encode()).hexdigest()[:16]
-        for name, arm in arms.items()
-    }
+    return {name: {"experiment": d, "arm": arm, "nodes": nodes(name)} for name, arm in arms.items()}
 
 
-def saved_pairs(old: dict[str, Any] | None, keys: dict[str, str], name: str, analyze: bool = False) -> Data:
-    """The finished pairs of an earlier result JSON whose arm keys match; an arm whose settings resolve differently
-    now (a changed or new default) keeps none for a run, since new pairs would not pair with them. ``analyze`` keeps
-    them all: re-reading results never needs the code they ran with."""
+def arm_keys(sim: SimConfig) -> dict[str, str]:
+    """An arm's settings hashed: a saved pair is reused only under the same key (or one that differs by fields
+    added since, :func:`saved_pairs`), and adding an arm keeps the others' pairs."""
+    return {name: _key(s) for name, s in arm_settings(sim).items()}
+
+
+def _key(s: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps([s["experiment"], s["arm"], s["nodes"]], sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _flat(x: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted paths of the mappings in ``x`` (node lists by index); any other list is one value."""
+    if isinstance(x, dict):
+        return {k: v for key, val in x.items() for k, v in _flat(val, f"{prefix}{key}.").items()}
+    if prefix.endswith("nodes.") and isinstance(x, list):
+        return {k: v for i, val in enumerate(x) for k, v in _flat(val, f"{prefix}{i}.").items()}
+    return {prefix.rstrip("."): x}
+
+
+def changes(then: dict[str, Any], now: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(fields added since, fields removed or changed) between two arm settings."""
+    a, b = _flat(then), _flat(now)
+    return [k for k in b if k not in a], [k for k in a if k not in b or a[k] != b[k]]
+
+
+def saved_pairs(old: dict[str, Any] | None, now: dict[str, dict[str, Any]], name: str, analyze: bool = False) -> Data:
+    """The finished pairs of an earlier result JSON whose arm settings are the ones resolved now. An arm whose
+    settings differ only by fields added to the code since (at their defaults: a new option that changes nothing
+    unless set) keeps its pairs, with a line naming them; one whose settings changed keeps none for a run, since new
+    pairs would not pair with them. ``analyze`` keeps them all: re-reading results never needs the code they ran
+    with."""
+    old = old or {}
     out: Data = {}
-    for arm, seeds in (old or {}).get("pairs", {}).items():
-        if (old or {}).get("arm_keys", {}).get(arm) == keys.get(arm) or analyze:
+    for arm, seeds in old.get("pairs", {}).items():
+        then = old.get("arm_settings", {}).get(arm)
+        added, changed = changes(then, now[arm]) if then is not None and arm in now else ([], ["(not recorded)"])
+        if analyze or (arm in now and old.get("arm_keys", {}).get(arm) == _key(now[arm])):
             out[arm] = {int(k): v for k, v in seeds.items()}
+        elif not changed:
+            out[arm] = {int(k): v for k, v in seeds.items()}
+            print(f"{name}: arm {arm}: fields added since its pairs ran, at their defaults, pairs kept: "
+                  f"{', '.join(added[:8])}{' ...' if len(added) > 8 else ''}", file=sys.stderr)  # fmt: skip
         else:
-            print(f"{name}: arm {arm} was another experiment; its pairs are not reused", file=sys.stderr)
+            print(f"{name}: arm {arm} was another experiment (differs at {', '.join(changed[:8])}); its pairs are "
+                  "not reused", file=sys.stderr)  # fmt: skip
     return out
 
 

@@ -213,3 +213,22 @@ def test_quick_run_records_its_registration_and_resumes_with_nothing_to_run(tmp_
     # another setting (more steps) is another registration: refused
     with pytest.raises(SystemExit, match="made under registration"):
         main([*args, "--set", "steps=3"])
+
+
+def test_saved_pairs_survive_fields_added_since_but_not_changed_ones(capsys) -> None:
+    """A long experiment outlives code changes: an option added to the node config since its pairs ran (at its
+    default) keeps them, named; a changed setting does not."""
+    from sim.driver.pairs import _key, saved_pairs
+
+    then = {"experiment": {"steps": 60}, "arm": {"name": "alone"}, "nodes": [{"learner": {"lr": 1e-4}}]}
+    old = {"pairs": {"alone": {"0": {"steps": {}}}}, "arm_keys": {"alone": _key(then)}, "arm_settings": {"alone": then}}
+    assert saved_pairs(old, {"alone": then}, "r.json") == {"alone": {0: {"steps": {}}}}
+    added = json.loads(json.dumps(then))
+    added["nodes"][0]["learner"]["guidance_gamma"] = 0.1
+    assert saved_pairs(old, {"alone": added}, "r.json") == {"alone": {0: {"steps": {}}}}
+    assert "nodes.0.learner.guidance_gamma" in capsys.readouterr().err
+    changed = json.loads(json.dumps(added))
+    changed["nodes"][0]["learner"]["lr"] = 3e-5
+    assert saved_pairs(old, {"alone": changed}, "r.json") == {}
+    assert "differs at nodes.0.learner.lr" in capsys.readouterr().err
+    assert saved_pairs(old, {"alone": changed}, "r.json", analyze=True)  # re-reading keeps every pair
