@@ -94,17 +94,7 @@ from protocol.transport.hivemind.guard import (
 )
 from protocol.transport.hivemind.loop import LoopThread, T, port_of
 from protocol.transport.hivemind.pubsub import PUBSUB_FLAGS, daemon_args
-from protocol.transport.hivemind.reach import (
-    DEMOTE_NETWORKS,
-    REACHABLE,
-    UNKNOWN,
-    UNREACHABLE,
-    DialBackService,
-    Probe,
-    candidates,
-    probe,
-    set_client_mode,
-)
+from protocol.transport.hivemind.reach import REACHABLE, UNKNOWN, UNREACHABLE, DialBackService, probe, set_client_mode
 from protocol.transport.netkey import NetworkKey
 
 logger = logging.getLogger(__name__)
@@ -121,7 +111,7 @@ RESTART_BACKOFF_S = (2.0, 60.0)
 MAX_KNOWN_PEERS = 16
 #: Seconds between attempts to rejoin the swarm while this node's routing table is empty.
 REJOIN_INTERVAL_S = 10.0
-#: Seconds between dial-back probes while nobody has answered one, and between re-checks once a peer has.
+#: Seconds between dial-back probes while nobody has answered one, and between re-checks once decided.
 REACH_RETRY_S = (5.0, 600.0)
 #: Domain of the DHT id derived from the node's public key (``DHTID.generate`` hashes it with SHA-1).
 DHT_ID_DOMAIN = b"rl-swarm/dht-id/v1\x00"
@@ -176,8 +166,6 @@ class HivemindTransport(Transport):
         #: ``client_mode: auto``; and the probe task, on the DHT's loop.
         self.reachability = UNKNOWN
         self._reach_future: Any = None
-        #: Whether any peer has answered a probe (retry quickly only while none has).
-        self._reach_heard = False
         #: The node's membership of the swarm's GossipSub topic (``cfg.gossip``), attached to each daemon it runs.
         self.member = member
 
@@ -341,14 +329,29 @@ class HivemindTransport(Transport):
         never hangs, never raises on network faults: on a timeout it returns what it has."""
         await self._ensure_daemon()
         self._rejoin_if_alone()
-        pushed = self.member.records(list(windows)) if self.member is not None else []
+        self._adopt_pushed(windows)
         async with self._fetch_lock:
             try:
                 polled = await self.reader.poll(windows, prefer, self._get_shards, self._get_peers, self._get_records)
             except TimeoutError:
                 logger.debug("hivemind fetch timed out; returning cached records")
                 polled = [d for w in sorted(set(windows)) for d in self.reader.cache.get(w, {}).values()]
+        pushed = self.member.records(list(windows)) if self.member is not None else []  # arrived during the poll too
         return list(dict.fromkeys([*polled, *pushed])) if pushed else polled
+
+    def _adopt_pushed(self, windows: Sequence[int]) -> None:
+        """Put the records that arrived over the topic (validated at the edge) into the DHT reader's cache under their
+        DHT digest, so a poll fetches from the DHT only what gossip has not brought."""
+        if self.member is None:
+            return
+        store = self.member.store
+        for w, digest in store.inventory(list(windows), 1 << 16):
+            have = self.reader.cache.setdefault(w, OrderedDict())
+            key = digest[:16].hex()  # SPEC 7.1's digest: the first 16 bytes of the SHA-256 that 7.3 uses whole
+            if key not in have:
+                data = store.get(digest)
+                if data is not None:
+                    have[key] = data
 
     async def _gossip(self, data: bytes, window: int) -> None:
         """Publish on the swarm's topic too (SPEC 7.6); a failure is logged and counted, the DHT store still runs."""
@@ -446,24 +449,27 @@ class HivemindTransport(Transport):
             while self.reachability == UNKNOWN and time.monotonic() < deadline:
                 await asyncio.sleep(0.2)
             return self.reachability
-        verdict = (await self._runner.call(self._probe(), timeout=60.0)).verdict
+        verdict = await self._runner.call(self._probe(), timeout=60.0)
         if verdict != UNKNOWN:
             self.reachability = verdict
         return verdict
 
-    async def _probe(self) -> Probe:
+    async def _probe(self) -> str:
         node = self._node
         port = port_of(list(self.cfg.announce_maddrs) or self._addresses)
         if not port:
-            return Probe()
+            return UNKNOWN
         servers = list(node.protocol.routing_table.peer_id_to_uid)
-        peers = await candidates(node.p2p, servers, self.cfg.request_timeout_s)
-        return await probe(node.p2p, peers, [port]) if peers else Probe()
+        others = []
+        with contextlib.suppress(Exception):
+            others = [i.peer_id for i in await asyncio.wait_for(node.p2p.list_peers(), self.cfg.request_timeout_s)]
+        peers = list(dict.fromkeys([*servers, *others]))
+        return await probe(node.p2p, peers, [port]) if peers else UNKNOWN
 
     async def _reach_loop(self) -> None:
         """``client_mode: auto``: probe until a peer answers, re-check every few minutes. Runs on the DHT's loop."""
         while not self._closed:
-            await asyncio.sleep(REACH_RETRY_S[1] if self._reach_heard else REACH_RETRY_S[0])
+            await asyncio.sleep(REACH_RETRY_S[0] if self.reachability == UNKNOWN else REACH_RETRY_S[1])
             if self._closed:
                 return
             try:
@@ -473,22 +479,12 @@ class HivemindTransport(Transport):
 
     async def _reach_step(self) -> None:
         """One dial-back probe; switch to what it found, saying so in one log line (on a change, or the first
-        verdict). A client serves once a peer opened a connection; a server stops serving only on answers from
-        several networks (``reach.Probe.demotes``), so one hostile peer cannot demote it. Runs on the DHT's loop."""
-        found = await self._probe()
-        verdict = found.verdict
+        verdict). Runs on the DHT's loop."""
+        verdict = await self._probe()
         if verdict == UNKNOWN or self._closed:
             return
-        self._reach_heard = True
-        node = self._node
-        if verdict == UNREACHABLE and not node.protocol.client_mode and not found.demotes:
-            logger.debug(
-                "dial-back: peers in %d network(s) found no port open; %d needed to stop serving",
-                len(found.closed_networks),
-                DEMOTE_NETWORKS,
-            )
-            return
         client = verdict == UNREACHABLE
+        node = self._node
         changed = node.protocol.client_mode != client
         first = self.reachability == UNKNOWN
         self.reachability = verdict
