@@ -94,7 +94,17 @@ from protocol.transport.hivemind.guard import (
 )
 from protocol.transport.hivemind.loop import LoopThread, T, port_of
 from protocol.transport.hivemind.pubsub import PUBSUB_FLAGS, daemon_args
-from protocol.transport.hivemind.reach import REACHABLE, UNKNOWN, UNREACHABLE, DialBackService, probe, set_client_mode
+from protocol.transport.hivemind.reach import (
+    DEMOTE_NETWORKS,
+    REACHABLE,
+    UNKNOWN,
+    UNREACHABLE,
+    DialBackService,
+    Probe,
+    candidates,
+    probe,
+    set_client_mode,
+)
 from protocol.transport.netkey import NetworkKey
 
 logger = logging.getLogger(__name__)
@@ -111,7 +121,7 @@ RESTART_BACKOFF_S = (2.0, 60.0)
 MAX_KNOWN_PEERS = 16
 #: Seconds between attempts to rejoin the swarm while this node's routing table is empty.
 REJOIN_INTERVAL_S = 10.0
-#: Seconds between dial-back probes while nobody has answered one, and between re-checks once decided.
+#: Seconds between dial-back probes while nobody has answered one, and between re-checks once a peer has.
 REACH_RETRY_S = (5.0, 600.0)
 #: Domain of the DHT id derived from the node's public key (``DHTID.generate`` hashes it with SHA-1).
 DHT_ID_DOMAIN = b"rl-swarm/dht-id/v1\x00"
@@ -168,6 +178,8 @@ class HivemindTransport(Transport):
         self._reach_future: Any = None
         #: The node's membership of the swarm's GossipSub topic (``cfg.gossip``), attached to each daemon it runs.
         self.member = member
+        #: Whether any peer has answered a probe (retry quickly only while none has).
+        self._reach_heard = False
 
     @classmethod
     async def create(
@@ -449,27 +461,24 @@ class HivemindTransport(Transport):
             while self.reachability == UNKNOWN and time.monotonic() < deadline:
                 await asyncio.sleep(0.2)
             return self.reachability
-        verdict = await self._runner.call(self._probe(), timeout=60.0)
+        verdict = (await self._runner.call(self._probe(), timeout=60.0)).verdict
         if verdict != UNKNOWN:
             self.reachability = verdict
         return verdict
 
-    async def _probe(self) -> str:
+    async def _probe(self) -> Probe:
         node = self._node
         port = port_of(list(self.cfg.announce_maddrs) or self._addresses)
         if not port:
-            return UNKNOWN
+            return Probe()
         servers = list(node.protocol.routing_table.peer_id_to_uid)
-        others = []
-        with contextlib.suppress(Exception):
-            others = [i.peer_id for i in await asyncio.wait_for(node.p2p.list_peers(), self.cfg.request_timeout_s)]
-        peers = list(dict.fromkeys([*servers, *others]))
-        return await probe(node.p2p, peers, [port]) if peers else UNKNOWN
+        peers = await candidates(node.p2p, servers, self.cfg.request_timeout_s)
+        return await probe(node.p2p, peers, [port]) if peers else Probe()
 
     async def _reach_loop(self) -> None:
         """``client_mode: auto``: probe until a peer answers, re-check every few minutes. Runs on the DHT's loop."""
         while not self._closed:
-            await asyncio.sleep(REACH_RETRY_S[0] if self.reachability == UNKNOWN else REACH_RETRY_S[1])
+            await asyncio.sleep(REACH_RETRY_S[1] if self._reach_heard else REACH_RETRY_S[0])
             if self._closed:
                 return
             try:
@@ -479,12 +488,22 @@ class HivemindTransport(Transport):
 
     async def _reach_step(self) -> None:
         """One dial-back probe; switch to what it found, saying so in one log line (on a change, or the first
-        verdict). Runs on the DHT's loop."""
-        verdict = await self._probe()
+        verdict). A client serves once a peer opened a connection; a server stops serving only on answers from
+        several networks (``reach.Probe.demotes``), so one hostile peer cannot demote it. Runs on the DHT's loop."""
+        found = await self._probe()
+        verdict = found.verdict
         if verdict == UNKNOWN or self._closed:
             return
-        client = verdict == UNREACHABLE
+        self._reach_heard = True
         node = self._node
+        if verdict == UNREACHABLE and not node.protocol.client_mode and not found.demotes:
+            logger.debug(
+                "dial-back: peers in %d network(s) found no port open; %d needed to stop serving",
+                len(found.closed_networks),
+                DEMOTE_NETWORKS,
+            )
+            return
+        client = verdict == UNREACHABLE
         changed = node.protocol.client_mode != client
         first = self.reachability == UNKNOWN
         self.reachability = verdict
