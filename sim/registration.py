@@ -27,6 +27,8 @@ from protocol.config import StrictModel
 RUN_KEYS = ("seeds", "workers", "quick")
 #: Registration keys that record its history rather than define it.
 HISTORY_KEYS = ("amendments", "registered")
+#: The pseudo-arm every arm can be compared with: its own step-0 value, seed by seed (the gain over its start).
+START = "start"
 
 
 class RegisteredArm(StrictModel):
@@ -52,6 +54,8 @@ class MetricSpec(StrictModel):
     """Which (node, family) cells: ``all`` (every family of every measured node) or a name in ``parts``."""
     key: str = "accuracy"
     """The evaluation field: ``accuracy`` (exact, mean over samples), ``pass_at_8``, ``majority_baseline``."""
+    gain: bool = False
+    """The change from the pair's step 0 (0 at step 0): a gain compared across arms, or held to a level."""
     text: str = ""
     """What the number is, for the report."""
 
@@ -65,19 +69,25 @@ class Condition(StrictModel):
     """The arm the condition is about; the candidate arm (one of the target's ``arms``) when unset."""
     beats: str | list[str] | None = None
     """The control the arm must beat: the lower end of the paired interval of (arm - control) above ``above``. A list
-    is the better of them (the higher mean over the seeds), e.g. alone at the shared rate and at its own best rate."""
+    is the better of them (the higher mean over the seeds), e.g. alone at the shared rate and at its own best rate.
+    ``start`` is the arm's own step-0 value, seed by seed: the gain over its start (a single-arm experiment)."""
     above: float = 0.0
     """The margin ``beats`` asks of the interval's lower end (-0.01: "not worse than by more than 0.01")."""
     at_least: float | None = None
     """The arm's mean over seeds at least this (e.g. a gap closed of 0.5)."""
     at_most: float | None = None
     """The arm's mean over seeds at most this (e.g. alone closing at most 0.05)."""
+    share_of: str | None = None
+    """With ``at_least`` / ``at_most``: the bound is on the arm's mean as a share of this arm's mean (e.g. bare
+    answers at most half of what traces reach)."""
 
     @model_validator(mode="after")
     def _one(self) -> Condition:
         given = [k for k in ("beats", "at_least", "at_most") if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(f"a target condition needs exactly one of beats, at_least, at_most; got {given or 'none'}")
+        if self.share_of is not None and self.beats is not None:
+            raise ValueError("share_of bounds a level (at_least or at_most), not a comparison (beats)")
         return self
 
 
@@ -97,8 +107,9 @@ class Analysis(StrictModel):
 
     paired: Literal["seed"] = "seed"
     """Arms are paired by seed: a seed gives every arm the same initial models and task draws."""
-    interval: Literal["t95"] = "t95"
-    """Two-sided 95% Student-t interval of the per-seed differences."""
+    interval: Literal["t95", "sd2"] = "t95"
+    """``t95``: the two-sided 95% Student-t interval of the per-seed differences; ``sd2``: their mean ± 2 sd (the
+    rule "beyond 2 sd" that B6 and B7 registered before the driver used t intervals)."""
 
 
 class Amendment(StrictModel):
@@ -133,10 +144,10 @@ class Registration(StrictModel):
     """Stem of the results files, ``benchmarks/results/<results>.md`` / ``.json`` / ``.png``."""
     setting: str = ""
     """The setting's name (e.g. ``het``), for the report."""
-    arms: dict[str, RegisteredArm] = Field(min_length=2)
+    arms: dict[str, RegisteredArm] = Field(min_length=1)
     """Arm name (a configuration of the experiment) -> role; the order is the report's."""
-    seeds: list[int] = Field(min_length=2)
-    """The registered seeds; the verdict is final once every arm has all of them."""
+    seeds: list[int] = Field(min_length=1)
+    """The registered seeds; the verdict is final once every arm has all of them (``beats`` needs two)."""
     per_seed: list[str] = Field(default_factory=list)
     """Dotted experiment paths set to the run's seed in every arm (``node.model.builtin.seed``): the warm start is
     drawn per seed, so the interval covers warm starts too. Empty: every seed starts from the same models."""
@@ -170,10 +181,13 @@ class Registration(StrictModel):
         named = [*self.target.arms, *(a for pair in self.comparisons for a in pair)]
         for c in self.target.all:
             named += [c.arm] if c.arm else []
+            named += [c.share_of] if c.share_of else []
             named += [c.beats] if isinstance(c.beats, str) else list(c.beats or [])
             if c.metric is not None and c.metric not in self.metrics:
                 raise ValueError(f"target condition names metric {c.metric!r}; registered: {sorted(self.metrics)}")
-        unknown = sorted({a for a in named if a not in arms})
+        if START in arms:
+            raise ValueError(f"{START!r} is the pseudo-arm of every arm's own start; name the arm otherwise")
+        unknown = sorted({a for a in named if a not in arms and a != START})
         if unknown:
             raise ValueError(f"registration names arms {unknown} that are not in its arms {sorted(arms)}")
         for name, m in self.metrics.items():

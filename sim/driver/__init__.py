@@ -12,6 +12,7 @@ and writes a report whose verdict is the registered rule. Modules, top to bottom
 * ``provenance`` -- the registration hash's checks and the commits the report names (git)
 * ``metrics``    -- metric hooks by name (``exact``, ``gap_closed``)
 * ``records``    -- a finished pair's evaluations read into one record
+* ``legacy``     -- pre-driver result JSON (B7's runs, B6-real, the lab gate) read into records
 * ``stats``      -- seeds and t-intervals
 * ``machine``    -- the machine line of every results file
 

@@ -12,8 +12,8 @@ import statistics
 from typing import Any
 
 from sim.driver.metrics import value
-from sim.driver.stats import t_interval
-from sim.registration import Condition, Registration
+from sim.driver.stats import interval
+from sim.registration import START, Condition, Registration
 
 Data = dict[str, dict[int, dict[str, Any]]]
 
@@ -32,11 +32,12 @@ def arm_summary(data: Data, reg: Registration, readout: str) -> dict[str, Any]:
 
 def compare(arms: dict[str, Any], reg: Registration, arm: str, control: str) -> dict[str, Any] | None:
     """Arm minus control at the readout, paired by seed, per metric: the differences, their mean and 95% interval,
-    and ``beats`` (``yes``: the lower end above 0; ``worse``: the upper end below 0; else ``no``). None when they
-    share fewer than two seeds."""
-    if arm not in arms or control not in arms:
+    and ``beats`` (``yes``: the lower end above 0; ``worse``: the upper end below 0; else ``no``). The control
+    ``start`` is the arm's own step-0 value (the gain over its start). None when they share fewer than two seeds."""
+    if arm not in arms or (control not in arms and control != START):
         return None
-    a, c = arms[arm], arms[control]
+    a = arms[arm]
+    c = {"seeds": a["seeds"], **{m: {"end": a[m]["start"]} for m in reg.metrics}} if control == START else arms[control]
     seeds = sorted(set(a["seeds"]) & set(c["seeds"]))
     if len(seeds) < 2:
         return None
@@ -44,7 +45,7 @@ def compare(arms: dict[str, Any], reg: Registration, arm: str, control: str) -> 
     for m in reg.metrics:
         ea, ec = dict(zip(a["seeds"], a[m]["end"], strict=True)), dict(zip(c["seeds"], c[m]["end"], strict=True))
         d = [ea[k] - ec[k] for k in seeds]
-        mean, lo, hi = t_interval(d)
+        mean, lo, hi = interval(d, reg.analysis.interval)
         beats = "yes" if lo > 0 else ("worse" if hi < 0 else "no")
         row[m] = {"diff": d, "mean": mean, "lo": lo, "hi": hi, "beats": beats}
     return row
@@ -63,7 +64,7 @@ def _condition(arms: dict[str, Any], reg: Registration, cand: str, c: Condition)
         return False, f"{subject} has not run"
     if c.beats is not None:
         names = [c.beats] if isinstance(c.beats, str) else c.beats
-        ctl = better_of(arms, names, metric)
+        ctl = START if names == [START] else better_of(arms, names, metric)
         row = compare(arms, reg, subject, ctl) if ctl else None
         if row is None:
             return False, f"{subject} vs {'/'.join(names)}: fewer than two paired seeds"
@@ -73,12 +74,17 @@ def _condition(arms: dict[str, Any], reg: Registration, cand: str, c: Condition)
         return ok, (f"{metric}: {subject} - {ctl}{which} = {r['mean']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}], "
                     f"lower end {'>' if ok else '<='} {c.above:+g}")  # fmt: skip
     mean = statistics.fmean(arms[subject][metric]["end"])
+    of = ""
+    if c.share_of is not None:
+        if c.share_of not in arms:
+            return False, f"{c.share_of} has not run"
+        mean, of = mean / statistics.fmean(arms[c.share_of][metric]["end"]), f" / {c.share_of}'s mean ="
     if c.at_least is not None:
         ok, bound = mean >= c.at_least, f">= {c.at_least:g}"
     else:
         assert c.at_most is not None  # the model allows exactly one of beats, at_least, at_most
         ok, bound = mean <= c.at_most, f"<= {c.at_most:g}"
-    return ok, f"{metric}: {subject} mean {mean:.3f} {'' if ok else 'not '}{bound}"
+    return ok, f"{metric}: {subject} mean{of} {mean:.3f} {'' if ok else 'not '}{bound}"
 
 
 def verdict(arms: dict[str, Any], reg: Registration) -> dict[str, Any]:
@@ -86,7 +92,8 @@ def verdict(arms: dict[str, Any], reg: Registration) -> dict[str, Any]:
     every arm has every registered seed (else the verdict is an interim one)."""
     checks = {a: [_condition(arms, reg, a, c) for c in reg.target.all] for a in reg.target.arms if a in arms}
     met = [a for a, cs in checks.items() if all(ok for ok, _ in cs)]
-    complete = all(set(reg.seeds) <= set(arms.get(a, {}).get("seeds", [])) for a in reg.arms)
+    judged = [a for a, spec in reg.arms.items() if spec.role in ("treatment", "control")]  # references aside
+    complete = all(set(reg.seeds) <= set(arms.get(a, {}).get("seeds", [])) for a in judged)
     head = f"**Target met** by {', '.join(met)}" if met else "**Target not met**"
     text = f"{head}: {reg.target.text}" if reg.target.text else head
     if not complete:

@@ -3,7 +3,8 @@
 Flow: the YAML (with ``--quick`` and ``--set``) -> its registration hash -> refuse if the existing result JSON was
 made under another registration (unless an amendment names it) -> the shared start (if any) -> every (arm, seed)
 pair not finished, each rewriting the report as it lands -> the report (``<results>.md`` / ``.json`` / ``.png``).
-``--analyze`` only re-reads; a result JSON alone (no run directory) re-analyses to the same numbers.
+``--analyze`` only re-reads; a result JSON alone (no run directory) re-analyses to the same numbers, and
+``--legacy OLD.json`` reads a pre-driver result in (``sim.driver.legacy``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--set", action="append", default=[], help="experiment override, e.g. steps=20")
     ap.add_argument("--quick", action="store_true", help="the YAML's quick overrides (seconds; a test)")
     ap.add_argument("--analyze", action="store_true", help="only re-read the runs and the result JSON")
+    ap.add_argument("--legacy", type=Path, default=None, help="with --analyze: a pre-driver result JSON to read in")
     args = ap.parse_args(argv)
     args.command = "swarm-sim experiment " + " ".join(sys.argv[1:] if argv is None else argv)
     return args
@@ -75,6 +77,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.analyze:  # re-read pairs keep the keys and settings they were made under
         keys = {**keys, **(old or {}).get("arm_keys", {})}
         settings = (old or {}).get("arm_settings", {})
+    if args.legacy:  # made by another program: a key no run matches, so a run never reuses them
+        if not args.analyze:
+            raise SystemExit("--legacy reads results in; it runs nothing: add --analyze")
+        from sim.driver.legacy import import_pairs
+
+        made = (provenance.git(args.legacy.resolve().parent, "log", "--diff-filter=A", "--format=%h %cs", "--",
+                               args.legacy.name) or "? ?").splitlines()[-1].split()  # fmt: skip
+        imported = import_pairs(json.loads(args.legacy.read_text()), sim)
+        for seeds in imported.values():
+            for rec in seeds.values():
+                rec.update(commit=made[0], ran=made[1])  # the commit that first added the old JSON
+        saved = {**saved, **imported}
+        keys = {**keys, **{arm: f"legacy:{args.legacy.name}" for arm in imported}}
     start = (old or {}).get("shared_start") if shared_start(sim) else None
     start = start if start and (args.analyze or start.get("key") == start_key(sim)) else None
     work = args.work or Path("runs") / stem

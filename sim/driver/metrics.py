@@ -40,8 +40,15 @@ def gap_closed(record: dict[str, Any], reg: Registration, spec: MetricSpec, step
     return statistics.fmean(gaps)
 
 
+def over_baseline(record: dict[str, Any], reg: Registration, spec: MetricSpec, step: str) -> float:
+    """Exact accuracy minus the majority-answer baseline of the same problems, over the part's cells (above 0: some
+    skill beyond always giving the most common answer)."""
+    now = record["steps"][step]
+    return now["accuracy"][spec.part] - now["majority_baseline"][spec.part]
+
+
 #: Hook name -> function (a registration's ``metrics.<name>.hook``).
-METRICS: dict[str, Hook] = {"exact": exact, "gap_closed": gap_closed}
+METRICS: dict[str, Hook] = {"exact": exact, "gap_closed": gap_closed, "over_baseline": over_baseline}
 #: What a hook needs of the registration: the parts it reads.
 NEEDS_PARTS = {"gap_closed": ("lacking", "known")}
 
@@ -57,6 +64,7 @@ def check_hooks(reg: Registration) -> None:
 
 
 def value(record: dict[str, Any], reg: Registration, name: str, step: str) -> float:
-    """Metric ``name`` of one pair at evaluation step ``step``."""
+    """Metric ``name`` of one pair at evaluation step ``step`` (less its value at step 0 for a ``gain``)."""
     spec = reg.metrics[name]
-    return METRICS[spec.hook](record, reg, spec, step)
+    now = METRICS[spec.hook](record, reg, spec, step)
+    return now - METRICS[spec.hook](record, reg, spec, "0") if spec.gain else now

@@ -17,9 +17,10 @@ from typing import Any
 
 from sim.registration import Registration
 
-#: What a record keeps per evaluation step: exact accuracy, pass@8, and the majority-answer baseline of the same
-#: problems (always giving their most common gold answer: what an accuracy must beat to show any skill).
-RECORDED = ("accuracy", "pass_at_8", "majority_baseline")
+#: What a record keeps per evaluation step: exact accuracy (sampled, and greedy where evaluated), pass@8, and the
+#: majority-answer baseline of the same problems (always giving their most common gold answer: what an accuracy must
+#: beat to show any skill).
+RECORDED = ("accuracy", "pass_at_8", "majority_baseline", "greedy_accuracy")
 
 
 def read_evals(node_dir: Path) -> list[dict[str, Any]]:

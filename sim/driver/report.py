@@ -41,7 +41,8 @@ def header(sim: SimConfig, reg: Registration, prov: dict[str, Any], machine: str
         "- warm start drawn per seed (" + ", ".join(reg.per_seed) + ")" if reg.per_seed else
         "- every seed starts from the same models; a seed varies the task draws and every sample after that",
         "- metrics (the first is primary): " + "; ".join(f"**{k}** {m.text or m.hook}" for k, m in reg.metrics.items()),
-        f"- analysis: paired by {reg.analysis.paired}, mean and 95% t-interval; target: {reg.target.text}",
+        f"- analysis: paired by {reg.analysis.paired}, mean and "
+        f"{'95% t-interval' if reg.analysis.interval == 't95' else 'mean ± 2 sd'}; target: {reg.target.text}",
     ]  # fmt: skip
     if reg.amendments:
         lines += ["", "Amendments:", ""]
@@ -82,6 +83,7 @@ def interval(r: dict[str, float]) -> str:
 def tables(result: dict[str, Any], reg: Registration) -> list[str]:
     """The per-arm table, the paired differences and the per-seed readout (from the analysis alone)."""
     arms, p = result["arms"], reg.primary
+    span, cell = ("95% interval", "[95%]") if reg.analysis.interval == "t95" else ("mean ± 2 sd", "[± 2 sd]")
     others = [m for m in reg.metrics if m != p]
     lines = ["## Per arm (mean ± sd over seeds)", "",
              f"| arm | role | seeds | {p} start | {p} end | gain |" + "".join(f" {m} start -> end |" for m in others),
@@ -97,8 +99,8 @@ def tables(result: dict[str, Any], reg: Registration) -> list[str]:
         lines += ["", f"Baseline ({reg.baseline}: always the most common gold answer of the evaluated problems; an "
                   f"exact accuracy at or below it shows no skill): {parts}."]  # fmt: skip
     lines += ["", "## Paired differences at the readout (arm minus control, same seeds)", "",
-              f"| arm | control | seeds | {p} diff | 95% interval | beats it |"
-              + "".join(f" {m} diff [95%] |" for m in others),
+              f"| arm | control | seeds | {p} diff | {span} | beats it |"
+              + "".join(f" {m} diff {cell} |" for m in others),
               "|---|---|---:|---:|---|---|" + "---|" * len(others)]  # fmt: skip
     for c in result["comparisons"]:
         r = c[p]

@@ -38,6 +38,15 @@ def t_interval(xs: list[float]) -> tuple[float, float, float]:
     return m, m - half, m + half
 
 
+def interval(xs: list[float], kind: str = "t95") -> tuple[float, float, float]:
+    """Mean and interval of ``xs`` by the registration's kind: ``t95`` (:func:`t_interval`) or ``sd2`` (mean ± 2
+    sd)."""
+    if kind == "t95" or len(xs) < 2:
+        return t_interval(xs)
+    m, sd = statistics.fmean(xs), statistics.stdev(xs)
+    return m, m - 2 * sd, m + 2 * sd
+
+
 def mean_sd(xs: list[float]) -> str:
     """``mean ± sd`` (or the one value) to three places."""
     return f"{statistics.fmean(xs):.3f} ± {statistics.stdev(xs):.3f}" if len(xs) > 1 else f"{xs[0]:.3f}"

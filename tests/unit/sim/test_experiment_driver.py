@@ -232,3 +232,51 @@ def test_saved_pairs_survive_fields_added_since_but_not_changed_ones(capsys) -> 
     assert saved_pairs(old, {"alone": changed}, "r.json") == {}
     assert "differs at nodes.0.learner.lr" in capsys.readouterr().err
     assert saved_pairs(old, {"alone": changed}, "r.json", analyze=True)  # re-reading keeps every pair
+
+
+#: Registrations whose results were made before the driver, read in with ``--legacy``: YAML, old JSON, and the
+#: figures the old scripts reported to three places (docs/benchmarks.md cites them), as (arm, metric, mean).
+LEGACY_IMPORTS = {
+    "b7-lab": ("b7_lab", [("alone", "gain", 0.098), ("alone", "pass@8", 0.073)]),
+    "b6-real": ("b6_real", [("ht_mnpo", "gain", 0.115), ("td_mnpo", "gain", 0.113), ("dpo", "gain", 0.102)]),
+    "lab-gate": (
+        "lab_gate",
+        [("traces", "greedy_add", 0.88), ("traces", "greedy_sub", 1.0), ("bare", "greedy_sub", 0.03)],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LEGACY_IMPORTS))
+def test_legacy_results_read_in_and_reanalyse_to_the_same_values(name: str, tmp_path: Path) -> None:
+    """B7-lab, B6-real and the lab gate: their committed driver JSON re-analyses to itself, and reading the old
+    script's JSON in again gives the same pairs and the figures the old script reported."""
+    import statistics
+
+    old, figures = LEGACY_IMPORTS[name]
+    config, results = ROOT / "configs" / "sim" / f"{name}.yaml", ROOT / "benchmarks" / "results"
+    stem = load_sim_config(str(config)).registration.results
+    committed = json.loads((results / f"{stem}.json").read_text())
+    shutil.copy(results / f"{stem}.json", tmp_path)
+    assert main([str(config), "--analyze", "--out", str(tmp_path), "--work", str(tmp_path / "none")]) == 0
+    again = json.loads((tmp_path / f"{stem}.json").read_text())
+    for key in ("arms", "comparisons", "verdict", "baseline", "pairs", "arm_keys"):
+        assert again.get(key) == committed.get(key), key
+    fresh = tmp_path / "fresh"
+    assert main([str(config), "--analyze", "--out", str(fresh), "--work", str(tmp_path / "none"),
+                 "--legacy", str(results / f"{old}.json")]) == 0  # fmt: skip
+    imported = json.loads((fresh / f"{stem}.json").read_text())
+    assert imported["pairs"] == committed["pairs"] and imported["verdict"] == committed["verdict"]
+    for arm, metric, mean in figures:
+        assert statistics.fmean(committed["arms"][arm][metric]["end"]) == pytest.approx(mean, abs=5e-4)
+
+
+def test_gain_over_start_and_share_of_read_the_registered_rules() -> None:
+    """B7-lab: the gain beats its own start beyond 2 sd but misses +0.10 (not met); the lab gate: bare answers as a
+    share of traces; B6-real: neither MNPO arm beats DPO, and the one-seed reference arm leaves the verdict final."""
+    results = ROOT / "benchmarks" / "results"
+    b7 = json.loads((results / "b7_lab_registered.json").read_text())["verdict"]
+    assert not b7["met"] and [c["ok"] for c in b7["checks"]["alone"]] == [False, True, True, True, True]
+    gate = json.loads((results / "lab_gate_registered.json").read_text())["verdict"]
+    assert gate["met"] and gate["by"] == ["traces"]
+    b6 = json.loads((results / "b6_real_registered.json").read_text())["verdict"]
+    assert not b6["met"] and b6["complete"]
