@@ -2,16 +2,15 @@
 ``benchmarks/results/<name>.md`` with the machine and the date, and a quick mode that a test runs.
 
 Learning experiments are registrations, not scripts: ``configs/sim/*.yaml`` with a ``registration:`` block, run by
-``swarm-sim experiment`` (``sim.driver``); ``controls`` is the old command for three of them.
+``swarm-sim experiment`` (``sim.driver``): the controls, B6-real, B7-lab and the lab gate; ``controls`` is the old
+command for three of them.
 
 * ``systems/`` -- what the swarm costs and survives: gossip, engine and learner speed, scale, soaks, attacks, the
   network lab, VADE (one harness, ``systems.harness``)
-* ``b6_mnpo``, ``b6_real`` -- B6: MNPO against two-player baselines (the game in ``sim.experiments.mnpo_game``)
-* ``b7_generalization``, ``lab_gate`` -- B7: held-out accuracy of a node alone; the traces-vs-answers gate
-* ``b8_learning`` -- B8: SmolLM2-135M alone against its stock model
-* ``tables`` -- docs/benchmarks.md's tables from the committed result JSON
+* ``b6_mnpo`` -- B6: MNPO against two-player baselines in a non-transitive game (``sim.experiments.mnpo_game``)
+* ``tables`` -- docs/benchmarks.md's tables and the README's Results from the committed result JSON
 * ``compare_runs`` -- two run trees line by line, timings aside (a refactor's behaviour check)
-* ``common/`` -- the machine line, the real-process runs, plots
+* ``common/`` -- the machine line
 
 Retired scripts (history) are listed in docs/benchmarks.md. Benchmarks import ``sim``, ``node``, ``swarm`` and
 ``protocol``, and nothing imports them.

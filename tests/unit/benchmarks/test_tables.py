@@ -24,3 +24,22 @@ def test_every_registered_result_has_a_section() -> None:
     row = "| receiver | treatment | 10 | 0.077"
     edited = tables.DOC.read_text().replace(row, row[:-1] + "8")
     assert tables.render(edited) != edited
+
+
+def test_committed_readme_results_are_the_ones_the_result_json_writes() -> None:
+    """The README's Results table: one row per registered question, at most 40 words a row, its answer the
+    registered verdict's, every number from the JSON; a hand edit fails."""
+    text = tables.README.read_text()
+    assert tables.README_BEGIN in text, "README.md has no generated Results: run python benchmarks/tables.py"
+    assert tables.render_readme(text) == text, (
+        "README.md's Results differ from the result JSON: run benchmarks/tables.py"
+    )
+    rows = [r for r in tables.readme_table()[2:]]
+    assert len(rows) == len(tables.registered())
+    for row in rows:
+        words = [w for w in row.replace("|", " ").split() if "docs/benchmarks.md#" not in w]
+        assert len(words) <= 40, row
+    answers = {res["name"]: row.split(" | ")[1] for (_, _, res), row in zip(tables.registered(), rows, strict=True)}
+    assert answers["controls-het"] == "yes" and answers["b6-real"] == "no" and answers["b7-lab"] == "partly"
+    edited = text.replace("+0.031 [+0.019, +0.044]", "+0.032 [+0.019, +0.044]")
+    assert edited != text and tables.render_readme(edited) != edited
