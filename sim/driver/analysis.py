@@ -76,8 +76,8 @@ def _condition(arms: dict[str, Any], reg: Registration, cand: str, c: Condition)
     mean = statistics.fmean(arms[subject][metric]["end"])
     of = ""
     if c.share_of is not None:
-        if c.share_of not in arms:
-            return False, f"{c.share_of} has not run"
+        if c.share_of not in arms or statistics.fmean(arms[c.share_of][metric]["end"]) == 0:
+            return False, f"{metric}: {c.share_of} has not run or is 0 (no share of it)"
         mean, of = mean / statistics.fmean(arms[c.share_of][metric]["end"]), f" / {c.share_of}'s mean ="
     if c.at_least is not None:
         ok, bound = mean >= c.at_least, f">= {c.at_least:g}"
