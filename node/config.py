@@ -364,6 +364,12 @@ class SapoConfig(StrictModel):
     ``stronger``, only those whose share of solved completions is above its own recent solve rate ``b`` on the
     family, so a node learns from peers that do better than it there and not from weaker ones' right answers."""
 
+    guided_negatives: Literal["keep", "drop"] = "keep"
+    """``peer_advantage: guided`` only: what becomes of this node's own completions in a mixed group that the shared
+    baseline credits below zero. ``keep`` (LUFFY as written): they are pushed down like any below-average rollout.
+    ``drop``: they are left out, so guidance only pulls toward the peer's right working. On a family a node has
+    never seen, its own attempts are its known family's working applied to the wrong task; pushing them down
+    unteaches the family it knows (the DEV side of the transfer comparison, ``docs/transfer.md``)."""
     peer_text: Literal["full", "answer"] = "full"
     """What of a peer's completion this node trains on. ``full``: the text as sent (working and answer). ``answer``:
     only its answer, re-written as ``<answer>x</answer>`` (the labels-only control of the sharing comparison:

@@ -56,6 +56,7 @@ class SampleBuilder:
         peer_importance_weights: bool = True,
         peer_advantages: Callable[[PooledGroup], list[float]] | None = None,
         peer_text: str = "full",
+        guided_negatives: str = "keep",
     ) -> None:
         self.policy = policy
         self.tasks = tasks
@@ -67,6 +68,8 @@ class SampleBuilder:
         self.peer_advantages = peer_advantages
         #: ``sapo.peer_text``: ``answer`` trains on a peer completion's answer only (the labels-only control).
         self.peer_text = peer_text
+        #: ``sapo.guided_negatives``: ``drop`` leaves a mixed group's own below-baseline completions out.
+        self.guided_negatives = guided_negatives
 
     def prompt_ids(self, task: TaskRef) -> list[int]:
         """The local prompt tokens of ``task`` (regenerated from its ref, formatted as this policy prompts)."""
@@ -117,16 +120,18 @@ class SampleBuilder:
         (``guide.rewards`` are the receiver's own scores, from ingest), under one group baseline,
         ``A_i = (r_i - mean(G_on + G_off)) / std(G_on + G_off)`` (as the loss preset scales advantages). Own samples
         train on the engine's tokens with their behaviour logprobs; the peer's are marked ``guided`` (shaped, no
-        clip, no importance weight). The peer's wrong completions are never trained on."""
+        clip, no importance weight). The peer's wrong completions are never trained on; with ``guided_negatives: drop``
+        neither are this node's own completions credited below zero."""
         right = [c for c, r in zip(guide.group.completions, guide.rewards, strict=True) if r >= SOLVED]
         texts = [(self._peer_text(c.text), c.finish_reason) for c in right]
         peer_ids = [self.completion_ids(t, fr) if t else [] for t, fr in texts]
         peer_ids = [ids for ids in peer_ids if ids]
         advs = self.advantages([*own.rewards, *[1.0] * len(peer_ids)])
+        keep_negative = self.guided_negatives == "keep"
         samples = [
             TrainSample(gen.prompt_ids, list(gen.token_ids), adv, list(gen.logprobs))
             for gen, adv in zip(generations, advs, strict=False)
-            if gen.token_ids
+            if gen.token_ids and (keep_negative or adv >= 0.0)
         ]
         if not peer_ids:
             return samples

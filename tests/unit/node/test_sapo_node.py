@@ -308,16 +308,18 @@ def test_peer_text_answer_trains_on_a_peers_answer_only(model_dir: Path, tmp_pat
         assert texts == ["<answer>3</answer>"]
 
 
-def test_a_guided_node_rolls_out_on_its_peers_prompts_and_shares_one_baseline(tmp_path: Path) -> None:
+@pytest.mark.parametrize("negatives", ["keep", "drop"])
+def test_a_guided_node_rolls_out_on_its_peers_prompts_and_shares_one_baseline(tmp_path: Path, negatives: str) -> None:
     """``sapo.peer_advantage: guided``: the peers' groups are drawn before the node generates (at most
     ``max_per_peer`` from one sender), the node rolls out G completions on each of their prompts too, and each peer's
     right completions join that own group under one group baseline (LUFFY's mixed group); the peer's wrong ones are
-    never trained on, and its right ones are marked as guidance."""
+    never trained on, and its right ones are marked as guidance. ``guided_negatives: drop`` leaves out the node's own
+    completions of a mixed group credited below zero (and only those)."""
     from node.learn.losses import advantages_for
     from protocol.types import Envelope, RolloutBatch
 
     strong = _scripted_node(tmp_path, "strong", "receiver", 0.85)
-    weak = _scripted_node(tmp_path, "weak", "guided", 0.05, max_per_peer=1)
+    weak = _scripted_node(tmp_path, "weak", "guided", 0.05, max_per_peer=1, guided_negatives=negatives)
     guided_steps = 0
 
     async def loop() -> None:
@@ -340,6 +342,11 @@ def test_a_guided_node_rolls_out_on_its_peers_prompts_and_shares_one_baseline(tm
                 assert len(peer) == right and all(s.external and s.family == "chain_sum" for s in peer)
                 assert [s.advantage for s in peer] == pytest.approx(advs[len(mine.rewards) :])
                 assert mine in train.sapo.local  # trained whatever its own rewards
+                mixed = weak.samples.guided(mine, own.generations[mine.key], guide)
+                own_advs = [s.advantage for s in mixed if not s.external]
+                below = sum(1 for a in advs[: len(mine.rewards)] if a < 0)
+                assert len(own_advs) == len(mine.rewards) - (below if negatives == "drop" else 0)
+                assert sum(a < 0 for a in own_advs) == (0 if negatives == "drop" else below)
                 guided_steps += 1
             assert all(s.guided for s in train.samples if s.external)
             weak.learn(train)
