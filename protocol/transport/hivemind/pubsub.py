@@ -54,7 +54,7 @@ def _install() -> None:
     def make_process_args(*args: Any, **kwargs: Any) -> list[str]:
         return list(original(*args, **{**kwargs, **(_EXTRA.get() or {})}))
 
-    P2P._make_process_args = staticmethod(make_process_args)  # type: ignore[method-assign]
+    P2P._make_process_args = staticmethod(make_process_args)
     _installed = True
 
 
@@ -83,7 +83,8 @@ class DaemonPubsub:
         self.resubscribes = 0
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        return await self.p2p._client.control.daemon_connector.open_connection()  # type: ignore[no-any-return]
+        reader, writer = await self.p2p._client.control.daemon_connector.open_connection()
+        return reader, writer
 
     async def _request(self, ps: Any) -> tuple[Any, asyncio.StreamReader, asyncio.StreamWriter]:
         reader, writer = await self._connect()
@@ -115,9 +116,10 @@ class DaemonPubsub:
                 if self._closed:
                     return
                 logger.debug("pubsub subscription of %s broke (%s: %s); resubscribing", self.topic, type(e).__name__, e)
-                reader = await self._resubscribe()
-                if reader is None:
+                again = await self._resubscribe()
+                if again is None:
                     return
+                reader = again
                 continue
             try:
                 self.on_message(msg)

@@ -61,14 +61,23 @@ from libp2p.tools.anyio_service import background_trio_service
 from protocol.errors import TransportError
 from protocol.transport.base import RecordCheck, Transport
 from protocol.transport.config import Libp2pTransportConfig, ProtocolConfig
-from protocol.transport.gossip import TAG_ANNOUNCE, TAG_RECORD, gossip_topic
+from protocol.transport.gossip import (
+    MAX_GET,
+    MAX_HAVE,
+    MAX_PX,
+    MAX_WINDOWS,
+    SYNC_PROTOCOL,
+    TAG_ANNOUNCE,
+    TAG_RECORD,
+    gossip_topic,
+)
 from protocol.transport.libp2p.bridge import TrioBridge
 from protocol.transport.libp2p.edge import EdgeValidator
 from protocol.transport.libp2p.gossipsub import GRAYLIST_THRESHOLD, PUBLISH_THRESHOLD, build_pubsub
 from protocol.transport.libp2p.peers import AdError, PeerAd, PeerTable, make_ad, verify_ad
 from protocol.transport.libp2p.stalls import ForwarderBackoff
 from protocol.transport.libp2p.store import Counters, RecordStore, digest_of
-from protocol.transport.libp2p.sync import MAX_GET, MAX_HAVE, MAX_PX, MAX_WINDOWS, SYNC_PROTOCOL, SyncClient, SyncServer
+from protocol.transport.libp2p.sync import SyncClient, SyncServer
 from protocol.transport.netkey import NetworkKey
 from protocol.version import INCOMPATIBLE, compatible, local_version, report_incompatible
 
