@@ -101,8 +101,12 @@ def frame(data: bytes) -> bytes:
     return varint(len(data)) + data
 
 
+class FrameTooLarge(ValueError):
+    """A frame longer than the reader accepts (a peer with a larger ``max_record_bytes`` serving a record)."""
+
+
 async def read_frame(reader: asyncio.StreamReader, limit: int) -> bytes:
-    """Read one frame of at most ``limit`` bytes from an asyncio stream; ValueError if it is longer."""
+    """Read one frame of at most ``limit`` bytes from an asyncio stream; :class:`FrameTooLarge` if it is longer."""
     n, shift = 0, 0
     while True:
         b = (await reader.readexactly(1))[0]
@@ -113,7 +117,7 @@ async def read_frame(reader: asyncio.StreamReader, limit: int) -> bytes:
         if shift > 63:
             raise ValueError("varint too long")
     if n > limit:
-        raise ValueError(f"frame of {n} bytes exceeds {limit}")
+        raise FrameTooLarge(f"frame of {n} bytes exceeds {limit}")
     return await reader.readexactly(n) if n else b""
 
 

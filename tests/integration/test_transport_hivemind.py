@@ -347,3 +347,30 @@ async def test_records_also_travel_over_the_gossip_topic_and_a_late_joiner_syncs
         assert data in late.member.records([w])
     finally:
         await late.close()
+
+
+async def test_a_record_over_our_cap_does_not_block_gossip_sync_with_the_peer_that_holds_it(make_transports):
+    """As the libp2p transport's sync client: a record a peer with a larger ``max_record_bytes`` lists is asked for
+    alone once, remembered as too large, and the rest of the batch still arrives over sync."""
+    (a,) = await make_transports(1)  # max_record_bytes 1 MiB
+    ident, w = Identity.generate(), now_window()
+    large = make_record(ident, window=w, text="large", size=200_000)
+    small = make_record(ident, window=w, text="small")
+    for data in (large, small):
+        await publish_listed(a, ident, data, w)
+    pc = ProtocolConfig(window_seconds=WINDOW_SECONDS, max_record_bytes=128 * 1024)
+    validator = RecordValidator.from_config(SWARM, pc)
+    cfg = HivemindTransportConfig(initial_peers=a.addresses(), request_timeout_s=5)
+    late = await HivemindTransport.create(cfg, swarm=SWARM, validate=validator.verdict, protocol=pc)
+    try:
+        assert late.member is not None
+
+        async def synced() -> list[bytes]:
+            return late.member.records([w]) if late.member is not None else []
+
+        await eventually(synced, lambda r: small in r)
+        await late.sync_now()
+        stats = late.stats()
+        assert stats.get("gossip_drops_sync_too_large") == 1 and not stats.get("gossip_drops_sync_failed"), stats
+    finally:
+        await late.close()

@@ -810,3 +810,25 @@ def test_py_libp2p_builds_and_accepts_the_spec_gossip_trace():
     addr = f"/ip4/127.0.0.1/tcp/1/p2p/{key.peer_id}"
     ad = make_ad(key.seed, key.peer_id_bytes, swarm=SWARM, addrs=[addr], version=(2, 2), now=time.time())
     assert verify_ad(ad, swarm=SWARM, now=time.time(), ttl_s=600).addrs == (addr,)
+
+
+async def test_a_record_over_our_cap_does_not_block_sync_with_the_peer_that_holds_it(make_transports):
+    """A peer whose ``max_record_bytes`` is larger lists a record we cannot take: the sync batch that holds it is asked
+    again record by record, the large one is remembered and never asked for again, and the others arrive."""
+    (a,) = await make_transports(1)  # max_record_bytes 1 MiB
+    ident = Identity.generate()
+    w = now_window()
+    large = make_record(ident, window=w, text="large", size=200_000)
+    small = make_record(ident, window=w, text="small")
+    for data in (large, small):
+        await a.publish(data, window=w, sender=ident.peer_id)
+    await asyncio.sleep(4.0)  # past GossipSub's gossip window: only sync can bring them now
+    late = await _start(a.addresses(), ProtocolConfig(window_seconds=WINDOW_SECONDS, max_record_bytes=128 * 1024))
+    try:
+        await eventually(lambda: late.fetch_recent([w]), lambda r: small in r)
+        await late.sync_now()
+        drops = late.stats()["drops"]
+        assert drops.get("sync_too_large") == 1 and not drops.get("sync_failed"), drops
+        assert large not in await late.fetch_recent([w])
+    finally:
+        await late.close()

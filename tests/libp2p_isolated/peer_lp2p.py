@@ -78,6 +78,12 @@ def hostile_frames(ident: Identity) -> list[bytes]:
     ]
 
 
+def scores(transport: Libp2pTransport) -> dict[str, float]:
+    """This peer's GossipSub score of each peer it knows on the topic (py-libp2p's scorer)."""
+    scorer = transport._pubsub.router.scorer
+    return {str(p): round(v, 2) for p, v in scorer.get_all_peer_scores([transport.topic]).items()}
+
+
 STALLED_GETS = [0]
 
 
@@ -125,6 +131,7 @@ async def run(a: argparse.Namespace) -> dict:
         expiration_windows=8,
         port=a.port,
         host=a.host,
+        peer_exchange=not a.no_peer_exchange,
     )
     transport = await Libp2pTransport.create(
         cfg,
@@ -192,6 +199,7 @@ async def run(a: argparse.Namespace) -> dict:
             "peers": sorted(peers_seen),
             "published": published,
             "stalled_gets": STALLED_GETS[0],
+            "scores": scores(transport),
         }
     finally:
         await transport.close()
@@ -220,6 +228,7 @@ def main() -> int:
     ap.add_argument("--linger", type=float, default=5.0, help="seconds to stay up after --expect is met")
     ap.add_argument("--sync-interval", type=float, default=2.0)
     ap.add_argument("--inline-max", type=int, default=900_000)
+    ap.add_argument("--no-peer-exchange", action="store_true", help="stay connected to --bootstrap peers only")
     a = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     out = asyncio.run(run(a))

@@ -41,6 +41,7 @@ from protocol.transport.gossip import (
     MAX_REQUEST_BYTES,
     SYNC_PROTOCOL,
     TAG_RECORD,
+    FrameTooLarge,
     ad_signer_ok,
     answer,
     frame,
@@ -64,6 +65,8 @@ MAX_FETCHES = 4
 MAX_RELAYED_ADS = 64
 #: Seconds an own advertisement is reused before it is signed again.
 AD_RESIGN_S = 60.0
+#: Digests remembered as too large for us (a peer with a larger ``max_record_bytes`` lists them), never asked again.
+MAX_TOO_LARGE = 4096
 
 
 class TopicMember:
@@ -108,6 +111,7 @@ class TopicMember:
         self._addresses: list[str] = []
         self._own_ad: tuple[float, bytes] | None = None
         self._ads: OrderedDict[bytes, bytes] = OrderedDict()
+        self._too_large: OrderedDict[bytes, None] = OrderedDict()
 
     # -- lifecycle (on the DHT loop) -----------------------------------------------------------------------------
 
@@ -237,13 +241,30 @@ class TopicMember:
     async def sync_from(self, peer: Any) -> int:
         """Pull the records of the recent windows ``peer`` holds and we lack; how many new ones passed."""
         raw = await asyncio.wait_for(self._request(peer, {"op": "have", "windows": self._windows()}), self.timeout)
-        missing = [d for d in parse_have(raw[0]) if not self.store.has(d)]
+        missing = [d for d in parse_have(raw[0]) if not self.store.has(d) and d not in self._too_large]
         new = 0
         for i in range(0, len(missing), MAX_GET):
-            got = await asyncio.wait_for(self._get(peer, missing[i : i + MAX_GET]), self.timeout)
+            got = await self._get_batch(peer, missing[i : i + MAX_GET])
             new += sum(1 for data in got if self.edge.admit(data) is None)
         self.counters.stat("synced", new)
         return new
+
+    async def _get_batch(self, peer: Any, digests: list[bytes]) -> list[bytes]:
+        """As the libp2p transport's sync client: a batch holding a record over our cap is asked again one record at a
+        time, and that record is never asked for again (it would fail every later sync with that peer)."""
+        try:
+            return await asyncio.wait_for(self._get(peer, digests), self.timeout)
+        except FrameTooLarge:
+            if len(digests) == 1:
+                self.counters.drop("sync_too_large")
+                self._too_large[digests[0]] = None
+                while len(self._too_large) > MAX_TOO_LARGE:
+                    self._too_large.popitem(last=False)
+                return []
+        out: list[bytes] = []
+        for d in digests:
+            out += await self._get_batch(peer, [d])
+        return out
 
     async def _sync_quietly(self, peer: Any) -> int:
         try:

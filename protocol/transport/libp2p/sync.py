@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgpack
 import trio
-from libp2p.io.exceptions import IncompleteReadError
+from libp2p.io.exceptions import IncompleteReadError, MessageTooLarge
 from libp2p.network.stream.exceptions import StreamError
 from libp2p.peer.id import ID
 from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_bytes_limited
@@ -38,6 +39,8 @@ logger = logging.getLogger(__name__)
 STREAM_FAILURES = (StreamError, IncompleteReadError, trio.BrokenResourceError, trio.ClosedResourceError)
 
 PeersHandler = Callable[[Any], list[bytes]]
+#: Digests remembered as too large for us (listed by a peer whose ``max_record_bytes`` is larger), never asked again.
+MAX_TOO_LARGE = 4096
 
 
 class SyncServer:
@@ -101,6 +104,7 @@ class SyncClient:
         self.max_record_bytes = max_record_bytes
         self.timeout = timeout
         self.admit = admit
+        self.too_large: OrderedDict[bytes, None] = OrderedDict()
 
     async def request(self, peer: ID, req: dict[str, Any]) -> Any:
         stream = await self.host.new_stream(peer, [SYNC_PROTOCOL])
@@ -148,14 +152,32 @@ class SyncClient:
         missing = []
         for item in inv if isinstance(inv, list) else []:
             ok = isinstance(item, list) and len(item) == 2 and isinstance(item[1], bytes) and len(item[1]) == 32
-            if ok and not self.store.has(item[1]):
+            if ok and not self.store.has(item[1]) and item[1] not in self.too_large:
                 missing.append(item[1])
         new = 0
         for i in range(0, len(missing), MAX_GET):
-            with trio.fail_after(self.timeout):
-                got = await self.get(peer, missing[i : i + MAX_GET])
+            got = await self._get_batch(peer, missing[i : i + MAX_GET])
             for data in got:
                 if self.admit(data, digest_of(data)) is None:
                     new += 1
         self.counters.stat("synced", new)
         return new
+
+    async def _get_batch(self, peer: ID, digests: list[bytes]) -> list[bytes]:
+        """``get`` of a batch; a batch that holds a record over our ``max_record_bytes`` (a peer with a larger cap
+        holds it) is asked again one record at a time, and that record is remembered and never asked for again, so
+        one record we cannot take does not block every later sync with that peer (SPEC 7.3)."""
+        try:
+            with trio.fail_after(self.timeout):
+                return await self.get(peer, digests)
+        except MessageTooLarge:
+            if len(digests) == 1:
+                self.counters.drop("sync_too_large")
+                self.too_large[digests[0]] = None
+                while len(self.too_large) > MAX_TOO_LARGE:
+                    self.too_large.popitem(last=False)
+                return []
+        out: list[bytes] = []
+        for d in digests:
+            out += await self._get_batch(peer, [d])
+        return out
