@@ -87,7 +87,6 @@ def _trained_from(run_dir: Path) -> Counter:
     return total
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_two_plus_two_swarm_nodes_train_on_each_other_with_one_behind_a_nat_router(tmp_path):
     """``test_mixed_transports``' 2 + 2 real ``swarm-node join`` processes in the lab: three public hosts and one
