@@ -9,6 +9,7 @@ Knows nothing about arms, seeds or intervals.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable
 from typing import Any
@@ -27,7 +28,9 @@ def gap_closed(record: dict[str, Any], reg: Registration, spec: MetricSpec, step
     """How much of the gap to its peers a node closed on the family it lacks, mean over the measured nodes of
     ``(end - start) / (peer level - start)``: ``start`` and ``end`` the node's ``spec.key`` on its ``lacking``
     family at step 0 and ``step``, the peer level the mean step-0 ``spec.key`` of the other nodes whose ``known``
-    family it is (each seed's own start when the warm start is drawn per seed). 0 at step 0 by construction."""
+    family it is (each seed's own start when the warm start is drawn per seed). 0 at step 0 by construction.
+    Undefined (NaN) for a node whose peers start no better than it does (there is no gap: an untrained quick
+    model, say); the mean is NaN then too, never a division by zero."""
     start, now = record["per_node"]["0"], record["per_node"][step]
     measured = set(reg.measured) if reg.measured is not None else None
     gaps = []
@@ -36,7 +39,8 @@ def gap_closed(record: dict[str, Any], reg: Registration, spec: MetricSpec, step
             continue
         peers = [start[str(j)][fam][spec.key] for j, f in reg.parts["known"].items() if f == fam and j != i]
         s = start[str(i)][fam][spec.key]
-        gaps.append((now[str(i)][fam][spec.key] - s) / (statistics.fmean(peers) - s))
+        gap = statistics.fmean(peers) - s
+        gaps.append((now[str(i)][fam][spec.key] - s) / gap if gap > 0 else math.nan)
     return statistics.fmean(gaps)
 
 

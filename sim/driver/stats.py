@@ -29,12 +29,18 @@ def t975(df: int) -> float:
     return _T975[df - 1] if df <= len(_T975) else 1.96 + 2.4 / df
 
 
+def _sd(xs: list[float]) -> float:
+    """The sample standard deviation, NaN when a value is (``statistics.stdev`` raises on NaN)."""
+    return math.nan if any(math.isnan(x) for x in xs) else statistics.stdev(xs)
+
+
 def t_interval(xs: list[float]) -> tuple[float, float, float]:
-    """Mean and two-sided 95% t-interval of ``xs`` (NaN bounds for fewer than two values)."""
+    """Mean and two-sided 95% t-interval of ``xs`` (NaN bounds for fewer than two values, or a NaN among them: an
+    undefined metric, e.g. a gap closed where the peer starts no better)."""
     m = statistics.fmean(xs)
-    if len(xs) < 2:
+    if len(xs) < 2 or math.isnan(m):
         return m, math.nan, math.nan
-    half = t975(len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
+    half = t975(len(xs) - 1) * _sd(xs) / math.sqrt(len(xs))
     return m, m - half, m + half
 
 
@@ -43,10 +49,10 @@ def interval(xs: list[float], kind: str = "t95") -> tuple[float, float, float]:
     sd)."""
     if kind == "t95" or len(xs) < 2:
         return t_interval(xs)
-    m, sd = statistics.fmean(xs), statistics.stdev(xs)
+    m, sd = statistics.fmean(xs), _sd(xs)
     return m, m - 2 * sd, m + 2 * sd
 
 
 def mean_sd(xs: list[float]) -> str:
     """``mean ± sd`` (or the one value) to three places."""
-    return f"{statistics.fmean(xs):.3f} ± {statistics.stdev(xs):.3f}" if len(xs) > 1 else f"{xs[0]:.3f}"
+    return f"{statistics.fmean(xs):.3f} ± {_sd(xs):.3f}" if len(xs) > 1 else f"{xs[0]:.3f}"
