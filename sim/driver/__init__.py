@@ -6,7 +6,7 @@ and writes a report whose verdict is the registered rule. Modules, top to bottom
 
 * ``main``       -- the command: load, refuse another registration's results, run what is missing, write
 * ``pairs``      -- per-arm keys, saved and finished pairs, running the pending ones (seed by seed)
-* ``start``      -- the shared start and the stock model, evaluated once for every pair
+* ``start``      -- the shared start and the stock model, evaluated once for every pair; per-seed starts
 * ``report``     -- the Markdown report and the plot
 * ``analysis``   -- per-arm numbers, paired differences, 95% t-intervals, the verdict
 * ``provenance`` -- the registration hash's checks and the commits the report names (git)

@@ -2,7 +2,8 @@
 
 Flow: the YAML (with ``--quick`` and ``--set``) -> its registration hash -> refuse if the existing result JSON was
 made under another registration (unless an amendment names it) -> the shared start (if any) -> every (arm, seed)
-pair not finished, each rewriting the report as it lands -> the report (``<results>.md`` / ``.json`` / ``.png``).
+pair not finished (a per-seed experiment evaluates each seed's start first), each rewriting the report as it
+lands -> the report (``<results>.md`` / ``.json`` / ``.png``).
 ``--analyze`` only re-reads; a result JSON alone (no run directory) re-analyses to the same numbers, and
 ``--legacy OLD.json`` reads a pre-driver result in (``sim.driver.legacy``).
 """
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.driver import analysis, pairs, provenance, report
-from sim.driver.start import run_start, shared_start, start_key
+from sim.driver.start import run_start, seed_start, shared_start, start_key
 from sim.registration import registration_hash
 
 
@@ -92,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         keys = {**keys, **{arm: f"legacy:{args.legacy.name}" for arm in imported}}
     start = (old or {}).get("shared_start") if shared_start(sim) else None
     start = start if start and (args.analyze or start.get("key") == start_key(sim)) else None
+    # per-seed starts: seed -> its start; a run checks each against the models it builds before reusing it
+    seed_starts = {int(k): v for k, v in (old or {}).get("seed_starts", {}).items()} if seed_start(sim) else None
     work = args.work or Path("runs") / stem
     if not args.analyze:
         if not args.quick and prov["registered"] is None:
@@ -99,28 +102,29 @@ def main(argv: list[str] | None = None) -> int:
         work.mkdir(parents=True, exist_ok=True)
         arms = [a for a in reg.arms if not args.only or a in args.only.split(",")]
         t0 = time.perf_counter()
-        report_now = lambda: write(work, sim, args, prov, (keys, settings), saved, start, stem)  # noqa: E731
+        arm_sets = (keys, settings)
+        report_now = lambda: write(work, sim, args, prov, arm_sets, saved, start, stem, seed_starts)  # noqa: E731
         if shared_start(sim):
             start = run_start(sim, work, start)
             report_now()  # the start (its digests) is kept from now on
         have = {(a, k) for a, seeds in saved.items() for k in seeds}
         meta = {"commit": provenance.head(root), "registration": h}
-        pairs.run_pending(sim, work, arms, have, meta, after_each=report_now)
+        pairs.run_pending(sim, work, arms, have, meta, after_each=report_now, seed_starts=seed_starts)
         print(f"ran in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
     elif start is None and shared_start(sim) and (work / "stock" / "node0" / "eval.jsonl").is_file():
         start = run_start(sim, work, None, digests=False)  # finished evaluations on disk: read them
-    return write(work, sim, args, prov, (keys, settings), saved, start, stem)
+    return write(work, sim, args, prov, (keys, settings), saved, start, stem, seed_starts)
 
 
 def write(work: Path, sim: Any, args: argparse.Namespace, prov: dict[str, Any],
           arms: tuple[dict[str, str], dict[str, Any]], saved: pairs.Data, start: dict[str, Any] | None,
-          stem: str) -> int:  # fmt: skip
+          stem: str, seed_starts: dict[int, dict[str, Any]] | None = None) -> int:  # fmt: skip
     """Read every finished pair (on disk, else saved), analyse, and write the report; 1 when there is nothing."""
     from sim.driver.machine import machine_info
 
     reg = sim.registration
-    data = pairs.collect(work, sim, saved, start)
-    if not data and start is None:
+    data = pairs.collect(work, sim, saved, start, seed_starts)
+    if not data and start is None and not seed_starts:
         print("no finished pairs to report", file=sys.stderr)
         return 1
     readout = str(sim.steps if reg.readout == "final" else reg.readout)
@@ -147,6 +151,8 @@ def write(work: Path, sim: Any, args: argparse.Namespace, prov: dict[str, Any],
         result["arm_settings"] = {arm: settings[arm] for arm in data if arm in settings}
     if start:
         result["shared_start"] = start
+    if seed_starts:  # each seed's start (per-seed warm starts), evaluated once for its arms
+        result["seed_starts"] = {str(k): v for k, v in sorted(seed_starts.items())}
     print(text)
     (args.out / f"{stem}.md").write_text(text)
     out_json.write_text(json.dumps(result, indent=1))

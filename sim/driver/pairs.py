@@ -4,7 +4,8 @@ An (arm, seed) pair is finished when every node evaluated at the last step; the 
 pair's record, so a later session without the run directory re-reads it and runs only what is missing. A pair
 saved under another arm key (the arm's resolved settings changed, say a default) is not reused. In-process pairs
 that did not finish start over (the simulator keeps no checkpoints); real-process pairs resume from their nodes'
-checkpoints. With ``per_seed`` paths the experiment is rebuilt for each seed (its warm start drawn from the seed).
+checkpoints. With ``per_seed`` paths the experiment is rebuilt for each seed (its warm start drawn from the seed),
+and each seed's start is evaluated once for all its arms before its pairs (``sim.driver.start``).
 """
 
 from __future__ import annotations
@@ -86,9 +87,12 @@ def saved_pairs(old: dict[str, Any] | None, now: dict[str, dict[str, Any]], name
     return out
 
 
-def collect(work: Path, sim: SimConfig, saved: Data, start: dict[str, Any] | None) -> Data:
+def collect(work: Path, sim: SimConfig, saved: Data, start: dict[str, Any] | None,
+            seed_starts: dict[int, dict[str, Any]] | None = None) -> Data:  # fmt: skip
     """arm -> seed -> record for every finished pair of the run's seeds: on disk (with the marker the driver wrote
-    when it started the pair), else saved. A pair without a step-0 evaluation takes the shared ``start``."""
+    when it started the pair), else saved; and the saved pairs of the other registered seeds, so a run of some
+    seeds (``--seeds``) keeps the others' in the JSON. A pair without a step-0 evaluation takes its seed's start
+    (per-seed experiments) or the shared ``start``."""
     reg = sim.registration
     assert reg is not None
     data: Data = {}
@@ -100,11 +104,12 @@ def collect(work: Path, sim: SimConfig, saved: Data, start: dict[str, Any] | Non
                 meta = json.loads(marker.read_text()) if marker.is_file() else {}
                 pairs[int(seed_dir.name[4:])] = {**pair_record(seed_dir, sim.nodes, reg), **meta}
         for seed, rec in sorted(pairs.items()):
-            if seed in sim.seeds:
-                if "0" not in rec["steps"] and start is not None:
-                    rec = {**rec, "steps": {"0": start["record"], **rec["steps"]}}
-                    if "per_node" in rec and "per_node" in start:
-                        rec["per_node"] = {"0": start["per_node"], **rec["per_node"]}
+            if seed in sim.seeds or (seed in reg.seeds and seed in saved.get(arm, {})):
+                first = (seed_starts or {}).get(seed, start)
+                if "0" not in rec["steps"] and first is not None:
+                    rec = {**rec, "steps": {"0": first["record"], **rec["steps"]}}
+                    if "per_node" in rec and "per_node" in first:
+                        rec["per_node"] = {"0": first["per_node"], **rec["per_node"]}
                 data.setdefault(arm, {})[seed] = rec
     return data
 
@@ -123,10 +128,16 @@ def seed_sim(sim: SimConfig, seed: int) -> SimConfig:
 
 
 def run_pending(sim: SimConfig, work: Path, arms: list[str], have: set[tuple[str, int]], meta: dict[str, Any],
-                after_each: Callable[[], object] | None = None) -> None:  # fmt: skip
+                after_each: Callable[[], object] | None = None,
+                seed_starts: dict[int, dict[str, Any]] | None = None) -> None:  # fmt: skip
     """Run every (arm, seed) pair not finished (on disk or in ``have``), seed by seed, writing a marker with
     ``meta`` (the commit and registration hash) beside each pair as it starts. With one worker ``after_each`` runs
-    after each pair (the report is rewritten, so a session that ends mid-run keeps every finished pair)."""
+    after each pair (the report is rewritten, so a session that ends mid-run keeps every finished pair).
+
+    ``seed_starts`` (per-seed experiments: seed -> its start, updated here) makes each seed with pairs to run
+    evaluate its start once, or reuse the one saved, before its pairs; ``after_each`` then runs, so the start is
+    kept, and the pairs of arms that share it run with their own start evaluation off."""
+    from sim.driver.start import run_seed_start, sharing_arms, without_start_eval
     from sim.runner import run_experiment
 
     per_seed = bool(sim.registration and sim.registration.per_seed)
@@ -149,6 +160,11 @@ def run_pending(sim: SimConfig, work: Path, arms: list[str], have: set[tuple[str
 
     for seed, pending in by_seed.items():
         s = seed_sim(sim, seed)
+        if per_seed and seed_starts is not None:
+            seed_starts[seed] = run_seed_start(s, seed, work, seed_starts.get(seed))
+            if after_each is not None:
+                after_each()
+            s = without_start_eval(s, sharing_arms(s, seed, sorted({a for a, _ in pending})))
         if s.workers > 1 or after_each is None:
             run_experiment(s, work, progress=progress, pairs=pending)
             continue

@@ -3,6 +3,11 @@ evaluation runs once for every pair, beside the stock model (the configured mode
 same items at the same token budget, and is kept in the result JSON. A later session that rebuilds the models
 checks them against it (weight digests, or the evaluation itself) before pairing new pairs with finished ones.
 
+The per-seed start: when the warm start is drawn per seed (``registration.per_seed``), every arm of one seed still
+starts from the same models, so each seed's step-0 evaluation runs once for all its arms (kept in the JSON by seed,
+with its digests) and the seed's pairs run with their own start evaluation off. An arm whose initial models or
+evaluation differ from the first configuration's evaluates its own start, as before.
+
 Imports torch and the node only inside the functions.
 """
 
@@ -25,15 +30,22 @@ def shared_start(sim: SimConfig) -> bool:
     return not sim.node_config(sim.configurations[0].name, 0, sim.seeds[0]).eval.at_start
 
 
+def seed_start(sim: SimConfig) -> bool:
+    """Whether each seed's initial models are evaluated once for all its arms (``per_seed``: drawn per seed)."""
+    return bool(sim.registration and sim.registration.per_seed)
+
+
 def _eval_key(cfg: Any) -> str:
     """What decides a node's initial evaluation: its model, tasks, evaluation and sampling settings."""
     return json.dumps([cfg.model_dump(mode="json")[k] for k in ("model", "tasks", "eval", "rollout")], sort_keys=True)
 
 
-def start_key(sim: SimConfig) -> str:
-    """What decides the shared start's numbers: every node's model and evaluation, and the tasks."""
-    arm = sim.configurations[0].name
-    parts = [_eval_key(sim.node_config(arm, i, sim.seeds[0])) for i in range(sim.nodes)]
+def start_key(sim: SimConfig, arm: str | None = None, seed: int | None = None) -> str:
+    """What decides the start's numbers (of ``arm``, default the first configuration, in run ``seed``, default the
+    first): every node's model and evaluation, and the tasks."""
+    arm = sim.configurations[0].name if arm is None else arm
+    seed = sim.seeds[0] if seed is None else seed
+    parts = [_eval_key(sim.node_config(arm, i, seed)) for i in range(sim.nodes)]
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -42,12 +54,18 @@ def _evaluate_initial(cfg: Any, run_dir: Path, done: dict[str, Path]) -> None:
     evaluation to a directory that already holds it: identical nodes are evaluated once."""
     import yaml
 
+    from node.config import NodeConfig
     from node.eval import append_result, evaluate_run
 
     what = _eval_key(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
+    written = run_dir / "config.yaml"
+    if written.is_file() and _eval_key(NodeConfig.model_validate(yaml.safe_load(written.read_text()))) != what:
+        (run_dir / "eval.jsonl").unlink(missing_ok=True)  # another experiment's start: not this one's
     if not any(e["step"] == 0 for e in read_evals(run_dir)):
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+        # the sizes the node itself evaluates at (eval.quick), so the numbers are the ones its own start would give
+        sized = cfg.model_copy(update={"eval": cfg.eval.sized_for(cfg.model.name)})
+        written.write_text(yaml.safe_dump(sized.model_dump(mode="json"), sort_keys=False))
         if what in done:
             shutil.copyfile(done[what] / "eval.jsonl", run_dir / "eval.jsonl")
         else:
@@ -84,7 +102,9 @@ def _start_record(run_dir: Path, sim: SimConfig) -> dict[str, Any]:
     return {"record": rec["steps"]["0"], "per_node": rec["per_node"]["0"]}
 
 
-def checked_start(saved: dict[str, Any], nodes: list[Any], work: Path, sim: SimConfig) -> dict[str, Any]:
+def checked_start(
+    saved: dict[str, Any], nodes: list[Any], work: Path, sim: SimConfig, check_dir: str = "start-check"
+) -> dict[str, Any]:
     """The saved shared start, once the initial models built here are known to be the ones it was evaluated on: the
     same weight digests, or (a start saved before digests were kept) the same step-0 evaluation, run again here.
     A different start would unpair every pair still to run from the finished ones, so it stops the run."""
@@ -97,8 +117,8 @@ def checked_start(saved: dict[str, Any], nodes: list[Any], work: Path, sim: SimC
             f"the initial models built here (weights {digests}) are not the ones the saved shared start was "
             f"evaluated on ({saved['digests']}): pairs run now would not pair with the finished ones. {again}"
         )
-    _evaluate_nodes(nodes, work / "start-check", {})
-    record = _start_record(work / "start-check", sim)["record"]
+    _evaluate_nodes(nodes, work / check_dir, {})
+    record = _start_record(work / check_dir, sim)["record"]
     if record != saved["record"]:
         raise SystemExit(
             f"the initial models built here evaluate to {record}, not the saved start's {saved['record']}: pairs run "
@@ -133,3 +153,45 @@ def run_start(sim: SimConfig, work: Path, saved: dict[str, Any] | None, digests:
         "stock": {fam: {k: f[k] for k in ("accuracy", "pass_at_8")} for fam, f in stock["families"].items()},
         "stock_model": nodes[0].model.name,
     }
+
+
+def run_seed_start(sim: SimConfig, seed: int, work: Path, saved: dict[str, Any] | None) -> dict[str, Any]:
+    """Evaluate run ``seed``'s start once for all its arms (``sim`` as run for the seed, its warm start drawn from
+    it), or reuse the saved one when its key matches and the models built here have its weights."""
+    import torch
+
+    from node.cli.logs import setup_cli_logging
+
+    setup_cli_logging("INFO")
+    torch.set_num_threads(sim.workers * sim.torch_threads)
+    arm = sim.configurations[0].name
+    nodes = [sim.node_config(arm, i, seed) for i in range(sim.nodes)]
+    key = start_key(sim, arm, seed)
+    if saved and saved.get("key") == key:
+        return checked_start(saved, nodes, work, sim, f"start-check/seed{seed}")
+    t0 = time.perf_counter()
+    _evaluate_nodes(nodes, work / "start" / f"seed{seed}", {})
+    print(f"seed {seed}'s start evaluated in {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
+    return {"key": key, "digests": initial_digests(nodes), **_start_record(work / "start" / f"seed{seed}", sim)}
+
+
+def sharing_arms(sim: SimConfig, seed: int, arms: list[str]) -> list[str]:
+    """The ``arms`` whose start in run ``seed`` is the first configuration's (same models, tasks and evaluation),
+    less those whose nodes wait for peers (``runtime.wait_for_peers`` announces a node by its own start)."""
+    key = start_key(sim, None, seed)
+    waits = lambda a: any(sim.node_config(a, i, seed).runtime.wait_for_peers for i in range(sim.nodes))  # noqa: E731
+    return [a for a in arms if start_key(sim, a, seed) == key and not waits(a)]
+
+
+def without_start_eval(sim: SimConfig, arms: list[str]) -> SimConfig:
+    """``sim`` with every node of ``arms`` not evaluating its start (the seed's start holds it), and without its
+    registration (which asks per-seed experiments for ``eval.at_start``; a run does not read it)."""
+    mapping = sim.model_dump(mode="json", exclude_unset=True)
+    mapping.pop("registration", None)
+    for conf in mapping["configurations"]:
+        if conf["name"] in arms:  # the configuration's node_overrides merge last: nothing sets at_start after them
+            over = conf.setdefault("node_overrides", {})
+            for i in range(sim.nodes):
+                node = over.setdefault(str(i), {})
+                node["eval"] = {**node.get("eval", {}), "at_start": False}
+    return SimConfig.model_validate(mapping)

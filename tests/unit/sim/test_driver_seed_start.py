@@ -1,0 +1,89 @@
+"""The per-seed start (``sim.driver.start``): with ``per_seed`` warm starts, each seed's initial models are evaluated
+once for all its arms, kept in the result JSON by seed, and give every arm's pair of that seed the same step-0
+numbers (and final numbers) a pair evaluating its own start gives; a resumed run reuses a saved seed's start."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from sim.config import SimConfig, load_sim_config
+from sim.driver.main import main
+from sim.driver.pairs import seed_sim
+from sim.driver.records import pair_record, read_evals
+from sim.driver.start import sharing_arms, without_start_eval
+
+ROOT = Path(__file__).resolve().parents[3]
+CONFIG = ROOT / "configs" / "sim" / "controls-het.yaml"
+#: The heterogeneous controls with their warm starts drawn per seed (as issue 67's transfer registrations draw them).
+PER_SEED = ["registration.per_seed=[node.model.builtin.seed]", "node.eval.at_start=true"]
+
+
+def same_evaluation(a: dict, b: dict) -> bool:
+    """Two ``eval.jsonl`` records of the same model on the same items: equal but for when and how long."""
+    return {k: v for k, v in a.items() if k not in ("time", "eval_s")} == {
+        k: v for k, v in b.items() if k not in ("time", "eval_s")
+    }
+
+
+def test_arms_that_share_the_seeds_start_run_without_their_own() -> None:
+    sim = load_sim_config(str(CONFIG), PER_SEED, quick=True)
+    mapping = sim.model_dump(mode="json", exclude_unset=True)
+    other = {"name": "other", "node": {"model": {"builtin": {"hidden_size": 48}}}}  # another initial model
+    mapping["configurations"].append(other)
+    sim = seed_sim(SimConfig.model_validate(mapping), 3)
+    assert sharing_arms(sim, 3, ["alone", "receiver", "other"]) == ["alone", "receiver"]
+    run = without_start_eval(sim, ["alone", "receiver"])
+    for i in range(sim.nodes):
+        assert not run.node_config("alone", i, 3).eval.at_start and not run.node_config("receiver", i, 3).eval.at_start
+        assert run.node_config("other", i, 3).eval.at_start  # evaluates its own start
+        assert run.node_config("alone", i, 3).model == sim.node_config("alone", i, 3).model  # the seed's warm start
+    assert run.registration is None
+
+
+@pytest.mark.timeout(1200)
+def test_per_seed_start_gives_the_numbers_of_per_pair_starts_and_resumes(tmp_path: Path, capsys) -> None:
+    from sim.runner import run_experiment
+
+    cache = f"node.model.cache_dir={tmp_path / 'cache'}"
+    work, out = tmp_path / "work", tmp_path / "out"
+    common = [str(CONFIG), "--quick", "--workers", "1", "--work", str(work), "--out", str(out)]
+    common += [x for o in [cache, *PER_SEED] for x in ("--set", o)]
+    assert main([*common, "--seeds", "0-1", "--only", "alone,receiver"]) == 0
+    data = json.loads((out / "controls_het_quick.json").read_text())
+    starts = data["seed_starts"]
+    assert set(starts) == {"0", "1"} and starts["0"]["digests"] != starts["1"]["digests"]  # drawn per seed
+    for arm in ("alone", "receiver"):
+        for seed in ("0", "1"):
+            assert data["pairs"][arm][seed]["per_node"]["0"] == starts[seed]["per_node"]
+            assert data["pairs"][arm][seed]["steps"]["0"] == starts[seed]["record"]
+            assert read_evals(work / arm / f"seed{seed}" / "node0")[0]["step"] > 0  # the pair did not evaluate it
+
+    # the same pairs, each evaluating its own start (eval.at_start: true, as before): the same numbers, start and end,
+    # and the same evaluation records (lengths, formats, answers: the generations themselves agree)
+    sim = load_sim_config(str(CONFIG), [cache, *PER_SEED], quick=True).model_copy(update={"workers": 1})
+    for seed in (0, 1):
+        run_experiment(seed_sim(sim, seed), tmp_path / "per-pair", pairs=[("alone", seed), ("receiver", seed)])
+        for arm in ("alone", "receiver"):
+            own_dir = tmp_path / "per-pair" / arm / f"seed{seed}"
+            own = pair_record(own_dir, sim.nodes, sim.registration)
+            assert set(own["per_node"]) == {"0", "2"}
+            assert own["per_node"] == data["pairs"][arm][str(seed)]["per_node"], (arm, seed)
+            assert own["steps"] == data["pairs"][arm][str(seed)]["steps"], (arm, seed)
+            for i in range(sim.nodes):
+                first, *_, last = read_evals(own_dir / f"node{i}")
+                assert same_evaluation(first, read_evals(work / "start" / f"seed{seed}" / f"node{i}")[0])
+                assert same_evaluation(last, read_evals(work / arm / f"seed{seed}" / f"node{i}")[-1])
+
+    # a later session without the run directory: a saved seed's start is not evaluated again for its new pairs
+    shutil.rmtree(work)
+    capsys.readouterr()
+    assert main([*common, "--seeds", "1", "--only", "alone,receiver,labels"]) == 0
+    err = capsys.readouterr().err
+    assert "1 pairs to run" in err and "start evaluated" not in err and not (work / "start").exists()
+    again = json.loads((out / "controls_het_quick.json").read_text())
+    assert again["seed_starts"] == starts and again["pairs"]["alone"] == data["pairs"]["alone"]
+    assert again["pairs"]["labels"]["1"]["per_node"]["0"] == starts["1"]["per_node"]
