@@ -280,3 +280,15 @@ def test_gain_over_start_and_share_of_read_the_registered_rules() -> None:
     assert gate["met"] and gate["by"] == ["traces"]
     b6 = json.loads((results / "b6_real_registered.json").read_text())["verdict"]
     assert not b6["met"] and b6["complete"]
+
+
+def test_gap_closed_is_nan_where_there_is_no_gap_and_the_stats_carry_it() -> None:
+    import math
+
+    from sim.driver.stats import interval, mean_sd
+
+    reg = transfer_registration(all=[{"at_least": 0.5}])
+    flat = {str(i): {"a": {"accuracy": 0.0}, "b": {"accuracy": 0.0}} for i in range(4)}  # untrained quick models
+    assert math.isnan(metrics.value({"per_node": {"0": flat, "10": flat}}, reg, "gap", "10"))
+    assert all(math.isnan(v) for v in interval([0.5, math.nan, 0.1]))
+    assert mean_sd([math.nan, 0.2]) == "nan ± nan"
