@@ -2,6 +2,7 @@
 
 * ``cli``         -- ``swarm-sim``
 * ``runner``      -- every configuration x seed of an experiment
+* ``initial``     -- initial models evaluated once (step 0) for every run that starts from them
 * ``inprocess``   -- N nodes on one event loop over the memory transport, deterministic given a seed
 * ``multiproc``   -- N real ``swarm-node join`` processes over hivemind on 127.0.0.1
 * ``netlab``      -- a network lab in namespaces: public hosts, homes behind NAT routers, slow lossy links (root)
@@ -12,9 +13,9 @@
 * ``experiments`` -- experiment-specific runs and reports (the MNPO population game of B6)
 * ``report``      -- results.csv / results.md / rewards.png, report.html, progress lines
 
-Layers, top to bottom: ``cli`` -> ``runner`` -> ``experiments`` | ``inprocess`` | ``multiproc`` | ``netlab`` ->
-``adversary`` -> ``faults`` | ``scripted`` | ``report`` -> ``config``. Imports ``node``, ``swarm`` and ``protocol``;
-nothing in those imports the simulator. Public names resolve lazily (``swarm-sim --help`` stays instant).
+Layers, top to bottom: ``cli`` -> ``runner`` -> ``initial`` | ``experiments`` | ``inprocess`` | ``multiproc`` |
+``netlab`` -> ``adversary`` -> ``faults`` | ``scripted`` | ``report`` -> ``config``. Imports ``node``, ``swarm`` and
+``protocol``; nothing in those imports the simulator. Public names resolve lazily (``swarm-sim --help`` stays instant).
 """
 
 from protocol.lazy import lazy_exports

@@ -1,12 +1,17 @@
 """Run a whole experiment: every configuration for every seed, in-process or as real processes.
 
-Knows nothing about reports (``sim.report.summary`` reads what the runs wrote).
+In-process, identical initial nodes (the same model, tasks and evaluation in several configurations or seeds) have
+their step-0 evaluation run once (``sim.initial``, under ``out/start/``) and written into each pair's node
+directory; those nodes then skip their own. Knows nothing about reports (``sim.report.summary`` reads what the runs
+wrote).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,8 +37,10 @@ def run_experiment(
 
     todo = pairs if pairs is not None else [(v.name, seed) for v in sim.configurations for seed in sim.seeds]
     n_runs = len(todo)
-    if sim.mode == "inprocess" and sim.workers > 1 and n_runs > 1:
-        results.extend(_run_parallel(sim, out, progress, todo))
+    parallel = sim.mode == "inprocess" and sim.workers > 1 and n_runs > 1
+    runs = _shared_starts(sim, out, todo, parallel) if sim.mode == "inprocess" and sim.policy == "real" else {}
+    if parallel:
+        results.extend(_run_parallel(sim, out, progress, todo, runs))
         if sim.mnpo_game is not None:
             from sim.experiments.mnpo_game import run_mnpo_report
 
@@ -48,7 +55,8 @@ def run_experiment(
         if sim.mode == "inprocess":
             from sim.inprocess import run_seed
 
-            results.append(asyncio.run(run_seed(sim, name, seed, out, on_step=on_step)))
+            run = runs.get((name, seed), sim)
+            results.append(asyncio.run(run_seed(run, name, seed, out, on_step=on_step)))
         else:
             from sim.multiproc import run_seed_multiprocess
 
@@ -63,6 +71,72 @@ def run_experiment(
 
         run_mnpo_report(sim, out, progress)
     return results
+
+
+def _shared_starts(
+    sim: SimConfig, out: Path, todo: list[tuple[str, int]], parallel: bool
+) -> dict[tuple[str, int], SimConfig]:
+    """Evaluate once every initial node that more than one (configuration, seed) pair of ``todo`` starts from and
+    evaluates (``eval.at_start``), write its step-0 line into each such pair's node directory, and return those
+    pairs' experiment with the nodes' own start evaluation off (the numbers are the ones it would give: the
+    evaluation is deterministic given the model, items and seed)."""
+    from sim.initial import eval_key, evaluate_initial, start_record, without_start_eval
+
+    users: dict[str, list[tuple[tuple[str, int], int]]] = {}
+    cfgs: dict[str, Any] = {}
+    for name, seed in todo:
+        for i in range(sim.nodes):
+            cfg = sim.node_config(name, i, seed)
+            if cfg.eval.at_start:
+                key = eval_key(cfg)
+                cfgs.setdefault(key, cfg)
+                users.setdefault(key, []).append(((name, seed), i))
+    shared = {key: used for key, used in users.items() if len(used) > 1}
+    if not shared:
+        return {}
+    where = {key: out / "start" / hashlib.sha256(key.encode()).hexdigest()[:16] for key in shared}
+    for path in where.values():  # evaluated afresh: the code that builds a model may have changed since
+        shutil.rmtree(path, ignore_errors=True)
+    t0 = time.perf_counter()
+    if parallel:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=min(sim.workers, len(shared)), mp_context=ctx) as pool:
+            jobs = [pool.submit(_evaluate_start, cfgs[k].model_dump(mode="json"), str(where[k]), sim.torch_threads)
+                    for k in shared]  # fmt: skip
+            for job in jobs:
+                job.result()
+    else:
+        for key in shared:
+            evaluate_initial(cfgs[key], where[key], {})
+    logger.info(
+        "%d initial nodes evaluated once for %d pairs in %.0fs", len(shared), len(todo), time.perf_counter() - t0
+    )
+    skip: dict[tuple[str, int], dict[str, list[int]]] = {}
+    for key, used in shared.items():
+        line = start_record(where[key]) + "\n"
+        for (name, seed), i in used:
+            node_dir = out / name / f"seed{seed}" / f"node{i}"
+            node_dir.mkdir(parents=True, exist_ok=True)
+            with (node_dir / "eval.jsonl").open("a") as f:
+                f.write(line)
+            skip.setdefault((name, seed), {}).setdefault(name, []).append(i)
+    return {pair: without_start_eval(sim, nodes) for pair, nodes in skip.items()}
+
+
+def _evaluate_start(cfg_json: dict[str, Any], run_dir: str, threads: int) -> None:
+    """One initial node's step-0 evaluation in a worker process (``sim.initial.evaluate_initial``)."""
+    import torch
+
+    from node.cli.logs import setup_cli_logging
+    from node.config import NodeConfig
+    from sim.initial import evaluate_initial
+
+    setup_cli_logging("INFO")
+    torch.set_num_threads(threads)
+    evaluate_initial(NodeConfig.model_validate(cfg_json), Path(run_dir), {})
 
 
 def _run_pair(sim_json: dict[str, Any], variant: str, seed: int, out: str) -> tuple[str, float]:
@@ -90,11 +164,16 @@ def _build_model(model_json: dict[str, Any], threads: int) -> None:
 
 
 def _run_parallel(
-    sim: SimConfig, out: Path, progress: Callable[[str], None] | None, pairs: list[tuple[str, int]]
+    sim: SimConfig,
+    out: Path,
+    progress: Callable[[str], None] | None,
+    pairs: list[tuple[str, int]],
+    runs: dict[tuple[str, int], SimConfig] | None = None,
 ) -> list[Any]:
     """``sim.workers`` pairs at a time, each in a fresh process (spawned: no inherited torch state). The workers
     rebuild the config from its JSON form, so each pair runs exactly as it would in the sequential loop; the
-    results are the pairs' run directories, in the sequential loop's order."""
+    results are the pairs' run directories, in the sequential loop's order. ``runs`` gives a pair its own
+    experiment (its nodes whose start was evaluated once skip their own)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -112,7 +191,10 @@ def _run_parallel(
         if len(models) > 1:
             for built in as_completed([pool.submit(_build_model, m, sim.torch_threads) for m in models.values()]):
                 built.result()
-        futures = {pool.submit(_run_pair, sim_json, v, seed, str(out)): (v, seed) for v, seed in pairs}
+        own = {p: r.model_dump(mode="json") for p, r in (runs or {}).items()}
+        futures = {
+            pool.submit(_run_pair, own.get((v, seed), sim_json), v, seed, str(out)): (v, seed) for v, seed in pairs
+        }
         for fut in as_completed(futures):
             v, seed = futures[fut]
             run_dir, wall = fut.result()  # a pair's exception propagates here, as in the sequential loop

@@ -137,7 +137,8 @@ def run_pending(sim: SimConfig, work: Path, arms: list[str], have: set[tuple[str
     ``seed_starts`` (per-seed experiments: seed -> its start, updated here) makes each seed with pairs to run
     evaluate its start once, or reuse the one saved, before its pairs; ``after_each`` then runs, so the start is
     kept, and the pairs of arms that share it run with their own start evaluation off."""
-    from sim.driver.start import run_seed_start, sharing_arms, without_start_eval
+    from sim.driver.start import run_seed_start, sharing_arms
+    from sim.initial import without_start_eval
     from sim.runner import run_experiment
 
     per_seed = bool(sim.registration and sim.registration.per_seed)
@@ -164,7 +165,8 @@ def run_pending(sim: SimConfig, work: Path, arms: list[str], have: set[tuple[str
             seed_starts[seed] = run_seed_start(s, seed, work, seed_starts.get(seed))
             if after_each is not None:
                 after_each()
-            s = without_start_eval(s, sharing_arms(s, seed, sorted({a for a, _ in pending})))
+            shared = sharing_arms(s, seed, sorted({a for a, _ in pending}))
+            s = without_start_eval(s, {a: list(range(s.nodes)) for a in shared})
         if s.workers > 1 or after_each is None:
             run_experiment(s, work, progress=progress, pairs=pending)
             continue

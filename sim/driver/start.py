@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 
 from sim.config import SimConfig
 from sim.driver.records import pair_record, read_evals
+from sim.initial import eval_key, evaluate_initial
 
 
 def shared_start(sim: SimConfig) -> bool:
@@ -35,47 +35,18 @@ def seed_start(sim: SimConfig) -> bool:
     return bool(sim.registration and sim.registration.per_seed)
 
 
-def _eval_key(cfg: Any) -> str:
-    """What decides a node's initial evaluation: its model, tasks, evaluation and sampling settings."""
-    return json.dumps([cfg.model_dump(mode="json")[k] for k in ("model", "tasks", "eval", "rollout")], sort_keys=True)
-
-
 def start_key(sim: SimConfig, arm: str | None = None, seed: int | None = None) -> str:
     """What decides the start's numbers (of ``arm``, default the first configuration, in run ``seed``, default the
     first): every node's model and evaluation, and the tasks."""
     arm = sim.configurations[0].name if arm is None else arm
     seed = sim.seeds[0] if seed is None else seed
-    parts = [_eval_key(sim.node_config(arm, i, seed)) for i in range(sim.nodes)]
+    parts = [eval_key(sim.node_config(arm, i, seed)) for i in range(sim.nodes)]
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _evaluate_initial(cfg: Any, run_dir: Path, done: dict[str, Path]) -> None:
-    """Evaluate ``cfg``'s initial model into ``run_dir/eval.jsonl`` at step 0. ``done`` maps what decides an
-    evaluation to a directory that already holds it: identical nodes are evaluated once."""
-    import yaml
-
-    from node.config import NodeConfig
-    from node.eval import append_result, evaluate_run
-
-    what = _eval_key(cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    written = run_dir / "config.yaml"
-    if written.is_file() and _eval_key(NodeConfig.model_validate(yaml.safe_load(written.read_text()))) != what:
-        (run_dir / "eval.jsonl").unlink(missing_ok=True)  # another experiment's start: not this one's
-    if not any(e["step"] == 0 for e in read_evals(run_dir)):
-        # the sizes the node itself evaluates at (eval.quick), so the numbers are the ones its own start would give
-        sized = cfg.model_copy(update={"eval": cfg.eval.sized_for(cfg.model.name)})
-        written.write_text(yaml.safe_dump(sized.model_dump(mode="json"), sort_keys=False))
-        if what in done:
-            shutil.copyfile(done[what] / "eval.jsonl", run_dir / "eval.jsonl")
-        else:
-            append_result(run_dir, evaluate_run(run_dir, initial=True))
-    done.setdefault(what, run_dir)
 
 
 def _evaluate_nodes(nodes: list[Any], run_dir: Path, done: dict[str, Path]) -> None:
     for i, cfg in enumerate(nodes):
-        _evaluate_initial(cfg, run_dir / f"node{i}", done)
+        evaluate_initial(cfg, run_dir / f"node{i}", done)
 
 
 def initial_digests(nodes: list[Any]) -> list[str]:
@@ -143,7 +114,7 @@ def run_start(sim: SimConfig, work: Path, saved: dict[str, Any] | None, digests:
     done: dict[str, Path] = {}
     _evaluate_nodes(nodes, work / "start", done)
     stock_cfg = nodes[0].model_copy(update={"model": nodes[0].model.model_copy(update={"warm_start": None})})
-    _evaluate_initial(stock_cfg, work / "stock" / "node0", done)
+    evaluate_initial(stock_cfg, work / "stock" / "node0", done)
     print(f"shared start evaluated in {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
     stock = read_evals(work / "stock" / "node0")[0]
     return {
@@ -181,17 +152,3 @@ def sharing_arms(sim: SimConfig, seed: int, arms: list[str]) -> list[str]:
     key = start_key(sim, None, seed)
     waits = lambda a: any(sim.node_config(a, i, seed).runtime.wait_for_peers for i in range(sim.nodes))  # noqa: E731
     return [a for a in arms if start_key(sim, a, seed) == key and not waits(a)]
-
-
-def without_start_eval(sim: SimConfig, arms: list[str]) -> SimConfig:
-    """``sim`` with every node of ``arms`` not evaluating its start (the seed's start holds it), and without its
-    registration (which asks per-seed experiments for ``eval.at_start``; a run does not read it)."""
-    mapping = sim.model_dump(mode="json", exclude_unset=True)
-    mapping.pop("registration", None)
-    for conf in mapping["configurations"]:
-        if conf["name"] in arms:  # the configuration's node_overrides merge last: nothing sets at_start after them
-            over = conf.setdefault("node_overrides", {})
-            for i in range(sim.nodes):
-                node = over.setdefault(str(i), {})
-                node["eval"] = {**node.get("eval", {}), "at_start": False}
-    return SimConfig.model_validate(mapping)

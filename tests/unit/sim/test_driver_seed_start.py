@@ -14,7 +14,8 @@ from sim.config import SimConfig, load_sim_config
 from sim.driver.main import main
 from sim.driver.pairs import seed_sim
 from sim.driver.records import pair_record, read_evals
-from sim.driver.start import sharing_arms, without_start_eval
+from sim.driver.start import sharing_arms
+from sim.initial import without_start_eval
 
 ROOT = Path(__file__).resolve().parents[3]
 CONFIG = ROOT / "configs" / "sim" / "controls-het.yaml"
@@ -36,7 +37,7 @@ def test_arms_that_share_the_seeds_start_run_without_their_own() -> None:
     mapping["configurations"].append(other)
     sim = seed_sim(SimConfig.model_validate(mapping), 3)
     assert sharing_arms(sim, 3, ["alone", "receiver", "other"]) == ["alone", "receiver"]
-    run = without_start_eval(sim, ["alone", "receiver"])
+    run = without_start_eval(sim, {"alone": [0, 1], "receiver": [0, 1]})
     for i in range(sim.nodes):
         assert not run.node_config("alone", i, 3).eval.at_start and not run.node_config("receiver", i, 3).eval.at_start
         assert run.node_config("other", i, 3).eval.at_start  # evaluates its own start
