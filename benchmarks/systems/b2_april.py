@@ -24,8 +24,6 @@ Writes ``benchmarks/results/b2_april.md`` (or ``--out``) with machine info and t
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import math
 import random
 import statistics
@@ -39,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.common.machine import machine_info  # noqa: E402
+from benchmarks.systems.harness import RESULTS, parser, report  # noqa: E402
 
 
 def stop_hazard_model(model, eos_ids: list[int], hazard: float):
@@ -119,9 +117,8 @@ class AprilArm:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="smoke run: reduced model, small batch, 1 repeat")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="directory of b2_april.md")
+    quick = "smoke run: reduced model, small batch, 1 repeat"
+    ap = parser(__doc__.split("\n")[0], quick, RESULTS, "directory of b2_april.md")
     ap.add_argument("--cache-dir", type=Path, default=None, help="built-in model cache (default: user cache)")
     ap.add_argument("--prompts", type=int, default=None, help="groups per step (default 8; quick 2)")
     ap.add_argument("--group-size", type=int, default=None, help="G (default 8; quick 4)")
@@ -193,21 +190,16 @@ def main(argv: list[str] | None = None) -> int:
     table = "\n".join([header, *lines])
     print(table)
     params = sum(p.numel() for p in policy.model.parameters())
-    text = (
-        "# B2 APRIL: completed groups/s with APRIL partial rollouts vs the same engine without APRIL\n\n"
-        f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}\n"
-        f"- machine: {machine_info()}\n"
-        f"- mode: {'quick (reduced model)' if q else 'full'}; model builtin:tiny recipe {recipe.key()} "
-        f"({params / 1e6:.2f}M params), TransformersEngine\n"
-        f"- workload: {target} groups/step x G={g}; lengths geometric, mean {mean_len:g} tokens "
-        f"(EOS probability {hazard:.4f} per token), cap {max_new}; APRIL oversample {args.oversample:g}\n"
-        f"- {steps} timed steps per arm after {warmup} warm-up steps, arms alternating; median of {repeats} "
-        f"repeats (per-repeat ratios: {', '.join(f'{x:.2f}' for x in ratios)})\n\n"
-        f"{table}\n"
-    )
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "b2_april.md").write_text(text)
-    return 0
+    facts = [
+        f"mode: {'quick (reduced model)' if q else 'full'}; model builtin:tiny recipe {recipe.key()} "
+        f"({params / 1e6:.2f}M params), TransformersEngine",
+        f"workload: {target} groups/step x G={g}; lengths geometric, mean {mean_len:g} tokens "
+        f"(EOS probability {hazard:.4f} per token), cap {max_new}; APRIL oversample {args.oversample:g}",
+        f"{steps} timed steps per arm after {warmup} warm-up steps, arms alternating; median of {repeats} "
+        f"repeats (per-repeat ratios: {', '.join(f'{x:.2f}' for x in ratios)})",
+    ]
+    title = "B2 APRIL: completed groups/s with APRIL partial rollouts vs the same engine without APRIL"
+    return report(args.out / "b2_april.md", title, facts, table)
 
 
 if __name__ == "__main__":

@@ -14,8 +14,6 @@ Writes ``benchmarks/results/b2_rollout.md`` (or ``--out``) with machine info and
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import random
 import statistics
 import sys
@@ -26,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.common.machine import machine_info  # noqa: E402
+from benchmarks.systems.harness import RESULTS, parser, report  # noqa: E402
 
 
 def run_generate(policy, prompt_ids: list[list[int]], max_new_tokens: int, seed: int) -> int:
@@ -67,9 +65,8 @@ def run_generate(policy, prompt_ids: list[list[int]], max_new_tokens: int, seed:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="smoke run: reduced model, small batches, 1 repeat")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="directory of b2_rollout.md")
+    quick = "smoke run: reduced model, small batches, 1 repeat"
+    ap = parser(__doc__.split("\n")[0], quick, RESULTS, "directory of b2_rollout.md")
     ap.add_argument("--cache-dir", type=Path, default=None, help="built-in model cache (default: user cache)")
     ap.add_argument("--batches", type=int, nargs="*", default=None, help="batch sizes (default 16 64)")
     ap.add_argument("--repeats", type=int, default=None, help="rounds per batch size (default 5)")
@@ -128,18 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     table = "\n".join([header, *lines])
     print(table)
     mode = "quick (reduced model)" if args.quick else "full"
-    text = (
-        f"# B2 rollout: TransformersEngine vs model.generate\n\n"
-        f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}\n"
-        f"- machine: {machine_info()}\n"
-        f"- mode: {mode}; model builtin:tiny recipe {recipe.key()} ({params / 1e6:.2f}M params), load {load_s:.1f}s\n"
-        f"- sampling: temperature 1, top-p 1, max_new_tokens {max_new}, 1 completion per prompt, "
-        f"median of {repeats} alternating repeats; tokens counted up to and including EOS\n\n"
-        f"{table}\n"
-    )
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "b2_rollout.md").write_text(text)
-    return 0
+    facts = [
+        f"mode: {mode}; model builtin:tiny recipe {recipe.key()} ({params / 1e6:.2f}M params), load {load_s:.1f}s",
+        f"sampling: temperature 1, top-p 1, max_new_tokens {max_new}, 1 completion per prompt, "
+        f"median of {repeats} alternating repeats; tokens counted up to and including EOS",
+    ]
+    return report(args.out / "b2_rollout.md", "B2 rollout: TransformersEngine vs model.generate", facts, table)
 
 
 if __name__ == "__main__":

@@ -18,12 +18,8 @@ Writes ``benchmarks/results/vade.md`` (or ``--out``) with machine info and the d
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import datetime
 import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -32,6 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from benchmarks.systems.harness import RESULTS, parser, report  # noqa: E402
 
 
 def summarize(run_dir: Path) -> dict[str, float]:
@@ -57,10 +55,8 @@ def summarize(run_dir: Path) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="smoke run (the config's quick section)")
+    ap = parser(__doc__.split("\n")[0], "smoke run (the config's quick section)", RESULTS, "directory of vade.md")
     ap.add_argument("--config", type=Path, default=ROOT / "configs" / "sim" / "vade.yaml")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="directory of vade.md")
     ap.add_argument("--runs", type=Path, default=None, help="where run directories go (default: a temp dir)")
     args = ap.parse_args(argv)
 
@@ -95,18 +91,12 @@ def main(argv: list[str] | None = None) -> int:
         )
     table = "\n".join([header, *lines])
     print(table)
-    text = (
-        "# VADE vs uniform prompt selection (simulator)\n\n"
-        f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}\n"
-        f"- machine: {platform.platform()}, {os.cpu_count()} cores, python {platform.python_version()}\n"
-        f"- config: {args.config.relative_to(ROOT) if args.config.is_relative_to(ROOT) else args.config}"
-        f"{' (quick)' if args.quick else ''}; policy {sim.policy}, {sim.nodes} nodes, {sim.steps} steps, "
-        f"seeds {list(sim.seeds)}; medians over seeds, sums over nodes\n\n"
-        f"{table}\n"
-    )
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "vade.md").write_text(text)
-    return 0
+    config = args.config.relative_to(ROOT) if args.config.is_relative_to(ROOT) else args.config
+    facts = [
+        f"config: {config}{' (quick)' if args.quick else ''}; policy {sim.policy}, {sim.nodes} nodes, "
+        f"{sim.steps} steps, seeds {list(sim.seeds)}; medians over seeds, sums over nodes"
+    ]
+    return report(args.out / "vade.md", "VADE vs uniform prompt selection (simulator)", facts, table)
 
 
 if __name__ == "__main__":
