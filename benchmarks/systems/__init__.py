@@ -7,7 +7,9 @@ run by ``swarm-sim experiment``). One command each, a Markdown report under ``be
 * ``b5_scale`` -- per-node cost from 10 to 10,000 simulated nodes
 * ``soak``, ``soak_multiproc`` -- B9: memory and file growth over long runs, in-process and real processes
 * ``flood``, ``sybil``, ``sybil_real`` -- attacks: index floods, sybil shares in-process and against real nodes
-* ``netlab`` -- the network lab (namespaces: NAT, slow lossy links, dropped links)
+* ``netlab`` -- the network lab (namespaces: NAT, slow lossy links, dropped links); its real-node scenarios in
+  ``netlab_join``
 * ``vade`` -- VADE/DART prompt selection against uniform
-* ``harness`` -- what they share: the results path, writing a report, stopping a process they started
+* ``harness`` -- what they share: the results path, the --quick/--out options, writing a report, stopping a
+  process they started
 """
