@@ -16,7 +16,6 @@ Writes ``benchmarks/results/b5_scale.md`` (or ``--out``) with machine info and t
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import datetime
 import sys
@@ -29,7 +28,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.common.machine import machine_info  # noqa: E402
-from benchmarks.systems.harness import write_table  # noqa: E402
+from benchmarks.systems.harness import RESULTS, parser, write_table  # noqa: E402
 
 
 def live_polls(window_seconds: float, fetch_past_windows: int, round_seconds: float) -> int:
@@ -141,12 +140,10 @@ def render(rows: list[dict], quick: bool, warmup: int) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="N = 5 and 40, 4 rounds (a smoke run)")
+    ap = parser(__doc__.split("\n\n")[0], "N = 5 and 40, 4 rounds (a smoke run)", RESULTS / "b5_scale.md")
     ap.add_argument("--sizes", type=int, nargs="+", help="swarm sizes (default 10 100 1000 10000)")
-    ap.add_argument("--rounds", type=int, help="rounds per size (default 6; 5 for N >= 10000)")
     ap.add_argument("--warmup", type=int, default=2, help="rounds excluded from the averages")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "b5_scale.md")
+    ap.add_argument("--rounds", type=int, help="rounds per size (default 6; 5 for N >= 10000)")
     args = ap.parse_args()
     sizes = args.sizes or ([5, 40] if args.quick else [10, 100, 1000, 10000])
     rows = []

@@ -35,6 +35,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.systems.netlab_join import (  # noqa: E402
+    chosen,
     scenario_libp2p_nat,
     scenario_nat_join,
     scenario_train,
@@ -103,9 +104,7 @@ def scenario_nat(opts: argparse.Namespace, work: Path) -> str:
         "| swarm | topology | mode | delivered (all pairs) | NATed -> NATed | p50 s | p95 s | DHT clients | wall s |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for i, (topo, mode, label) in enumerate(rows):
-        if opts.nat_rows and str(i) not in opts.nat_rows.split(","):
-            continue
+    for i, (topo, mode, label) in chosen(rows, opts.nat_rows):
         relay = mode == "server+relay"
         mode = "server" if relay else mode
         home_args = ("--relay",) if relay else ()
@@ -154,11 +153,12 @@ def scenario_drop(opts: argparse.Namespace, work: Path) -> str:
     common = ["--mode", "auto", "--records", str(n), "--publish-interval", "1", "--poll-s", "1"]
     common += ["--record-kb", "8", "--duration", str(n + 90)]
     lines = ["| fault | recovery | detail |", "|---|---|---|"]
+    w1, w2, w3 = (work / f"drop{k}" for k in (1, 2, 3))
+    for w in (w1, w2, w3):
+        w.mkdir(parents=True)
     # 1. a peer's link down for cut s
-    w = work / "drop1"
-    w.mkdir(parents=True)
     with Lab(parse("public=3")) as lab:
-        a, b, c = _trio(lab, w, common)
+        a, b, c = _trio(lab, w1, common)
         lab.link_down("pub2")
         time.sleep(cut)
         alive = c.proc.poll() is None
@@ -174,10 +174,8 @@ def scenario_drop(opts: argparse.Namespace, work: Path) -> str:
             f"off: {published_alone} |"
         )
     # 2. the bootstrap host disappears
-    w = work / "drop2"
-    w.mkdir(parents=True)
     with Lab(parse("public=3")) as lab:
-        a, b, c = _trio(lab, w, common)
+        a, b, c = _trio(lab, w2, common)
         lab.remove_host("pub0")
         gone = time.time()
         time.sleep(40)
@@ -188,13 +186,11 @@ def scenario_drop(opts: argparse.Namespace, work: Path) -> str:
             f"records published from removal +5 s on |"
         )
     # 3. a peer starts while its only --peers address is down
-    w = work / "drop3"
-    w.mkdir(parents=True)
     with Lab(parse("public=2")) as lab:
-        a = start_peer(lab, "pub0", w, common)
+        a = start_peer(lab, "pub0", w3, common)
         boot = a.wait_addr()
         lab.link_down("pub0")
-        b = start_peer(lab, "pub1", w, [*common, "--bootstrap", boot])
+        b = start_peer(lab, "pub1", w3, [*common, "--bootstrap", boot])
         b.wait_addr()
         time.sleep(cut)
         alive = b.proc.poll() is None

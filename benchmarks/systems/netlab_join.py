@@ -14,10 +14,18 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TypeVar
 
 from sim.netlab.lab import Lab
 from sim.netlab.swarm import start_join
 from sim.netlab.topology import parse
+
+T = TypeVar("T")
+
+
+def chosen(rows: list[T], picked: str) -> list[tuple[int, T]]:
+    """The numbered rows a scenario runs: those whose number is in the comma-separated ``picked`` (all if empty)."""
+    return [(i, row) for i, row in enumerate(rows) if not picked or str(i) in picked.split(",")]
 
 
 def pair_shares(hosts: list[str], natted: set[str], got: dict[str, set[str]]) -> dict[str, str]:
@@ -176,9 +184,7 @@ def scenario_nat_join(opts: argparse.Namespace, work: Path) -> str:
         "| swarm | topology | exit codes | (sender, reader) pairs trained on | NATed -> NATed | DHT clients | wall s |",
         "|---|---|---|---|---|---|---|",
     ]
-    for i, (topo, extra, label) in enumerate(rows):
-        if opts.nat_rows and str(i) not in opts.nat_rows.split(","):
-            continue
+    for i, (topo, extra, label) in chosen(rows, opts.nat_rows):
         r = _join_pairs(topo, opts.train_steps, work / f"natjoin{i}", extra)
         print(json.dumps(r), file=sys.stderr, flush=True)
         lines.append(

@@ -14,7 +14,6 @@ Writes ``benchmarks/results/sybil.md`` (or ``--out``) with machine info and the 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import datetime
 import sys
@@ -27,7 +26,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.common.machine import machine_info  # noqa: E402
-from benchmarks.systems.harness import write_table  # noqa: E402
+from benchmarks.systems.harness import RESULTS, parser, write_table  # noqa: E402
 
 
 def sim_config(sybils: int, steps: int, start: int):
@@ -100,12 +99,10 @@ def render(rows: list[dict], steps: int, start: int, quick: bool) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="S = 10 and 100, 10 rounds")
+    ap = parser(__doc__.split("\n\n")[0], "S = 10 and 100, 10 rounds", RESULTS / "sybil.md")
     ap.add_argument("--sizes", type=int, nargs="+", help="sybils per round (default 10 100 1000)")
     ap.add_argument("--steps", type=int, help="rounds (default 16; quick 10)")
     ap.add_argument("--start", type=int, default=4, help="round the sybils arrive")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "sybil.md")
     args = ap.parse_args()
     sizes = args.sizes or ([10, 100] if args.quick else [10, 100, 1000])
     steps = args.steps or (10 if args.quick else 16)
