@@ -39,6 +39,7 @@ if str(ROOT) not in sys.path:
 
 from benchmarks.systems import gossip as b1_common  # noqa: E402
 from benchmarks.systems import gossip_summary as b1_summary  # noqa: E402
+from benchmarks.systems import launch  # noqa: E402
 from benchmarks.systems.gossip import SWARM, make_batch  # noqa: E402
 
 # -- worker (one peer per process) --------------------------------------------------------------------------
@@ -160,8 +161,8 @@ async def worker(args: dict) -> None:
             "seen": seen,
             "sizes": sizes,
             "timing": {**timing, "guard": guard_s, "guard_cpu": guard_cpu},
-            "rss_bytes": b1_common.rss_tree_bytes(),
-            "pss_bytes": b1_common.pss_tree_bytes(),
+            "rss_bytes": launch.rss_tree_bytes(),
+            "pss_bytes": launch.pss_tree_bytes(),
         }
     finally:  # stop p2pd even when this peer fails (a forked peer leaves by os._exit, with no interpreter cleanup)
         await transport.close()
@@ -197,7 +198,7 @@ def render(rows: list[dict], machine: str, opts: argparse.Namespace) -> str:
         f"{opts.poll_senders or ProtocolConfig().poll_senders} index entries and fetches at most "
         f"{opts.poll_records or ProtocolConfig().poll_records} records (`--poll-senders`, `--poll-records`); a DHT "
         f"lookup visits {opts.lookup_beam or HivemindTransportConfig().lookup_beam} nodes (`--lookup-beam`)."
-        + b1_common.launch_note(opts)
+        + launch.launch_note(opts)
     )
     return b1_summary.render("hivemind", machine, description, rows)
 
@@ -208,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--poll-records", type=int, help="records one poll fetches (default the protocol's, 10)")
     ap.add_argument("--lookup-beam", type=int, help="nodes one DHT lookup visits (default the transport's, 8)")
     opts = ap.parse_args(argv)
-    if b1_common.worker_main(opts, PRELOAD, run_worker):
+    if launch.worker_main(opts, PRELOAD, run_worker):
         return 0
     b1_common.apply_quick(opts)
     # Turn SIGTERM into SystemExit so run_swarm's cleanup stops every worker by pid.

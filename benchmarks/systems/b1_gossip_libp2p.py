@@ -44,6 +44,7 @@ if str(ROOT) not in sys.path:
 
 from benchmarks.systems import gossip as b1_common  # noqa: E402
 from benchmarks.systems import gossip_summary as b1_summary  # noqa: E402  (imports neither hivemind nor libp2p)
+from benchmarks.systems import launch  # noqa: E402
 from benchmarks.systems.gossip import SWARM, make_batch  # noqa: E402
 
 
@@ -159,7 +160,7 @@ async def worker(args: dict) -> None:
         await asyncio.sleep(0.5)
     connections = await transport.peers()
     stats = transport.stats()
-    rss, pss = b1_common.rss_tree_bytes(), b1_common.pss_tree_bytes()  # before close, as the hivemind worker does
+    rss, pss = launch.rss_tree_bytes(), launch.pss_tree_bytes()  # before close, as the hivemind worker does
     await transport.close()
     out = {
         "rss_bytes": rss,
@@ -339,7 +340,7 @@ def render(rows: list[dict], machine: str, opts: argparse.Namespace) -> str:
         f"(encode+sign + receive validate+decode + edge validator) / (encode + publish + fetch + receive checks "
         f"+ edge validator). Peer discovery: {opts.discovery}. Records over "
         f"{opts.inline_max_bytes or 900_000:,} bytes are announced and fetched, smaller ones travel in the gossip "
-        f"message. Compare with the hivemind transport in `b1_gossip.md`." + b1_common.launch_note(opts)
+        f"message. Compare with the hivemind transport in `b1_gossip.md`." + launch.launch_note(opts)
     )
     drops = summed(r.get("drops", {}) for r in rows)
     refused = summed(r.get("rejected", {}) for r in rows)
@@ -388,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         "(the transport's inline_max_bytes; default its own, 900,000)",
     )
     opts = ap.parse_args(argv)
-    if b1_common.worker_main(opts, PRELOAD, run_worker):
+    if launch.worker_main(opts, PRELOAD, run_worker):
         return 0
     logging_setup()
     b1_common.apply_quick(opts)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.systems import gossip as b1_common
+from benchmarks.systems import launch
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -16,7 +17,7 @@ SCRIPT = textwrap.dedent(
     import json, os, sys
     from pathlib import Path
     sys.path.insert(0, {root!r})
-    from benchmarks.systems import gossip as b1_common
+    from benchmarks.systems import gossip as b1_common, launch
 
     def run_worker(wargs):
         if wargs["index"] == {crash}:
@@ -31,7 +32,7 @@ SCRIPT = textwrap.dedent(
         }}))
 
     opts = b1_common.parser("test", poll_s=1.0, modes="x").parse_args()
-    b1_common.worker_main(opts, ("xml.dom.minidom",), run_worker)
+    launch.worker_main(opts, ("xml.dom.minidom",), run_worker)
     """
 )
 
@@ -85,7 +86,7 @@ def test_exec_launch_is_still_the_default():
 
 @pytest.mark.timeout(60)
 def test_the_zygotes_pss_leaves_out_its_peers(tmp_path):
-    zygote = b1_common.Zygote(_script(tmp_path), tmp_path / "zygote.log")
+    zygote = launch.Zygote(_script(tmp_path), tmp_path / "zygote.log")
     peers = []
     try:
         for i in range(2):
@@ -93,8 +94,8 @@ def test_the_zygotes_pss_leaves_out_its_peers(tmp_path):
                 wargs = {"index": i, "bootstrap": None, "outfile": str(tmp_path / f"{i}.json")}
                 peers.append(zygote.spawn(wargs, log))
         assert all(p.stdout.readline().startswith("READY") for p in peers)
-        own, tree = zygote.pss_bytes(), b1_common.pss_tree_bytes(zygote.proc.pid)
-        peer = b1_common.pss_tree_bytes(peers[0].pid)
+        own, tree = zygote.pss_bytes(), launch.pss_tree_bytes(zygote.proc.pid)
+        peer = launch.pss_tree_bytes(peers[0].pid)
         assert own > 0 and peer > 0
         assert own < tree - peer  # the peers' own memory is theirs, not the zygote's
     finally:

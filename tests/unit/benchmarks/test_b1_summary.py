@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from benchmarks.systems import gossip as b1_common
 from benchmarks.systems import gossip_summary as b1_summary
+from benchmarks.systems import launch
 
 
 def _worker(published, seen, fetch_s, polls):
@@ -67,7 +67,7 @@ def test_pss_of_a_process_tree_is_positive_and_below_its_rss():
         import time
 
         time.sleep(0.5)
-        rss, pss = b1_common.rss_tree_bytes(child.pid), b1_common.pss_tree_bytes(child.pid)
+        rss, pss = launch.rss_tree_bytes(child.pid), launch.pss_tree_bytes(child.pid)
         assert 0 < pss < rss  # the child shares the interpreter's library pages with this process
     finally:
         child.kill()
