@@ -34,6 +34,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.systems.harness import stop_process  # noqa: E402
+
 SWARM = "b1-mixed"
 WORDS = ("the", "answer", "is", "so", "we", "add", "then", "sum", "carry", "step", "check", "result", "of", "and")
 
@@ -141,12 +143,7 @@ def run(mode: str, n: int, a: argparse.Namespace, work: Path) -> dict:
             p.wait(timeout=a.steps * a.interval + a.tail + 120)
     finally:
         for p in procs:
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+            stop_process(p)
     results = [json.loads((work / f"{i}.json").read_text()) for i in range(n)]
     return summarize(mode, results)
 
