@@ -2,7 +2,7 @@
 run by ``swarm-sim experiment``). One command each, a Markdown report under ``benchmarks/results/``.
 
 * ``b1_gossip``, ``b1_gossip_libp2p`` -- B1: record visibility over hivemind and libp2p (coordinator in ``gossip``,
-  peer launchers and memory in ``launch``, statistics in ``gossip_summary``)
+  peer launchers and memory in ``launch``, the libp2p peers in ``libp2p_peer``, statistics in ``gossip_summary``)
 * ``b2_rollout``, ``b2_april``, ``b3_learner``, ``b8_vllm_speed`` -- engine and learner speed against their baselines
 * ``b5_scale`` -- per-node cost from 10 to 10,000 simulated nodes
 * ``soak``, ``soak_multiproc`` -- B9: memory and file growth over long runs, in-process and real processes

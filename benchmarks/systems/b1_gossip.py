@@ -86,9 +86,7 @@ async def worker(args: dict) -> None:
         "encode_cpu": 0.0,
         "check_cpu": 0.0,
     }
-    seen: dict[str, float] = {}
-    published: dict[str, float] = {}
-    sizes: list[int] = []
+    seen, published, sizes = b1_common.peer_logs()
     own: dict[int, list[str]] = {}  # this peer's digests per window: its signed index entry lists them
 
     beam = {"lookup_beam": args["lookup_beam"]} if args.get("lookup_beam") else {}
@@ -127,17 +125,7 @@ async def worker(args: dict) -> None:
 
     async def poller() -> None:
         while time.time() < end and (len(seen) < n_expected or len(published) < args["steps"]):
-            w = window_of(time.time(), pc.window_seconds)
-            windows = [w - 2, w - 1, w]
-            t1 = time.time()
-            try:
-                datas = await transport.fetch_recent(windows)
-            except Exception as e:  # a timed-out poll is part of what we measure; the next poll retries
-                print(f"fetch failed: {e!r}", file=sys.stderr, flush=True)
-                datas = []
-            now = time.time()
-            timing["fetch"] += now - t1
-            timing["polls"] += 1
+            datas, now = await b1_common.fetch_timed(transport, pc.window_seconds, timing, tolerate=True)
             for data in datas:
                 rid = record_digest_hex(data)
                 if rid in seen:

@@ -21,6 +21,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from benchmarks.systems.harness import ROOT, stop_process
 from benchmarks.systems.launch import Forked, Zygote
@@ -78,6 +79,35 @@ def make_batch(record_kb: float, step: int, rng: random.Random):
     return RolloutBatch(
         model="builtin:tiny", policy_version=step, tokenizer="tok-b1", groups=(Group(task, tuple(comps)),)
     )
+
+
+def peer_logs() -> tuple[dict[str, float], dict[str, float], list[int]]:
+    """A worker's empty logs: when it first saw each record, when it published each (by record id), and the sizes
+    of what it published."""
+    return {}, {}, []
+
+
+async def fetch_timed(
+    transport: Any, window_seconds: int, timing: dict[str, float], *, tolerate: bool = False
+) -> tuple[list[bytes], float]:
+    """One poll of the last three windows, its wall time added to ``timing["fetch"]`` and counted in
+    ``timing["polls"]``; the records and when they came. ``tolerate``: a failed poll prints its error and reads as
+    no records (a timed-out poll is part of what is measured; the next poll retries)."""
+    from protocol.records import window_of
+
+    w = window_of(time.time(), window_seconds)
+    t1 = time.time()
+    try:
+        datas = await transport.fetch_recent([w - 2, w - 1, w])
+    except Exception as e:
+        if not tolerate:
+            raise
+        print(f"fetch failed: {e!r}", file=sys.stderr, flush=True)
+        datas = []
+    now = time.time()
+    timing["fetch"] += now - t1
+    timing["polls"] += 1
+    return datas, now
 
 
 # -- coordinator ----------------------------------------------------------------------------------------------
