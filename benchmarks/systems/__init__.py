@@ -6,6 +6,7 @@ run by ``swarm-sim experiment``). One command each, a Markdown report under ``be
 * ``b2_rollout``, ``b2_april``, ``b3_learner``, ``b8_vllm_speed`` -- engine and learner speed against their baselines
 * ``b5_scale`` -- per-node cost from 10 to 10,000 simulated nodes
 * ``soak``, ``soak_multiproc`` -- B9: memory and file growth over long runs, in-process and real processes
+  (the in-process soak's probes in ``soak_probe``, its caps, verdict and report in ``soak_verdict``)
 * ``flood``, ``sybil``, ``sybil_real`` -- attacks: index floods, sybil shares in-process and against real nodes
 * ``netlab`` -- the network lab (namespaces: NAT, slow lossy links, dropped links); its real-node scenarios in
   ``netlab_join``

@@ -6,6 +6,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+from benchmarks.systems.soak_verdict import fitted_slope
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -27,10 +29,10 @@ def _rss(verdict: list[dict]) -> dict:
 def test_fitted_slope_reads_the_second_half_and_ignores_one_noisy_end() -> None:
     soak = _soak()
     # +20 MB per 1000 steps from step 1000 on, flat before
-    assert abs(soak.fitted_slope(_rows(lambda s: 500 + 0.02 * max(0, s - 1000)), "rss_mb") - 20.0) < 1e-6
+    assert abs(fitted_slope(_rows(lambda s: 500 + 0.02 * max(0, s - 1000)), "rss_mb") - 20.0) < 1e-6
     # flat over 10,000 steps, with one +40 MB spike at the last sample: end minus midpoint reads +8 MB/1000 steps
     spiky = _rows(lambda s: 540.0 if s == 10_000 else 500.0, steps=10_000)
-    assert soak.fitted_slope(spiky, "rss_mb") < 2
+    assert fitted_slope(spiky, "rss_mb") < 2
     assert _rss(soak.verdict(spiky, 0.15, 4))["ok"]
 
 
