@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import signal
 import statistics
@@ -57,6 +56,12 @@ from pathlib import Path
 import psutil
 
 ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.systems.harness import stop_process  # noqa: E402
+from benchmarks.systems.soak_verdict import BLOCKS, block_slope  # noqa: E402
+
 BASE_PORT = 34700
 SMALL = [
     "--set", "rollout.prompts_per_step=4",
@@ -104,13 +109,7 @@ def start(i: int, work: Path, boot: str | None) -> subprocess.Popen:
 
 
 def stop(p: subprocess.Popen, grace_s: float = 60) -> None:
-    if p.poll() is None:
-        p.terminate()
-        try:
-            p.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(10)
+    stop_process(p, grace_s)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(p.pid, signal.SIGKILL)
 
@@ -139,40 +138,6 @@ def probe(p: subprocess.Popen, run_dir: Path) -> dict:
     except (OSError, IndexError, ValueError):
         out["dht_keys"], out["step"], out["heap"] = 0, 0, 0
     return out
-
-
-def slope_per_hour(ts: list[float], ys: list[float]) -> float:
-    if len(ts) < 3:
-        return float("nan")
-    mt, my = statistics.fmean(ts), statistics.fmean(ys)
-    den = sum((t - mt) ** 2 for t in ts)
-    return 3600.0 * sum((t - mt) * (y - my) for t, y in zip(ts, ys, strict=True)) / den if den else float("nan")
-
-
-#: Time blocks of the judged half, and the two-sided 95% t multiplier for their slope (blocks - 2 = 4 df).
-BLOCKS, T975_4 = 6, 2.776
-
-
-def block_slope(ts: list[float], ys: list[float], blocks: int = BLOCKS) -> tuple[float, float, float]:
-    """Slope per hour of the medians of ``blocks`` equal time blocks, and its 95% interval: a sample-to-sample
-    swing of the allocator moves one block's median little, a leak moves every block's."""
-    lo_t, hi_t = ts[0], ts[-1]
-    width = (hi_t - lo_t) / blocks or 1.0
-    mids, meds = [], []
-    for b in range(blocks):
-        ys_b = [y for t, y in zip(ts, ys, strict=True) if lo_t + b * width <= t < lo_t + (b + 1) * width or
-                (b == blocks - 1 and t == hi_t)]  # fmt: skip
-        if ys_b:
-            mids.append(lo_t + (b + 0.5) * width)
-            meds.append(statistics.median(ys_b))
-    if len(mids) < 3:
-        return float("nan"), float("nan"), float("nan")
-    sl = slope_per_hour(mids, meds)
-    mt, my = statistics.fmean(mids), statistics.fmean(meds)
-    den = sum((t - mt) ** 2 for t in mids) / 3600.0**2
-    resid = [y - (my + sl * (t - mt) / 3600.0) for t, y in zip(mids, meds, strict=True)]
-    se = math.sqrt(sum(r * r for r in resid) / (len(mids) - 2) / den)
-    return sl, sl - T975_4 * se, sl + T975_4 * se
 
 
 MEASURES = ("rss", "heap", "fds", "threads", "dht_keys")

@@ -1,5 +1,6 @@
 """B9 soak's verdict and report (``soak.py`` runs them): which probes must stay flat, which may fill up to a cap
-and which grow by design, the verdict on one run's samples, and the Markdown report.
+and which grow by design, the verdict on one run's samples, and the Markdown report; and the multi-process soak's
+slope of time-block medians with its interval.
 
 Knows nothing about running a node; works on the samples ``soak_probe.sample`` takes.
 """
@@ -10,6 +11,7 @@ import argparse
 import datetime
 import itertools
 import json
+import math
 import os
 import statistics
 import sys
@@ -187,3 +189,40 @@ def render(results: dict[str, dict[str, Any]], args: argparse.Namespace, step: d
                 "",
             ]
     return "\n".join(lines) + "\n"
+
+
+# -- the multi-process soak's slopes (``soak_multiproc.py``) ---------------------------------------------------
+
+
+def slope_per_hour(ts: list[float], ys: list[float]) -> float:
+    if len(ts) < 3:
+        return float("nan")
+    mt, my = statistics.fmean(ts), statistics.fmean(ys)
+    den = sum((t - mt) ** 2 for t in ts)
+    return 3600.0 * sum((t - mt) * (y - my) for t, y in zip(ts, ys, strict=True)) / den if den else float("nan")
+
+
+#: Time blocks of the judged half, and the two-sided 95% t multiplier for their slope (blocks - 2 = 4 df).
+BLOCKS, T975_4 = 6, 2.776
+
+
+def block_slope(ts: list[float], ys: list[float], blocks: int = BLOCKS) -> tuple[float, float, float]:
+    """Slope per hour of the medians of ``blocks`` equal time blocks, and its 95% interval: a sample-to-sample
+    swing of the allocator moves one block's median little, a leak moves every block's."""
+    lo_t, hi_t = ts[0], ts[-1]
+    width = (hi_t - lo_t) / blocks or 1.0
+    mids, meds = [], []
+    for b in range(blocks):
+        ys_b = [y for t, y in zip(ts, ys, strict=True) if lo_t + b * width <= t < lo_t + (b + 1) * width or
+                (b == blocks - 1 and t == hi_t)]  # fmt: skip
+        if ys_b:
+            mids.append(lo_t + (b + 0.5) * width)
+            meds.append(statistics.median(ys_b))
+    if len(mids) < 3:
+        return float("nan"), float("nan"), float("nan")
+    sl = slope_per_hour(mids, meds)
+    mt, my = statistics.fmean(mids), statistics.fmean(meds)
+    den = sum((t - mt) ** 2 for t in mids) / 3600.0**2
+    resid = [y - (my + sl * (t - mt) / 3600.0) for t, y in zip(mids, meds, strict=True)]
+    se = math.sqrt(sum(r * r for r in resid) / (len(mids) - 2) / den)
+    return sl, sl - T975_4 * se, sl + T975_4 * se

@@ -6,6 +6,8 @@ import importlib.util
 import random
 from pathlib import Path
 
+from benchmarks.systems.soak_verdict import block_slope, slope_per_hour
+
 ROOT = Path(__file__).resolve().parents[3]
 MB = 2**20
 
@@ -43,13 +45,12 @@ def test_flat_noisy_rss_passes_a_steady_leak_fails_and_a_borderline_one_is_undec
 
 
 def test_one_spike_moves_a_block_median_little() -> None:
-    soak = _soak()
     ts = [float(t) for t in range(0, 3601, 30)]
     ys = [700.0] * len(ts)
     ys[-1] = 786.0  # the largest sample-to-sample swing the first run saw, at the very end
-    sl, lo, hi = soak.block_slope(ts, ys)
+    sl, lo, hi = block_slope(ts, ys)
     assert sl == 0.0 and lo == 0.0 and hi == 0.0
-    assert soak.slope_per_hour(ts, ys) > 2.0  # a least-squares slope over the samples reads a trend
+    assert slope_per_hour(ts, ys) > 2.0  # a least-squares slope over the samples reads a trend
 
 
 def test_the_python_heap_is_judged_beside_rss_and_an_older_run_without_it_reads_n_a() -> None:
