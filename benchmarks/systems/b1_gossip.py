@@ -45,15 +45,8 @@ from benchmarks.systems.gossip import SWARM, make_batch  # noqa: E402
 # -- worker (one peer per process) --------------------------------------------------------------------------
 
 # what a worker imports: the zygote of ``--launch fork`` imports it once for every peer
-PRELOAD = (
-    "hivemind",
-    "protocol.identity",
-    "protocol.layout",
-    "protocol.records",
-    "protocol.transport.config",
-    "protocol.transport.hivemind.transport",
-    "protocol.validation",
-)
+PROTOCOL = ("identity", "layout", "records", "transport.config", "transport.hivemind.transport", "validation")
+PRELOAD = ("hivemind", *(f"protocol.{m}" for m in PROTOCOL))
 
 
 def run_worker(wargs: dict) -> None:

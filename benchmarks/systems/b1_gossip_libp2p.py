@@ -47,16 +47,8 @@ from benchmarks.systems import launch, libp2p_peer  # noqa: E402
 
 
 # what a worker imports: the zygote of ``--launch fork`` imports it once for every peer
-PRELOAD = (
-    "trio",
-    "multiaddr",
-    "libp2p",
-    "protocol.identity",
-    "protocol.records",
-    "protocol.transport.config",
-    "protocol.transport.libp2p.transport",
-    "protocol.validation",
-)
+PROTOCOL = ("identity", "records", "transport.config", "transport.libp2p.transport", "validation")
+PRELOAD = ("trio", "multiaddr", "libp2p", *(f"protocol.{m}" for m in PROTOCOL))
 
 
 def run_worker(wargs: dict) -> None:
