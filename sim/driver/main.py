@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     prov: dict[str, Any] = {"hash": h, "config": str(args.config)}
     prov["registered"] = provenance.registered_at(reg, args.config.resolve(), h) if not args.quick else None
     settings = pairs.arm_settings(sim)
-    keys = {arm: pairs._key(s) for arm, s in settings.items()}
+    keys = {arm: pairs.settings_key(s) for arm, s in settings.items()}
     saved = pairs.saved_pairs(old, settings, out_json.name, analyze=args.analyze)
     if args.analyze:  # re-read pairs keep the keys and settings they were made under
         keys = {**keys, **(old or {}).get("arm_keys", {})}

@@ -42,10 +42,10 @@ def arm_settings(sim: SimConfig) -> dict[str, dict[str, Any]]:
 def arm_keys(sim: SimConfig) -> dict[str, str]:
     """An arm's settings hashed: a saved pair is reused only under the same key (or one that differs by fields
     added since, :func:`saved_pairs`), and adding an arm keeps the others' pairs."""
-    return {name: _key(s) for name, s in arm_settings(sim).items()}
+    return {name: settings_key(s) for name, s in arm_settings(sim).items()}
 
 
-def _key(s: dict[str, Any]) -> str:
+def settings_key(s: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps([s["experiment"], s["arm"], s["nodes"]], sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -75,7 +75,7 @@ def saved_pairs(old: dict[str, Any] | None, now: dict[str, dict[str, Any]], name
     for arm, seeds in old.get("pairs", {}).items():
         then = old.get("arm_settings", {}).get(arm)
         added, changed = changes(then, now[arm]) if then is not None and arm in now else ([], ["(not recorded)"])
-        if analyze or (arm in now and old.get("arm_keys", {}).get(arm) == _key(now[arm])):
+        if analyze or (arm in now and old.get("arm_keys", {}).get(arm) == settings_key(now[arm])):
             out[arm] = {int(k): v for k, v in seeds.items()}
         elif not changed:
             out[arm] = {int(k): v for k, v in seeds.items()}

@@ -249,7 +249,7 @@ def test_guided_rows_ignore_importance_weights_and_report_per_family():
     # A peer's row with a hint far above our logprobs: under the surrogate its weight is tiny; marked guided the
     # hint is ignored (weight 1). The per-family diagnostics count the peers' completions and tokens and read the
     # receiver's mean logprob of them.
-    lrn, batch, logp = _batch_and_logprobs()
+    _, batch, logp = _batch_and_logprobs()
     n1, n2 = len(batch[1].completion_ids), len(batch[2].completion_ids)
     for i, fam in ((1, "lab_sub"), (2, "lab_add")):
         batch[i].external, batch[i].family, batch[i].behaviour_logprob_mean = True, fam, 0.0

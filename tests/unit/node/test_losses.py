@@ -15,8 +15,8 @@ from node.learn.losses import (
     kl_k3,
     policy_gradient_loss,
     register_loss,
-    shaped_guidance,
     sequence_is_weights,
+    shaped_guidance,
     truncated_is_weights,
 )
 

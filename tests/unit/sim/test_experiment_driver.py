@@ -218,10 +218,14 @@ def test_quick_run_records_its_registration_and_resumes_with_nothing_to_run(tmp_
 def test_saved_pairs_survive_fields_added_since_but_not_changed_ones(capsys) -> None:
     """A long experiment outlives code changes: an option added to the node config since its pairs ran (at its
     default) keeps them, named; a changed setting does not."""
-    from sim.driver.pairs import _key, saved_pairs
+    from sim.driver.pairs import saved_pairs, settings_key
 
     then = {"experiment": {"steps": 60}, "arm": {"name": "alone"}, "nodes": [{"learner": {"lr": 1e-4}}]}
-    old = {"pairs": {"alone": {"0": {"steps": {}}}}, "arm_keys": {"alone": _key(then)}, "arm_settings": {"alone": then}}
+    old = {
+        "pairs": {"alone": {"0": {"steps": {}}}},
+        "arm_keys": {"alone": settings_key(then)},
+        "arm_settings": {"alone": then},
+    }
     assert saved_pairs(old, {"alone": then}, "r.json") == {"alone": {0: {"steps": {}}}}
     added = json.loads(json.dumps(then))
     added["nodes"][0]["learner"]["guidance_gamma"] = 0.1
