@@ -599,6 +599,8 @@ class Node:
         """The guided batch: the peers' groups drawn before generating, each mixed with this node's own group on
         its prompt (the last ``len(guides)`` own groups), plus up to I other own informative groups."""
         chosen = self.choose_guides()
+        if len(own.groups) < len(chosen.external):  # no rollouts this step (a side phase's turn): nothing to mix
+            chosen.external = []
         n_guided = len(chosen.external)
         split = len(own.groups) - n_guided
         pairs = list(zip(own.groups[split:], chosen.external, strict=True))

@@ -355,3 +355,10 @@ def test_a_guided_node_rolls_out_on_its_peers_prompts_and_shares_one_baseline(tm
 
     asyncio.run(loop())
     assert guided_steps >= 2
+
+    # A step without own rollouts (a side phase's turn, e.g. MNPO's) has nothing to mix the guides with: no crash,
+    # no peer sample.
+    from node.rollout.groups import OwnRollouts
+
+    weak.choose_guides()
+    assert not [s for s in weak.make_batch(OwnRollouts()).samples if s.external]
