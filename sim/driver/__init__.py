@@ -8,6 +8,7 @@ and writes a report whose verdict is the registered rule. Modules, top to bottom
 * ``pairs``      -- per-arm keys, saved and finished pairs, running the pending ones (seed by seed)
 * ``start``      -- the shared start and the stock model, evaluated once for every pair; per-seed starts
 * ``report``     -- the Markdown report and the plot
+* ``tables``     -- docs/benchmarks.md's and the README's tables from every committed result (``benchmarks/tables.py``)
 * ``analysis``   -- per-arm numbers, paired differences, 95% t-intervals, the verdict
 * ``provenance`` -- the registration hash's checks and the commits the report names (git)
 * ``metrics``    -- metric hooks by name (``exact``, ``gap_closed``)

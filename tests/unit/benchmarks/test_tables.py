@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks import tables  # noqa: E402
+from sim.driver import tables  # noqa: E402
 
 
 def test_committed_tables_are_the_ones_the_result_json_writes() -> None:
