@@ -81,8 +81,13 @@ def anchor(text: str) -> str:
 
 
 def answer(reg: Any, res: dict[str, Any]) -> tuple[str, str]:
-    """(yes / partly / no, the arm it is about): the registered verdict, read off the JSON."""
+    """(yes / partly / no, the arm it is about): the registered verdict, read off the JSON; ``interim (k of n
+    seeds)`` while not every arm has every registered seed, whatever the partial verdict says."""
     v = res["verdict"]
+    arm0 = v["by"][0] if v["met"] else reg.target.arms[0]
+    if not v.get("complete", True):
+        done = min((len(a.get("seeds", [])) for a in res["arms"].values()), default=0)
+        return f"interim ({done} of {len(reg.seeds)} seeds)", arm0
     if v["met"]:
         return "yes", v["by"][0]
     arm = max(v["checks"], key=lambda a: sum(c["ok"] for c in v["checks"][a]), default=reg.target.arms[0])
@@ -106,7 +111,7 @@ def headline(reg: Any, res: dict[str, Any], arm: str) -> str:
     metric = reg.target.all[0].metric or reg.primary
     ends = res["arms"][arm][metric]["end"]
     m, lo, hi = t_interval(ends)
-    span = f" [{lo:.3f}, {hi:.3f}]" if len(ends) > 1 else " (one build: no interval)"
+    span = f" [{lo:.3f}, {hi:.3f}]" if len(ends) > 1 else " (one value: no interval)"
     return f"{metric} {arm}: {m:.3f}{span}"
 
 
