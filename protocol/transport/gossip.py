@@ -17,7 +17,8 @@ means (the edge validator decides) nor about how a transport dials, subscribes o
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection, Sequence
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, Protocol
 
 import msgpack
@@ -153,6 +154,37 @@ def answer(req: dict[str, Any], store: RecordsHeld, on_peers: Callable[[Any], li
     if op == "peers":
         return [_packb(on_peers(req.get("ad"))[:MAX_PX])]
     return None
+
+
+#: Digests a sync client remembers as too large to fetch (oldest forgotten first).
+MAX_TOO_LARGE = 4096
+
+
+async def get_in_parts(
+    get: Callable[[list[bytes]], Awaitable[list[bytes]]],
+    digests: list[bytes],
+    too_large: OrderedDict[bytes, None],
+    on_too_large: Callable[[], None],
+    oversize: type[BaseException],
+) -> list[bytes]:
+    """``get(digests)``, where a batch that holds a record over our cap (a peer with a larger cap holds it; ``get``
+    raises ``oversize``) is asked again one record at a time; that record is remembered in ``too_large`` (at most
+    :data:`MAX_TOO_LARGE`) and ``on_too_large`` counts it, so one record we cannot take does not fail every later sync
+    with that peer (SPEC 7.3). Neither asyncio nor trio: each transport's client passes its own ``get`` (with its
+    timeout) and its own oversize error."""
+    try:
+        return await get(digests)
+    except oversize:
+        if len(digests) == 1:
+            on_too_large()
+            too_large[digests[0]] = None
+            while len(too_large) > MAX_TOO_LARGE:
+                too_large.popitem(last=False)
+            return []
+    out: list[bytes] = []
+    for d in digests:
+        out += await get_in_parts(get, [d], too_large, on_too_large, oversize)
+    return out
 
 
 def parse_have(raw: bytes) -> list[bytes]:

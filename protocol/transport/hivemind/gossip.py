@@ -27,6 +27,7 @@ import logging
 import random
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable
 from typing import Any
 
 import msgpack
@@ -45,6 +46,7 @@ from protocol.transport.gossip import (
     ad_signer_ok,
     answer,
     frame,
+    get_in_parts,
     make_ad,
     parse_frame,
     parse_have,
@@ -66,7 +68,6 @@ MAX_RELAYED_ADS = 64
 #: Seconds an own advertisement is reused before it is signed again.
 AD_RESIGN_S = 60.0
 #: Digests remembered as too large for us (a peer with a larger ``max_record_bytes`` lists them), never asked again.
-MAX_TOO_LARGE = 4096
 
 
 class TopicMember:
@@ -250,21 +251,14 @@ class TopicMember:
         return new
 
     async def _get_batch(self, peer: Any, digests: list[bytes]) -> list[bytes]:
-        """As the libp2p transport's sync client: a batch holding a record over our cap is asked again one record at a
-        time, and that record is never asked for again (it would fail every later sync with that peer)."""
-        try:
-            return await asyncio.wait_for(self._get(peer, digests), self.timeout)
-        except FrameTooLarge:
-            if len(digests) == 1:
-                self.counters.drop("sync_too_large")
-                self._too_large[digests[0]] = None
-                while len(self._too_large) > MAX_TOO_LARGE:
-                    self._too_large.popitem(last=False)
-                return []
-        out: list[bytes] = []
-        for d in digests:
-            out += await self._get_batch(peer, [d])
-        return out
+        """As the libp2p transport's sync client (:func:`get_in_parts`)."""
+
+        def get(ds: list[bytes]) -> Awaitable[list[bytes]]:
+            return asyncio.wait_for(self._get(peer, ds), self.timeout)
+
+        return await get_in_parts(
+            get, digests, self._too_large, lambda: self.counters.drop("sync_too_large"), FrameTooLarge
+        )
 
     async def _sync_quietly(self, peer: Any) -> int:
         try:

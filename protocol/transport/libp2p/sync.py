@@ -29,7 +29,15 @@ from libp2p.network.stream.exceptions import StreamError
 from libp2p.peer.id import ID
 from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_bytes_limited
 
-from protocol.transport.gossip import MAX_GET, MAX_HAVE, MAX_PX, MAX_REQUEST_BYTES, MAX_WINDOWS, SYNC_PROTOCOL
+from protocol.transport.gossip import (
+    MAX_GET,
+    MAX_HAVE,
+    MAX_PX,
+    MAX_REQUEST_BYTES,
+    MAX_WINDOWS,
+    SYNC_PROTOCOL,
+    get_in_parts,
+)
 from protocol.transport.libp2p.peers import MAX_AD_BYTES
 from protocol.transport.libp2p.store import Counters, RecordStore, digest_of
 
@@ -40,7 +48,6 @@ STREAM_FAILURES = (StreamError, IncompleteReadError, trio.BrokenResourceError, t
 
 PeersHandler = Callable[[Any], list[bytes]]
 #: Digests remembered as too large for us (listed by a peer whose ``max_record_bytes`` is larger), never asked again.
-MAX_TOO_LARGE = 4096
 
 
 class SyncServer:
@@ -164,20 +171,12 @@ class SyncClient:
         return new
 
     async def _get_batch(self, peer: ID, digests: list[bytes]) -> list[bytes]:
-        """``get`` of a batch; a batch that holds a record over our ``max_record_bytes`` (a peer with a larger cap
-        holds it) is asked again one record at a time, and that record is remembered and never asked for again, so
-        one record we cannot take does not block every later sync with that peer (SPEC 7.3)."""
-        try:
+        """``get`` of a batch, in parts where a record is over our ``max_record_bytes`` (:func:`get_in_parts`)."""
+
+        async def get(ds: list[bytes]) -> list[bytes]:
             with trio.fail_after(self.timeout):
-                return await self.get(peer, digests)
-        except MessageTooLarge:
-            if len(digests) == 1:
-                self.counters.drop("sync_too_large")
-                self.too_large[digests[0]] = None
-                while len(self.too_large) > MAX_TOO_LARGE:
-                    self.too_large.popitem(last=False)
-                return []
-        out: list[bytes] = []
-        for d in digests:
-            out += await self._get_batch(peer, [d])
-        return out
+                return await self.get(peer, ds)
+
+        return await get_in_parts(
+            get, digests, self.too_large, lambda: self.counters.drop("sync_too_large"), MessageTooLarge
+        )
