@@ -174,18 +174,22 @@ class PeerTokenStats:
         self.sums: dict[str, dict[str, Tensor]] = {}
 
     def add(self, batch: _Batch, old_logp: Tensor, weights: Tensor, gamma: float) -> None:
+        families = sorted({f for f in batch.families if f})
+        if not families:
+            return
         mask = batch.mask.to(old_logp.dtype)  # (b, T)
-        for fam in sorted({f for f in batch.families if f}):
+        p = old_logp.exp()  # (b, T)
+        shaping = gamma * p / (p + gamma) ** 2 * batch.guided.unsqueeze(-1).to(mask.dtype)  # (b, T) guided rows only
+        for fam in families:
             rows = torch.tensor([f == fam for f in batch.families], device=mask.device)  # (b,)
             m = mask * rows.unsqueeze(-1).to(mask.dtype)  # (b, T)
-            p = old_logp.exp()  # (b, T)
             acc = self.sums.setdefault(fam, {k: torch.zeros((), device=mask.device) for k in self.KEYS})
             acc["n"] += rows.sum()
             acc["tokens"] += m.sum()
             acc["w"] += (weights * m).sum()
             acc["w_low"] += ((weights < 0.5).to(m.dtype) * m).sum()
             acc["logp"] += (old_logp * m).sum()
-            acc["shaping"] += (gamma * p / (p + gamma) ** 2 * m * batch.guided.unsqueeze(-1).to(m.dtype)).sum()
+            acc["shaping"] += (shaping * m).sum()
 
     def metrics(self) -> dict[str, Tensor]:
         out: dict[str, Tensor] = {}
