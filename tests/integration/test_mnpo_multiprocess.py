@@ -72,7 +72,10 @@ def test_ht_mnpo_uses_real_peers_cross_scores_and_survives_a_peer_leaving(node_p
         assert max(r["mnpo_opponent_peers"] for r in mnpo) >= 1
         assert max(r["mnpo_score_peers"] for r in rows) >= 1
         counts = rows[-1]["mnpo_counts"]
-        assert counts.get("scores_kept", 0) > 0 and counts.get("peer_added", 0) > 0
+        assert counts.get("scores_kept", 0) > 0
+        # Peers' window responses reached the store. The tiny model is peaked (most of a node's own responses repeat
+        # each other), so a peer's text is often one the node already holds: stored once, counted "duplicate".
+        assert counts.get("peer_added", 0) + counts.get("peer_duplicate", 0) > 0, counts
         assert counts.get("published_scores", 0) > 0
         versions = [r["policy_version"] for r in rows]
         assert versions == sorted(versions) and versions[-1] > versions[0]
