@@ -28,6 +28,7 @@ import dataclasses
 import json
 import logging
 import random
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,9 +124,28 @@ def ensure_built(cache_dir: Path | None = None, recipe: LabRecipe | None = None)
     """The directory of ``recipe``'s model (default :data:`DEFAULT_LAB_RECIPE`), built first if not cached."""
     from node.model.cache import build_once
 
+    from node.model import shipped
+
     recipe = recipe or DEFAULT_LAB_RECIPE
-    return build_once(model_dir(cache_dir, recipe), _RECIPE_FILE, lambda tmp: build(recipe, tmp),
-                      f"{LAB_NAME} (recipe {recipe.key()})")  # fmt: skip
+    src = shipped.shipped_dir(recipe.key())
+    what = f"{LAB_NAME} (recipe {recipe.key()}{', from the weights shipped in the package' if src else ''})"
+    return build_once(model_dir(cache_dir, recipe), _RECIPE_FILE, lambda tmp: _install_or_build(recipe, tmp, src),
+                      what)  # fmt: skip
+
+
+def _install_or_build(recipe: LabRecipe, out: Path, src: Path | None) -> None:
+    """Install ``recipe``'s shipped weights (``node.model.shipped``) into ``out``, or build it there when none are
+    shipped or they do not verify."""
+    from node.model import shipped
+
+    if src is not None:
+        try:
+            shipped.install(src, out, recipe.to_dict(), recipe.key())
+            return
+        except shipped.ShippedMismatch as e:
+            logger.warning("the shipped weights in %s are not used: %s; building the recipe instead", src, e)
+            shutil.rmtree(out, ignore_errors=True)
+    build(recipe, out)
 
 
 def prompt_of(question: str) -> str:

@@ -1,0 +1,155 @@
+"""Laboratory models shipped in the package, so the README's main job starts training without a build.
+
+Building a laboratory model is a supervised warm start of a few minutes per recipe (``node.model.lab``); the demo
+needs two. The weights of the recipes the main job uses are built once by this module's command and shipped under
+``node/model/weights/lab-<recipe key>/``, beside the recipe they came from and a manifest of their files' SHA-256.
+``node.model.lab.ensure_built`` installs a shipped directory into the cache instead of building it when its recipe
+key matches; a directory whose recipe or files do not match is refused with one warning and the recipe is built.
+
+Kept honest three ways: the directory's name is the recipe's digest (the recipe file must hash to it, with the build
+code version, so a change of the build code orphans it rather than passing it off); the manifest is checked on every
+install; and a ``slow`` test (``tests/unit/node/test_shipped_weights.py``) rebuilds a shipped recipe and checks that
+the rebuilt and the shipped model agree on held-out exact accuracy.
+
+Rebuild (after changing the build code or a shipped recipe)::
+
+    python -m node.model.shipped                         # the recipes of configs/sim/demo.yaml
+    python -m node.model.shipped configs/sim/other.yaml  # or of any simulator or node config
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+#: Where shipped laboratory models live (package data).
+WEIGHTS_DIR = Path(__file__).with_name("weights")
+MANIFEST = "MANIFEST.json"
+RECIPE_FILE = "rl_swarm_recipe.json"
+DEFAULT_CONFIGS = ("configs/sim/demo.yaml",)
+
+
+class ShippedMismatch(Exception):
+    """A shipped directory that does not hold what its name promises."""
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def shipped_dir(key: str, root: Path | None = None) -> Path | None:
+    """The shipped directory of the recipe with digest ``key``, or None."""
+    d = (root or WEIGHTS_DIR) / f"lab-{key}"
+    return d if (d / MANIFEST).is_file() else None
+
+
+def verify(src: Path, recipe: dict[str, Any], key: str) -> dict[str, str]:
+    """The manifest of ``src`` once its recipe equals ``recipe``, hashes to ``key`` and every file matches its
+    digest; ``ShippedMismatch`` names the first thing that does not."""
+    from node.model.tiny import recipe_key
+
+    try:
+        manifest = json.loads((src / MANIFEST).read_text())
+        stored = json.loads((src / RECIPE_FILE).read_text())
+    except (OSError, ValueError) as e:
+        raise ShippedMismatch(f"unreadable manifest or recipe: {e}") from e
+    if stored != recipe or recipe_key(stored) != key:
+        raise ShippedMismatch("its recipe is not the one asked for (rebuild: python -m node.model.shipped)")
+    if not isinstance(manifest, dict) or RECIPE_FILE not in manifest:
+        raise ShippedMismatch("its manifest does not list the recipe file")
+    for name, digest in manifest.items():
+        f = src / name
+        if Path(name).name != name or not f.is_file():
+            raise ShippedMismatch(f"{name!r} is listed but missing")
+        if _sha256(f) != digest:
+            raise ShippedMismatch(f"{name!r} does not match its SHA-256 in the manifest")
+    return manifest
+
+
+def install(src: Path, out: Path, recipe: dict[str, Any], key: str) -> None:
+    """Copy a verified shipped directory into ``out`` (a build directory: the recipe file is written last)."""
+    manifest = verify(src, recipe, key)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in sorted(manifest, key=lambda n: n == RECIPE_FILE):
+        shutil.copyfile(src / name, out / name)
+
+
+def write_manifest(d: Path) -> dict[str, str]:
+    manifest = {f.name: _sha256(f) for f in sorted(d.iterdir()) if f.is_file() and f.name != MANIFEST}
+    (d / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return manifest
+
+
+def ship(recipe: Any, root: Path | None = None) -> Path:
+    """Build ``recipe`` (a ``LabRecipe``) from scratch, never from the cache, into ``root``/lab-<key>, replacing
+    what was shipped for it."""
+    from node.model import lab
+
+    root = root or WEIGHTS_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    target = root / f"lab-{recipe.key()}"
+    with tempfile.TemporaryDirectory(dir=root) as tmp:
+        built = Path(tmp) / "model"
+        lab.build(recipe, built)
+        write_manifest(built)
+        if target.exists():
+            shutil.rmtree(target)
+        shutil.move(str(built), target)
+    return target
+
+
+def config_recipes(path: str | Path) -> list[Any]:
+    """The laboratory recipes the nodes of a config build, deduplicated, in order: every node of every
+    configuration and seed of a simulator config (``swarm-sim``), or the one node of a node config."""
+    import yaml
+
+    from node.config import NodeConfig
+    from node.model import lab
+    from protocol.config import load_config
+    from sim.config import load_sim_config
+
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    if isinstance(data, dict) and ("configurations" in data or "nodes" in data):
+        sim = load_sim_config(str(path))
+        models = [sim.node_config(v.name, i, s).model for v in sim.configurations for s in sim.seeds
+                  for i in range(sim.nodes)]  # fmt: skip
+    else:
+        models = [load_config(NodeConfig, path).model]
+    out: dict[str, Any] = {}
+    for model in models:
+        if model.name == lab.LAB_NAME:
+            recipe = lab.recipe_with(model.builtin)
+            out.setdefault(recipe.key(), recipe)
+    return list(out.values())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m node.model.shipped", description=__doc__.split("\n\n")[0])
+    parser.add_argument("configs", nargs="*", default=list(DEFAULT_CONFIGS), help="configs whose recipes to ship")
+    parser.add_argument("--out", type=Path, default=WEIGHTS_DIR, help="weights directory (default: the package's)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    recipes = {r.key(): r for c in args.configs for r in config_recipes(c)}
+    if not recipes:
+        print(f"error: no builtin:lab model in {args.configs}", file=sys.stderr)
+        return 2
+    for key, recipe in recipes.items():
+        print(f"shipped {ship(recipe, args.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
