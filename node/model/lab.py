@@ -122,9 +122,8 @@ def model_dir(cache_dir: Path | None, recipe: LabRecipe) -> Path:
 
 def ensure_built(cache_dir: Path | None = None, recipe: LabRecipe | None = None) -> Path:
     """The directory of ``recipe``'s model (default :data:`DEFAULT_LAB_RECIPE`), built first if not cached."""
-    from node.model.cache import build_once
-
     from node.model import shipped
+    from node.model.cache import build_once
 
     recipe = recipe or DEFAULT_LAB_RECIPE
     src = shipped.shipped_dir(recipe.key())

@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     if not recipes:
         print(f"error: no builtin:lab model in {args.configs}", file=sys.stderr)
         return 2
-    for key, recipe in recipes.items():
+    for recipe in recipes.values():
         print(f"shipped {ship(recipe, args.out)}")
     return 0
 
