@@ -6,6 +6,10 @@ Each node gets its own run directory (``OUT/<config>/seed<k>/node<i>``: config, 
 stdout.log) and ``--max-steps``. Processes are tracked by pid and ended by pid: SIGTERM (the node checkpoints and
 leaves), then SIGKILL of its process group (hivemind's p2p daemon included) if it does not exit in time.
 
+A run directory left by an interrupted run resumes: every node continues from its latest checkpoint, and a node
+whose checkpoint already reached ``steps`` is not started again (``swarm-node join`` would exit at once, printing
+no address); the first node still to run is the bootstrap node then.
+
 Knows nothing about what the nodes compute; the report reads their metrics files like any other run.
 """
 
@@ -129,19 +133,33 @@ def _steps_done(node_dirs: list[Path]) -> int:
     return min(counts) if counts else 0
 
 
+def finished(node_dir: Path, steps: int) -> bool:
+    """Whether a node's run already reached ``steps``: its latest intact checkpoint is at ``steps`` or beyond (the
+    rule by which a resumed ``swarm-node join --max-steps steps`` has nothing to do)."""
+    from node.learn import load_latest
+
+    ckpt = load_latest(node_dir / "checkpoints") if (node_dir / "checkpoints").is_dir() else None
+    return ckpt is not None and ckpt.step >= steps
+
+
 def run_seed_multiprocess(
     sim: SimConfig, variant: str, seed: int, out: str | Path, on_step: Callable[[int], None] | None = None
 ) -> Path:
-    """Run ``sim.nodes`` processes of configuration ``variant`` with ``seed`` to ``sim.steps`` steps each.
+    """Run ``sim.nodes`` processes of configuration ``variant`` with ``seed`` to ``sim.steps`` steps each (those
+    not already there: a resumed run starts only its unfinished nodes).
 
     ``on_step(k)`` is called about once a second with the slowest node's step count (progress display)."""
     run_dir = Path(out) / variant / f"seed{seed}"
     run_dir.mkdir(parents=True, exist_ok=True)
     mp = sim.multiprocess
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(sim.torch_threads), "PYTHONUNBUFFERED": "1"}
+    todo = [i for i in range(sim.nodes) if not finished(run_dir / f"node{i}", sim.steps)]
+    done = [i for i in range(sim.nodes) if i not in todo]
+    if done:
+        logger.info("%s seed %d: nodes %s already reached step %d; not started again", variant, seed, done, sim.steps)
     procs: list[NodeProcess] = []
     try:
-        for i in range(sim.nodes):
+        for i in todo:
             node_dir = run_dir / f"node{i}"
             node_dir.mkdir(parents=True, exist_ok=True)
             mapping = sim.node_mapping(variant, i, seed)
@@ -150,20 +168,21 @@ def run_seed_multiprocess(
             mapping.setdefault("transport", {}).setdefault("type", "hivemind")
             cfg_file = node_dir / "input.yaml"
             cfg_file.write_text(yaml.safe_dump(mapping, sort_keys=False))
+            first = not procs  # the bootstrap node: the others join through it
             peers = procs[0].addresses[:1] if procs else []
-            extra = [*mp.extra_args, *(["--linger", str(mp.linger_s)] if i == 0 and mp.linger_s else [])]
+            extra = [*mp.extra_args, *(["--linger", str(mp.linger_s)] if first and mp.linger_s else [])]
             procs.append(_start(i, node_command(cfg_file, node_dir, sim.steps, peers, extra), node_dir, env))
-            if i == 0:
+            if first:
                 deadline = time.monotonic() + mp.startup_timeout_s
                 while not procs[0].address_seen.wait(0.2):
                     if procs[0].proc.poll() is not None:
                         raise MultiprocessError(
-                            f"node 0 exited with code {procs[0].proc.returncode} before printing its address; "
+                            f"node {i} exited with code {procs[0].proc.returncode} before printing its address; "
                             f"see {node_dir / 'stdout.log'}"
                         )
                     if time.monotonic() > deadline:
                         raise MultiprocessError(
-                            f"node 0 printed no 'listening on' address in {mp.startup_timeout_s:.0f}s; "
+                            f"node {i} printed no 'listening on' address in {mp.startup_timeout_s:.0f}s; "
                             f"see {node_dir / 'stdout.log'}"
                         )
                 logger.info("bootstrap address %s", procs[0].addresses[0])
@@ -173,7 +192,7 @@ def run_seed_multiprocess(
         # A lingering bootstrap node is waited for last and let go as soon as every other node has finished and it
         # has finished training (SIGTERM ends its linger; it exits 0).
         for p in procs[1:] + procs[:1] if mp.linger_s else procs:
-            if p.index == 0 and mp.linger_s:
+            if p is procs[0] and mp.linger_s:
                 while p.proc.poll() is None and not p.lingering.wait(0.5) and time.monotonic() < deadline:
                     pass
                 if p.proc.poll() is None and p.lingering.is_set():
