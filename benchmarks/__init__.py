@@ -7,7 +7,6 @@ command for three of them.
 
 * ``systems/`` -- what the swarm costs and survives: gossip, engine and learner speed, scale, soaks, attacks, the
   network lab, VADE (one harness, ``systems.harness``)
-* ``b6_mnpo`` -- B6: MNPO against two-player baselines in a non-transitive game (``sim.experiments.mnpo_game``)
 * ``tables`` -- docs/benchmarks.md's tables and the README's Results from the committed result JSON
 * ``compare_runs`` -- two run trees line by line, timings aside (a refactor's behaviour check)
 * ``common/`` -- the machine line
