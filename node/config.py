@@ -823,3 +823,32 @@ class NodeConfig(StrictModel):
                 f"({self.rollout.prompts_per_step}); raise prompts_per_step or lower local_groups"
             )
         return self
+
+
+#: Node configs shipped in the package, named by ``--config NAME`` (``node/profiles/NAME.yaml``).
+PROFILES_DIR = Path(__file__).with_name("profiles")
+#: What ``swarm-node join``, ``watch`` and ``doctor`` run without ``--config``: the laboratory node, which learns
+#: held-out skill alone on two CPU cores (``node/profiles/lab.yaml`` says how much, measured); ``tiny`` is the
+#: seconds-fast test node, which learns nothing.
+DEFAULT_PROFILE = "lab"
+
+
+def profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+
+
+def config_file(config: str | Path | None) -> Path:
+    """The YAML a ``--config`` value names: a file, or a profile's name (:data:`DEFAULT_PROFILE` when None).
+
+    A value that looks like a path (a separator, a ``.yaml`` suffix) or names an existing file is that file, so a
+    missing one is reported as missing by the loader; any other value must be a profile."""
+    from protocol.config import ConfigError
+
+    text = str(config if config is not None else DEFAULT_PROFILE)
+    path = Path(text).expanduser()
+    if path.exists() or "/" in text or path.suffix in (".yaml", ".yml", ".json"):
+        return path
+    profile = PROFILES_DIR / f"{text}.yaml"
+    if profile.is_file():
+        return profile
+    raise ConfigError(f"--config {text!r} is neither a config file nor a profile (profiles: {', '.join(profiles())})")

@@ -102,6 +102,7 @@ def node_steps(model: str, engine: str, steps: int, prompts: int, group: int, ma
             "checkpoint.every": 1000,
         }
         cmd = [sys.executable, "-m", "node.cli.app", "join", "--run-dir", str(run_dir), "--transport", "memory"]
+        cmd += ["--config", "tiny"]
         cmd += ["--max-steps", str(steps)]
         for k, v in sets.items():
             cmd += ["--set", f"{k}={v}"]

@@ -76,7 +76,7 @@ SMALL = [
 
 def node_cmd(i: int, run_dir: Path, boot: str | None) -> list[str]:
     cmd = [sys.executable, "-m", "node.cli.app", "join", "--run-dir", str(run_dir), "--max-steps", "1000000"]
-    cmd += ["--host", "127.0.0.1", "--port", str(BASE_PORT + i), *SMALL]
+    cmd += ["--host", "127.0.0.1", "--port", str(BASE_PORT + i), "--config", "tiny", *SMALL]
     return cmd + (["--peers", boot] if boot else [])
 
 

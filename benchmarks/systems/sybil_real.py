@@ -81,7 +81,11 @@ class Proc:
 
 
 def join(name: str, tmp: Path, args: list[str]) -> Proc:
-    return Proc(name, [sys.executable, "-m", "node.cli.app", "join", "--run-dir", str(tmp / name), *args], tmp)
+    return Proc(
+        name,
+        [sys.executable, "-m", "node.cli.app", "join", "--run-dir", str(tmp / name), "--config", "tiny", *args],
+        tmp,
+    )
 
 
 def read_jsonl(path: Path) -> list[dict]:

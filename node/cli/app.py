@@ -59,7 +59,14 @@ def join(
             "joining through this node or fetching its records find it.",
         ),
     ] = 0.0,
-    config: Annotated[Path | None, typer.Option("--config", help="Node config YAML (see configs/node/).")] = None,
+    config: Annotated[
+        str | None,
+        typer.Option(
+            "--config",
+            help="Node config YAML, or a profile: lab (the default: the laboratory node, which learns on CPU), "
+            "tiny (a fast test node).",
+        ),
+    ] = None,
     overrides: Annotated[
         list[str] | None, typer.Option("--set", help="Override a config field: section.field=value (repeatable).")
     ] = None,
@@ -89,10 +96,11 @@ def join(
         sets.append(f"transport.type={transport}")
     try:
         from node.cli.join import run_join
+        from node.config import config_file
 
         code = run_join(
             run_dir=run_dir,
-            config_path=config,
+            config_path=config_file(config),
             overrides=sets,
             peers=list(peers or []),
             host=host,
@@ -167,7 +175,8 @@ def watch(
         str, typer.Option("--host", help="Address the web page listens on (default: this machine only).")
     ] = "127.0.0.1",
     config: Annotated[
-        Path | None, typer.Option("--config", help="Node config YAML: its swarm_id, protocol and transport.")
+        str | None,
+        typer.Option("--config", help="Node config YAML or profile (default lab): its swarm_id, protocol, transport."),
     ] = None,
     overrides: Annotated[
         list[str] | None, typer.Option("--set", help="Override a config field: section.field=value (repeatable).")
@@ -180,10 +189,15 @@ def watch(
 
     setup_cli_logging(log_level)
     try:
+        from node.config import config_file
         from node.observer.watch import run_watch
 
         code = run_watch(
-            config_path=config, overrides=list(overrides or []), peers=list(peers or []), host=host, port=port
+            config_path=config_file(config),
+            overrides=list(overrides or []),
+            peers=list(peers or []),
+            host=host,
+            port=port,
         )
     except SwarmError as e:
         fail(str(e))
@@ -220,7 +234,8 @@ def doctor(
         list[str] | None, typer.Option("--peers", help="Multiaddr of a peer to check (repeatable).")
     ] = None,
     config: Annotated[
-        Path | None, typer.Option("--config", help="The node config join will use (its rollout engine is checked).")
+        str | None,
+        typer.Option("--config", help="The node config or profile join will use (its rollout engine is checked)."),
     ] = None,
     overrides: Annotated[
         list[str] | None, typer.Option("--set", help="Override a config field, as for join (repeatable).")
@@ -230,13 +245,13 @@ def doctor(
     remedy a line."""
     from node.cli.doctor import doctor as run_doctor
     from node.cli.logs import setup_cli_logging
-    from node.config import NodeConfig
+    from node.config import NodeConfig, config_file
     from protocol.config import load_config
     from protocol.errors import SwarmError
 
     setup_cli_logging("WARNING")
     try:
-        cfg = load_config(NodeConfig, config, list(overrides or []))
+        cfg = load_config(NodeConfig, config_file(config), list(overrides or []))
     except SwarmError as e:
         fail(str(e))
     engine = (cfg.rollout.engine, cfg.vllm.mode, cfg.vllm.url)

@@ -125,6 +125,7 @@ def wait_published(peers: list[Peer], records: int, timeout: float) -> None:
 
 #: ``swarm-node join`` options for small steps on shared cores (the built-in tiny model, one torch thread).
 SMALL_JOIN = [
+    "--config", "tiny",
     "--set", "rollout.prompts_per_step=4",
     "--set", "rollout.group_size=4",
     "--set", "sapo.local_groups=2",

@@ -129,12 +129,20 @@ class ChildProc:
         self.left_children = alive(kids)
 
 
+#: Commands that read a node config: without ``--config`` they run the default profile (the laboratory node), so a
+#: test that gives none runs the fast ``tiny`` profile instead; a test of the default itself passes ``--config lab``.
+CONFIGURED = ("join", "watch", "doctor")
+
+
 class NodeProc(ChildProc):
-    """One ``swarm-node`` process (``args`` after the program name, e.g. ``["join", ...]``)."""
+    """One ``swarm-node`` process (``args`` after the program name, e.g. ``["join", ...]``); ``join``, ``watch`` and
+    ``doctor`` get ``--config tiny`` unless ``args`` name a config."""
 
     def __init__(
         self, args: list[str], log_path: Path, env: dict[str, str] | None = None, *, own_group: bool = False
     ) -> None:
+        if args and args[0] in CONFIGURED and "--config" not in args:
+            args = [*args, "--config", "tiny"]
         exe = shutil.which("swarm-node", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
         cmd = [exe, *args] if exe else [sys.executable, "-m", "node.cli.app", *args]
         super().__init__(cmd, log_path, env, own_group=own_group)

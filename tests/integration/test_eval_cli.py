@@ -38,7 +38,9 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("eval-run") / "run"
-    done = cli("join", "--run-dir", str(d), "--max-steps", "4", "--transport", "memory", *SMALL_EVAL)
+    done = cli(
+        "join", "--run-dir", str(d), "--max-steps", "4", "--transport", "memory", "--config", "tiny", *SMALL_EVAL
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return d
 

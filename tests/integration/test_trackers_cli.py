@@ -27,7 +27,7 @@ TINY_RUN = [
 
 def _join(run_dir: Path, *args: str, env: dict[str, str], prelude: str = "") -> subprocess.CompletedProcess:
     code = f"{prelude}import sys; from node.cli.app import main; sys.argv = ['swarm-node', *sys.argv[1:]]; main()"
-    cmd = [sys.executable, "-c", code, "join", "--run-dir", str(run_dir), *args]
+    cmd = [sys.executable, "-c", code, "join", "--run-dir", str(run_dir), "--config", "tiny", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
 
 

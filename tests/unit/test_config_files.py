@@ -10,7 +10,7 @@ from protocol.config import load_config, read_yaml, validate_config, write_resol
 from protocol.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
-NODE_CONFIGS = sorted((ROOT / "configs" / "node").glob("*.yaml"))
+NODE_CONFIGS = sorted((ROOT / "configs" / "node").glob("*.yaml")) + sorted((ROOT / "node" / "profiles").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", NODE_CONFIGS, ids=lambda p: p.name)
@@ -20,6 +20,21 @@ def test_node_configs_validate(path):
 
 def test_there_are_node_configs():
     assert NODE_CONFIGS, "configs/node/ should hold at least the default node config"
+
+
+def test_the_default_profile_is_the_laboratory_node_and_a_config_names_a_file_or_a_profile(tmp_path):
+    from node.config import DEFAULT_PROFILE, config_file, profiles
+
+    assert {"lab", "tiny"} <= set(profiles())
+    default = load_config(NodeConfig, config_file(None))
+    assert DEFAULT_PROFILE == "lab" and default.model.name == "builtin:lab"
+    assert [f.name for f in default.tasks.families] == ["lab_add", "lab_sub"]
+    assert load_config(NodeConfig, config_file("tiny")).model.name == "builtin:tiny"
+    own = tmp_path / "lab"  # an existing file wins over a profile's name
+    own.write_text("swarm_id: mine\n")
+    assert config_file(str(own)) == own and config_file("missing.yaml") == Path("missing.yaml")
+    with pytest.raises(ConfigError, match="neither a config file nor a profile .profiles: lab, tiny"):
+        config_file("labb")
 
 
 def test_unknown_field_names_the_field(tmp_path):

@@ -39,7 +39,7 @@ def test_a_dump_names_the_site_that_grew(tmp_path: Path) -> None:
 def test_a_traced_node_writes_its_heap_on_sigusr2(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONTRACEMALLOC": "1", "HF_HUB_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "node.cli.app", "join", "--transport", "memory", "--run-dir", str(tmp_path),
-           "--max-steps", "1000000"]  # fmt: skip
+           "--max-steps", "1000000", "--config", "tiny"]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         assert proc.stdout is not None

@@ -35,7 +35,8 @@ WARM_EXAMPLES = (1200, 400)
 
 
 def configured_nodes() -> list[NodeConfig]:
-    nodes = [load_config(NodeConfig, p) for p in sorted((ROOT / "configs" / "node").glob("*.yaml"))]
+    files = sorted((ROOT / "configs" / "node").glob("*.yaml")) + sorted((ROOT / "node" / "profiles").glob("*.yaml"))
+    nodes = [load_config(NodeConfig, p) for p in files]
     for path in sorted((ROOT / "configs" / "sim").glob("*.yaml")):
         sim = load_sim_config(str(path))
         if sim.policy != "real":  # scripted families are not reasoning-gym items and have no split
