@@ -49,11 +49,13 @@ class MetricSpec(StrictModel):
     """How the number is computed, by name (``sim.driver.metrics.METRICS``): ``exact`` (the mean of ``key`` over
     the ``part``'s (node, family) cells), ``gap_closed`` (``(end - start) / (peer level - start)`` on each measured
     node's ``lacking`` family, the peer level being the step-0 ``key`` of the nodes whose ``known`` family it is;
-    mean over the measured nodes). A new experiment may add one hook."""
+    mean over the measured nodes), ``over_baseline`` (the part's ``accuracy`` less its ``majority_baseline``). A new
+    experiment may add one hook."""
     part: str = "all"
     """Which (node, family) cells: ``all`` (every family of every measured node) or a name in ``parts``."""
     key: str = "accuracy"
-    """The evaluation field: ``accuracy`` (exact, mean over samples), ``pass_at_8``, ``majority_baseline``."""
+    """The evaluation field: ``accuracy`` (exact, mean over samples), ``pass_at_8``, ``majority_baseline``,
+    ``greedy_accuracy`` (``sim.driver.records.RECORDED``)."""
     gain: bool = False
     """The change from the pair's step 0 (0 at step 0): a gain compared across arms, or held to a level."""
     text: str = ""
