@@ -11,31 +11,24 @@ code version, so a change of the build code orphans it rather than passing it of
 install; and a ``slow`` test (``tests/unit/node/test_shipped_weights.py``) rebuilds a shipped recipe and checks that
 the rebuilt and the shipped model agree on held-out exact accuracy.
 
-Rebuild (after changing the build code or a shipped recipe)::
+Rebuild (after changing the build code or a shipped recipe), with ``sim.ship``::
 
-    python -m node.model.shipped                         # the recipes of configs/sim/demo.yaml
-    python -m node.model.shipped configs/sim/other.yaml  # or of any simulator or node config
+    python -m sim.ship                         # the recipes of configs/sim/demo.yaml and the default node
+    python -m sim.ship configs/sim/other.yaml  # or of any simulator or node config
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
-import logging
 import shutil
-import sys
-import tempfile
 from pathlib import Path
 from typing import Any
-
-logger = logging.getLogger(__name__)
 
 #: Where shipped laboratory models live (package data).
 WEIGHTS_DIR = Path(__file__).with_name("weights")
 MANIFEST = "MANIFEST.json"
 RECIPE_FILE = "rl_swarm_recipe.json"
-DEFAULT_CONFIGS = ("configs/sim/demo.yaml",)
 
 
 class ShippedMismatch(Exception):
@@ -67,7 +60,7 @@ def verify(src: Path, recipe: dict[str, Any], key: str) -> dict[str, str]:
     except (OSError, ValueError) as e:
         raise ShippedMismatch(f"unreadable manifest or recipe: {e}") from e
     if stored != recipe or recipe_key(stored) != key:
-        raise ShippedMismatch("its recipe is not the one asked for (rebuild: python -m node.model.shipped)")
+        raise ShippedMismatch("its recipe is not the one asked for (rebuild: python -m sim.ship)")
     if not isinstance(manifest, dict) or RECIPE_FILE not in manifest:
         raise ShippedMismatch("its manifest does not list the recipe file")
     for name, digest in manifest.items():
@@ -91,65 +84,3 @@ def write_manifest(d: Path) -> dict[str, str]:
     manifest = {f.name: _sha256(f) for f in sorted(d.iterdir()) if f.is_file() and f.name != MANIFEST}
     (d / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     return manifest
-
-
-def ship(recipe: Any, root: Path | None = None) -> Path:
-    """Build ``recipe`` (a ``LabRecipe``) from scratch, never from the cache, into ``root``/lab-<key>, replacing
-    what was shipped for it."""
-    from node.model import lab
-
-    root = root or WEIGHTS_DIR
-    root.mkdir(parents=True, exist_ok=True)
-    target = root / f"lab-{recipe.key()}"
-    with tempfile.TemporaryDirectory(dir=root) as tmp:
-        built = Path(tmp) / "model"
-        lab.build(recipe, built)
-        write_manifest(built)
-        if target.exists():
-            shutil.rmtree(target)
-        shutil.move(str(built), target)
-    return target
-
-
-def config_recipes(path: str | Path) -> list[Any]:
-    """The laboratory recipes the nodes of a config build, deduplicated, in order: every node of every
-    configuration and seed of a simulator config (``swarm-sim``), or the one node of a node config."""
-    import yaml
-
-    from node.config import NodeConfig
-    from node.model import lab
-    from protocol.config import load_config
-    from sim.config import load_sim_config
-
-    data = yaml.safe_load(Path(path).read_text()) or {}
-    if isinstance(data, dict) and ("configurations" in data or "nodes" in data):
-        sim = load_sim_config(str(path))
-        models = [sim.node_config(v.name, i, s).model for v in sim.configurations for s in sim.seeds
-                  for i in range(sim.nodes)]  # fmt: skip
-    else:
-        models = [load_config(NodeConfig, path).model]
-    out: dict[str, Any] = {}
-    for model in models:
-        if model.name == lab.LAB_NAME:
-            recipe = lab.recipe_with(model.builtin)
-            out.setdefault(recipe.key(), recipe)
-    return list(out.values())
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m node.model.shipped", description=__doc__.split("\n\n")[0])
-    parser.add_argument("configs", nargs="*", default=list(DEFAULT_CONFIGS), help="configs whose recipes to ship")
-    parser.add_argument("--out", type=Path, default=WEIGHTS_DIR, help="weights directory (default: the package's)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    recipes = {r.key(): r for c in args.configs for r in config_recipes(c)}
-    if not recipes:
-        print(f"error: no builtin:lab model in {args.configs}", file=sys.stderr)
-        return 2
-    for recipe in recipes.values():
-        print(f"shipped {ship(recipe, args.out)}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -12,6 +12,7 @@ import pytest
 
 from node.model import lab, shipped
 from node.model.tiny import recipe_key
+from sim import ship
 
 DEMO = Path(__file__).resolve().parents[3] / "configs" / "sim" / "demo.yaml"
 
@@ -21,10 +22,10 @@ def _shipped_dirs() -> list[Path]:
 
 
 def test_every_recipe_of_the_main_job_is_shipped_and_every_shipped_directory_is_its_recipes() -> None:
-    keys = [r.key() for r in shipped.config_recipes(DEMO)]
+    keys = [r.key() for r in ship.config_recipes(DEMO)]
     assert len(keys) == 2  # the demo's two specialised nodes
     for key in keys:
-        assert shipped.shipped_dir(key) is not None, f"{key} is not shipped: python -m node.model.shipped"
+        assert shipped.shipped_dir(key) is not None, f"{key} is not shipped: python -m sim.ship"
     assert _shipped_dirs(), "no shipped weights"
     for d in _shipped_dirs():
         recipe = json.loads((d / shipped.RECIPE_FILE).read_text())
@@ -43,7 +44,7 @@ def test_an_empty_cache_installs_the_shipped_weights_instead_of_building(tmp_pat
         raise AssertionError("built a recipe that is shipped")
 
     monkeypatch.setattr(lab, "build", no_build)
-    recipe = shipped.config_recipes(DEMO)[0]
+    recipe = ship.config_recipes(DEMO)[0]
     path = lab.ensure_built(tmp_path, recipe)
     assert path == lab.model_dir(tmp_path, recipe)
     src = shipped.shipped_dir(recipe.key())
@@ -58,7 +59,7 @@ def test_an_empty_cache_installs_the_shipped_weights_instead_of_building(tmp_pat
 def test_a_shipped_directory_that_does_not_verify_is_refused_and_the_recipe_built(
     fault, tmp_path, monkeypatch, caplog
 ) -> None:
-    recipe = shipped.config_recipes(DEMO)[0]
+    recipe = ship.config_recipes(DEMO)[0]
     root = tmp_path / "weights"
     src = root / f"lab-{recipe.key()}"
     shutil.copytree(shipped.shipped_dir(recipe.key()), src)
@@ -95,14 +96,14 @@ def test_the_command_ships_a_configs_recipes_with_their_manifest(tmp_path, monke
              "num_heads": 2, "num_kv_heads": 1, "tokenizer_items": 40}  # fmt: skip
     cfg = tmp_path / "node.yaml"
     cfg.write_text(json.dumps({"model": {"name": "builtin:lab", "builtin": small}}))
-    assert shipped.main([str(cfg), "--out", str(tmp_path / "w")]) == 0
+    assert ship.main([str(cfg), "--out", str(tmp_path / "w")]) == 0
     recipe = lab.recipe_with(small)
     d = shipped.shipped_dir(recipe.key(), tmp_path / "w")
     assert d is not None
     shipped.verify(d, recipe.to_dict(), recipe.key())
     empty = tmp_path / "empty.yaml"
     empty.write_text("model: {name: 'builtin:tiny'}\n")
-    assert shipped.main([str(empty), "--out", str(tmp_path / "w")]) == 2
+    assert ship.main([str(empty), "--out", str(tmp_path / "w")]) == 2
 
 
 #: Rebuilt and shipped models must agree within this on held-out exact accuracy, per family (128 test problems x 8
@@ -119,8 +120,8 @@ def test_a_rebuild_of_a_shipped_recipe_agrees_with_it_on_held_out_exact_accuracy
     from node.rollout.engine import TransformersEngine
     from node.tasks import TaskSource
 
-    recipe = shipped.config_recipes(DEMO)[0]
-    rebuilt = shipped.ship(recipe, tmp_path)
+    recipe = ship.config_recipes(DEMO)[0]
+    rebuilt = ship.ship(recipe, tmp_path)
     tasks = TaskSource(TaskConfig(families=list(lab.lab_task_families())))
     exact = {}
     for name, d in (("shipped", shipped.shipped_dir(recipe.key())), ("rebuilt", rebuilt)):
