@@ -662,6 +662,10 @@ class CheckpointConfig(StrictModel):
     """Checkpoints kept on disk (older ones deleted after a new one is complete)."""
 
 
+#: ``runtime.malloc_arena_max``'s default (set from the soak comparison, ``docs/operations.md``).
+MALLOC_ARENA_MAX_DEFAULT = 2
+
+
 class RuntimeConfig(StrictModel):
     """How the node loop overlaps networking with compute."""
 
@@ -681,6 +685,15 @@ class RuntimeConfig(StrictModel):
     waits. A resumed run does not wait."""
     wait_for_peers_s: float = Field(default=600.0, gt=0, le=86_400)
     """How long ``wait_for_peers`` waits; then the node starts with the peers it has heard, with a warning."""
+    malloc_arena_max: int = Field(default=MALLOC_ARENA_MAX_DEFAULT, ge=0, le=1024)
+    """glibc only (elsewhere ignored): ``swarm-node join`` caps the C allocator's arenas at this many at start
+    (``mallopt(M_ARENA_MAX)``, what ``MALLOC_ARENA_MAX`` does); 0 keeps glibc's default of 8 per core. Each arena
+    keeps what it frees; 2 held 50-70 MB less than 9 in a tiny node without the trim, and costs nothing measured
+    with it (``node.heap``)."""
+    malloc_trim_every: int = Field(default=1, ge=0, le=1_000_000)
+    """glibc only: give the heap's freed pages back to the OS (``malloc_trim(0)``) after every this many learner
+    updates and after each evaluation; 0 never. A real model's update frees gigabytes of activations, which
+    fragment the heap without it (``node.heap``)."""
 
 
 class NodeConfig(StrictModel):

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from node.config import NodeConfig
-from node.heap import release_free_memory
+from node.heap import release_free_memory, resident_mb
 from node.learn.batch import SampleBuilder, TrainBatch
 from node.rollout.groups import OwnRollouts, own_rollouts
 from node.rollout.planner import Planner, RolloutPlanner, UniformPlanner, planner_enabled
@@ -458,7 +458,8 @@ class Node:
         if self.engine.policy_version != self.learner.policy_version:  # vllm.sync_every > 1: measure the learner
             self.engine.sync_weights(self.learner.policy_version)
         result = self._evaluator.evaluate(step)
-        release_free_memory()
+        if self.cfg.runtime.malloc_trim_every:
+            release_free_memory()
         append_result(self.run_dir, result)
         if step == self.step + 1:  # the step being finished: its metrics line carries the numbers
             self._pending_heldout = headline(result)
@@ -623,7 +624,9 @@ class Node:
         """One learner update (blocking), then the side phase's (MNPO); no update when nothing is informative."""
         out = self.learner.step(batch.samples) if batch.samples else {}
         out = {**out, **self.phase.train()}
-        release_free_memory()  # the update's activations: back to the OS, or the heap fragments (node.heap)
+        every = self.cfg.runtime.malloc_trim_every
+        if every and (self.step + 1) % every == 0:
+            release_free_memory()  # the update's activations: back to the OS, or the heap fragments (node.heap)
         if not out:
             return {}
         self.engine.set_policy_version(self.learner.policy_version)
@@ -685,6 +688,8 @@ class Node:
             # Python's small-object heap (pymalloc blocks in use): what a leak of Python objects grows, without the
             # allocator's caching that makes RSS swing by tens of MB between steps (the multi-process soak reads it)
             "py_heap_blocks": sys.getallocatedblocks(),
+            # RSS between steps, after the update's trim (node.heap): what the soak judges, free of the step's own swing
+            **dict(zip(("rss_mb", "rss_anon_mb"), (round(x, 1) for x in resident_mb() or ()), strict=False)),
             "transport_restarts": int((chan.get("transport") or {}).get("restarts", 0)),
             # keys this node's DHT stores for the swarm, and whether it runs as a DHT client (client_mode: auto)
             "dht_storage_keys": int((chan.get("transport") or {}).get("storage_keys", 0)),

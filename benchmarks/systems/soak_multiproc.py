@@ -32,6 +32,19 @@ which the kernel drops and faults back in under other work's memory pressure. Re
 rule, not part of the verdict, which stays as registered: it tells whether the RSS swings are native memory the
 node holds or pages the kernel moves.
 
+Settled RSS per 1,000 steps (registered 2026-11-29 before the sixth run, issue 70, after five runs left RSS per
+hour UNDECIDED). The swing is the step's own working set: a node's anonymous RSS, read every 0.25 s, rises some
+80 MB through each step and falls back at the update's ``malloc_trim``, so a sample at any moment catches a random
+phase (capping glibc's arenas did not narrow it, ``soak_multiproc_alloc.md``). The node now writes its RSS between
+steps, after that trim, into ``metrics.jsonl`` (``rss_mb``); the settled RSS is that plus its p2pd's. The verdict
+judges settled RSS by the slope of its block medians against the node's own step, bound ``--rss-slope-pct`` of its
+median per hour at the laboratory node's step rate (``LAB_STEPS_PER_H``: 2.5 s a step, ``docs/operations.md``),
+1.39% of the median per 1,000 steps: what a volunteer's node would gain an hour if it leaked per step. RSS per hour
+(sampled at any moment, as before) is reported beside it, with the swing (median and 90th percentile of the change
+between consecutive samples) of anonymous and of settled RSS and each judged node's steps an hour. ``--set``
+passes settings to every node (the allocator's, ``runtime.malloc_arena_max`` and ``runtime.malloc_trim_every``, for
+comparisons); ``--base-port`` lets runs share a machine.
+
     python benchmarks/systems/soak_multiproc.py --duration-s 7200                 # the real soak (2 h)
     python benchmarks/systems/soak_multiproc.py --duration-s 720 --restart-every-s 180 --out /tmp/s.md  # 12 min
     python benchmarks/systems/soak_multiproc.py --duration-s 9000 --autogroup-nice 15  # beside other work
@@ -46,7 +59,6 @@ import contextlib
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -60,7 +72,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.systems.harness import stop_process  # noqa: E402
-from benchmarks.systems.soak_verdict import BLOCKS, block_slope  # noqa: E402
+from benchmarks.systems.soak_verdict import BLOCKS, swing  # noqa: E402
+from benchmarks.systems.soak_verdict import multiproc_verdict as verdict  # noqa: E402
 
 BASE_PORT = 34700
 SMALL = [
@@ -74,9 +87,14 @@ SMALL = [
 ]  # fmt: skip
 
 
+#: ``--set``: more node settings, each a ``--set KEY=VALUE`` of ``swarm-node join``.
+EXTRA: list[str] = []
+
+
 def node_cmd(i: int, run_dir: Path, boot: str | None) -> list[str]:
     cmd = [sys.executable, "-m", "node.cli.app", "join", "--run-dir", str(run_dir), "--max-steps", "1000000"]
     cmd += ["--host", "127.0.0.1", "--port", str(BASE_PORT + i), "--config", "tiny", *SMALL]
+    cmd += [a for kv in EXTRA for a in ("--set", kv)]
     return cmd + (["--peers", boot] if boot else [])
 
 
@@ -135,47 +153,11 @@ def probe(p: subprocess.Popen, run_dir: Path) -> dict:
         m = json.loads(last)
         out["dht_keys"], out["step"] = m.get("dht_storage_keys", 0), m.get("step", 0)
         out["heap"] = m.get("py_heap_blocks", 0)
+        if "rss_mb" in m:  # the node's RSS between steps, after its trim, and its p2pd's now
+            out["rss_step"] = int(m["rss_mb"] * 2**20) + out["rss_p2pd"]
     except (OSError, IndexError, ValueError):
         out["dht_keys"], out["step"], out["heap"] = 0, 0, 0
     return out
-
-
-MEASURES = ("rss", "heap", "fds", "threads", "dht_keys")
-#: Measures bounded by ``--rss-slope-pct`` of their median per hour.
-RELATIVE = ("rss", "rss_anon", "heap")
-BOUNDS = {"fds": 4.0, "threads": 4.0}
-
-
-def verdict(
-    samples: list[dict], judged: list[int], duration_s: float, rss_pct: float, keys: tuple[str, ...] = MEASURES
-) -> tuple[list[str], str]:
-    """Table rows and ``PASS``, ``FAIL``, ``UNDECIDED`` or ``SHORT`` (module docstring), over the measures ``keys``
-    (a measure no sample carries, such as the heap of a run made before it was kept, reads n/a)."""
-    half = samples[len(samples) // 2 :]
-    rows, states = [], []
-    for i in judged:
-        ts = [s["t"] for s in half]
-        row = [f"node{i}"]
-        for key in keys:
-            bound = BOUNDS.get(key)
-            if not any(key in s["nodes"][i] for s in half):
-                row.append("n/a")
-                continue
-            ys = [float(s["nodes"][i].get(key, 0)) for s in half]
-            med = statistics.median(ys) if ys else 0.0
-            b = bound if bound is not None else (rss_pct / 100 * med if key in RELATIVE else 0.10 * med + 20)
-            sl, lo, hi = block_slope(ts, ys) if len(ts) >= 3 else (float("nan"),) * 3
-            state = "ok" if hi <= b else ("FAIL" if lo > b else "undecided")
-            states.append(state)
-            unit, scale = {"rss": (" MB", 2**20), "rss_anon": (" MB", 2**20), "heap": ("k", 1000)}.get(key, ("", 1))
-            row.append(
-                f"{med / scale:.0f}{unit}, {sl / scale:+.1f} [{lo / scale:+.1f}, {hi / scale:+.1f}]{unit}/h "
-                f"(bound {b / scale:.1f}) {state}"
-            )
-        rows.append("| " + " | ".join(row) + " |")
-    if duration_s < 3600:
-        return rows, "SHORT"
-    return rows, "FAIL" if "FAIL" in states else ("UNDECIDED" if "undecided" in states else "PASS")
 
 
 VERDICTS = {
@@ -187,6 +169,7 @@ VERDICTS = {
 
 
 def main() -> None:
+    global AUTOGROUP_NICE, BASE_PORT
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--duration-s", type=float, default=7200)
@@ -196,10 +179,11 @@ def main() -> None:
     ap.add_argument(
         "--autogroup-nice", type=int, default=None, help="run the nodes at this session priority (beside other work)"
     )
+    ap.add_argument("--base-port", type=int, default=BASE_PORT, help="node i listens on this + i")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a node setting (repeatable)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "soak_multiproc.md")
     opts = ap.parse_args()
-    global AUTOGROUP_NICE
-    AUTOGROUP_NICE = opts.autogroup_nice
+    AUTOGROUP_NICE, BASE_PORT, EXTRA[:] = opts.autogroup_nice, opts.base_port, opts.set
     work = Path(tempfile.mkdtemp(prefix="soak-mp-"))
     procs: list[subprocess.Popen] = []
     samples: list[dict] = []
@@ -245,6 +229,12 @@ def main() -> None:
     rows, outcome = verdict(samples, judged, duration, opts.rss_slope_pct)
     heap_outcome = verdict(samples, judged, duration, opts.rss_slope_pct, keys=("heap",))[1]
     anon_rows, anon_outcome = verdict(samples, judged, duration, opts.rss_slope_pct, keys=("rss_anon",))
+    hour_rows, hour_outcome = verdict(samples, judged, duration, opts.rss_slope_pct, keys=("rss",))
+    half, mb = samples[len(samples) // 2 :], 2**20
+    rates = [3600 * (half[-1]["nodes"][i]["step"] - half[0]["nodes"][i]["step"]) / (half[-1]["t"] - half[0]["t"])
+             for i in judged] if len(half) > 1 else []  # fmt: skip
+    swings = [swing([s["nodes"][i][k] / mb for s in half if k in s["nodes"][i]]) for k in ("rss_anon", "rss_step")
+              for i in judged]  # fmt: skip
     steps = [s["step"] for s in samples[-1]["nodes"]] if samples else []
     cmd = "python benchmarks/systems/soak_multiproc.py " + " ".join(sys.argv[1:])
     lines = [
@@ -252,11 +242,12 @@ def main() -> None:
         "",
         f"{opts.nodes} `swarm-node join` processes on 127.0.0.1 (tiny model, small steps, one torch thread), "
         f"{duration / 60:.1f} min, node{opts.nodes - 1} restarted every {opts.restart_every_s:g} s ({restarts} "
-        f"restarts); sampled every {opts.sample_s:g} s; steps at the end: {steps}. Slopes per hour over the second "
-        f"half with their 95% intervals (medians of {BLOCKS} time blocks), nodes never restarted (RSS = node "
-        "process + its p2pd).",
+        f"restarts); sampled every {opts.sample_s:g} s; steps at the end: {steps}. Slopes over the second half "
+        f"(per hour; settled RSS per 1,000 steps) with their 95% intervals (medians of {BLOCKS} time blocks), "
+        "nodes never restarted (RSS = node process + its p2pd; settled: the node's between steps).",
         "",
-        "| node | RSS median, slope | Python heap blocks | open fds | threads | DHT keys stored |",
+        "| node | settled RSS median, slope per 1,000 steps | Python heap blocks | open fds | threads "
+        "| DHT keys stored |",
         "|---|---|---|---|---|---|",
         *rows,
         "",
@@ -265,6 +256,19 @@ def main() -> None:
         "Anonymous RSS (RSS less file-backed pages, node + p2pd), reported, not judged: "
         + "; ".join(r.strip("| ").replace(" | ", ": ") for r in anon_rows)
         + f" ({VERDICTS[anon_outcome]} by the same rule).",
+        "",
+        "RSS per hour, reported, not judged: "
+        + "; ".join(r.strip("| ").replace(" | ", ": ") for r in hour_rows)
+        + f" ({VERDICTS[hour_outcome]} by the same rule).",
+        "",
+        "Second half, judged nodes: steps an hour " + ", ".join(f"{r:.0f}" for r in rates) + "; change between "
+        "consecutive samples, median / 90th percentile (MB), of anonymous RSS "
+        + ", ".join(f"{a:.1f} / {b:.1f}" for a, b in swings[: len(judged)])
+        + "; of settled RSS "
+        + ", ".join(f"{a:.1f} / {b:.1f}" for a, b in swings[len(judged) :])
+        + ".",
+        "",
+        f"Node settings: {' '.join(opts.set) or 'defaults'}.",
         "",
         f"Command: `{cmd}`",
     ]

@@ -1,6 +1,6 @@
 """B9 soak's verdict and report (``soak.py`` runs them): which probes must stay flat, which may fill up to a cap
 and which grow by design, the verdict on one run's samples, and the Markdown report; and the multi-process soak's
-slope of time-block medians with its interval.
+slope of time-block medians (per hour or per 1,000 steps) with its interval, its swing and its verdict.
 
 Knows nothing about running a node; works on the samples ``soak_probe.sample`` takes.
 """
@@ -226,3 +226,62 @@ def block_slope(ts: list[float], ys: list[float], blocks: int = BLOCKS) -> tuple
     resid = [y - (my + sl * (t - mt) / 3600.0) for t, y in zip(mids, meds, strict=True)]
     se = math.sqrt(sum(r * r for r in resid) / (len(mids) - 2) / den)
     return sl, sl - T975_4 * se, sl + T975_4 * se
+
+
+def block_slope_per_kstep(steps: list[float], ys: list[float]) -> tuple[float, float, float]:
+    """``block_slope`` against the node's step instead of the clock: slope per 1,000 steps (3,600 units of x) with
+    its interval, over blocks of equal step ranges."""
+    return block_slope([3.6 * s for s in steps], ys)
+
+
+def swing(ys: list[float]) -> tuple[float, float]:
+    """Median and 90th percentile of the absolute change between consecutive samples: the allocator's swing."""
+    d = sorted(abs(b - a) for a, b in itertools.pairwise(ys))
+    return (statistics.median(d), d[int(0.9 * (len(d) - 1))]) if d else (float("nan"), float("nan"))
+
+
+#: The laboratory node's steps an hour on 2 idle cores (32 prompts x 8 in about 2.5 s, ``docs/operations.md``).
+LAB_STEPS_PER_H = 1440.0
+MEASURES = ("rss_kstep", "heap", "fds", "threads", "dht_keys")
+#: Measures bounded by ``--rss-slope-pct`` of their median per hour (``rss_kstep``: per hour at the lab's rate).
+RELATIVE = ("rss", "rss_anon", "heap", "rss_kstep")
+BOUNDS = {"fds": 4.0, "threads": 4.0}
+
+
+def multiproc_verdict(
+    samples: list[dict], judged: list[int], duration_s: float, rss_pct: float, keys: tuple[str, ...] = MEASURES
+) -> tuple[list[str], str]:
+    """The multi-process soak's table rows and ``PASS``, ``FAIL``, ``UNDECIDED`` or ``SHORT`` (``soak_multiproc``'s
+    docstring), over the measures ``keys`` (a measure no sample carries, such as the heap of a run made before it
+    was kept, reads n/a)."""
+    half = samples[len(samples) // 2 :]
+    rows, states = [], []
+    for i in judged:
+        ts = [s["t"] for s in half]
+        row = [f"node{i}"]
+        for key in keys:
+            bound = BOUNDS.get(key)
+            per_k, src = key == "rss_kstep", "rss" if key == "rss_kstep" else key
+            if not any((src, "step")[per_k] in s["nodes"][i] for s in half):
+                row.append("n/a")
+                continue
+            ys = [float(s["nodes"][i].get(src, 0)) for s in half]
+            med = statistics.median(ys) if ys else 0.0
+            b = bound if bound is not None else (rss_pct / 100 * med if key in RELATIVE else 0.10 * med + 20)
+            b = b / (LAB_STEPS_PER_H / 1000) if per_k else b
+            xs = [float(s["nodes"][i]["step"]) for s in half] if per_k else ts
+            sl, lo, hi = (
+                (block_slope_per_kstep if per_k else block_slope)(xs, ys) if len(ts) >= 3 else (float("nan"),) * 3
+            )
+            state = "ok" if hi <= b else ("FAIL" if lo > b else "undecided")
+            states.append(state)
+            unit, scale = {"heap": ("k", 1000)}.get(key, (" MB", 2**20) if "rss" in key else ("", 1))
+            row.append(
+                f"{med / scale:.0f}{unit}, {sl / scale:+.1f} [{lo / scale:+.1f}, {hi / scale:+.1f}]{unit}"
+                f"{'/1,000 steps' if per_k else '/h'} "
+                f"(bound {b / scale:.1f}) {state}"
+            )
+        rows.append("| " + " | ".join(row) + " |")
+    if duration_s < 3600:
+        return rows, "SHORT"
+    return rows, "FAIL" if "FAIL" in states else ("UNDECIDED" if "undecided" in states else "PASS")

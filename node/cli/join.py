@@ -193,6 +193,11 @@ def run_join(
     from node.cli.preflight import check_model_name, check_output_dir, check_peers, check_trackers, make_output_dir
 
     cfg = resolve_config(config_path, overrides, peers=peers, host=host, port=port)
+    if cfg.runtime.malloc_arena_max:
+        # before any thread allocates (torch, hivemind, the event loop's workers): a cap holds for arenas made later
+        from node.heap import limit_arenas
+
+        limit_arenas(cfg.runtime.malloc_arena_max)
     # Cheap checks first, creating nothing, so a typo costs a second and leaves no half-made run dir behind.
     check_model_name(cfg.model.name)
     check_peers(getattr(cfg.transport, "initial_peers", []), cfg.transport.type)

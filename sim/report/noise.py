@@ -2,7 +2,8 @@
 
 Two runs of one configuration and seed must write the same records (metrics, rollouts, evaluations) except for
 wall-clock measurements (keys ending in ``_s``, ``time`` or ``seconds``: ``gen_s``, ``tokens_per_s``, ``time``) and
-the process's own state (``py_heap_blocks``, which moves with whatever else the interpreter holds). The determinism
+the process's own state (``py_heap_blocks``, which moves with whatever else the interpreter holds, and the
+resident memory ``rss_mb``, ``rss_anon_mb``). The determinism
 tests and ``benchmarks/compare_runs.py`` drop exactly these keys, at any depth, and compare everything else.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 WALL_CLOCK_SUFFIXES = ("_s", "time", "seconds")
-PROCESS_STATE = frozenset({"py_heap_blocks"})
+PROCESS_STATE = frozenset({"py_heap_blocks", "rss_mb", "rss_anon_mb"})
 
 
 def is_run_noise(key: str) -> bool:

@@ -1,4 +1,5 @@
-"""The multi-process soak's verdict: a slope judged with its interval (pass, fail, or too noisy to tell)."""
+"""The multi-process soak's verdict: a slope judged with its interval (pass, fail, or too noisy to tell); RSS per
+1,000 steps of the node, the other measures per hour."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import importlib.util
 import random
 from pathlib import Path
 
-from benchmarks.systems.soak_verdict import block_slope, slope_per_hour
+from benchmarks.systems.soak_verdict import block_slope, slope_per_hour, swing
 
 ROOT = Path(__file__).resolve().parents[3]
 MB = 2**20
@@ -20,11 +21,13 @@ def _soak():
     return module
 
 
-def _samples(rss, hours: float = 2.0, every_s: float = 30.0, nodes: int = 2) -> list[dict]:
+def _samples(rss, hours: float = 2.0, every_s: float = 30.0, nodes: int = 2, steps_h: float = 1000) -> list[dict]:
     out = []
     for k in range(int(hours * 3600 / every_s) + 1):
         t = k * every_s
-        out.append({"t": t, "nodes": [{"rss": rss(t), "fds": 26, "threads": 17, "dht_keys": 80} for _ in range(nodes)]})
+        node = {"rss": rss(t), "fds": 26, "threads": 17, "dht_keys": 80, "step": int(steps_h * t / 3600)}
+        node["rss_step"] = node["rss"]  # the node's RSS between steps (+ p2pd): here the same series
+        out.append({"t": t, "nodes": [dict(node) for _ in range(nodes)]})
     return out
 
 
@@ -34,11 +37,12 @@ def test_flat_noisy_rss_passes_a_steady_leak_fails_and_a_borderline_one_is_undec
     flat = _samples(lambda t: 700 * MB + rng.gauss(0, 3) * MB)
     rows, outcome = soak.verdict(flat, [0, 1], 7200, 2.0)
     assert outcome == "PASS", rows
-    leak = _samples(lambda t: 700 * MB + 40 * MB * t / 3600 + rng.gauss(0, 3) * MB)  # 40 MB/h against 14
+    # 40 MB/h at 1,000 steps an hour: 40 MB per 1,000 steps against 2%/h at the lab's 1,440 steps/h (9.7 MB)
+    leak = _samples(lambda t: 700 * MB + 40 * MB * t / 3600 + rng.gauss(0, 3) * MB)
     rows, outcome = soak.verdict(leak, [0, 1], 7200, 2.0)
     assert outcome == "FAIL" and "FAIL" in rows[0]
     # at the bound, with noise as wide as the first 2-hour run's: the run cannot tell, and says so
-    edge = _samples(lambda t: 700 * MB + 14 * MB * t / 3600 + rng.gauss(0, 25) * MB)
+    edge = _samples(lambda t: 700 * MB + 10 * MB * t / 3600 + rng.gauss(0, 25) * MB)
     rows, outcome = soak.verdict(edge, [0, 1], 7200, 2.0)
     assert outcome == "UNDECIDED" and "undecided" in rows[0]
     assert soak.verdict(flat[:100], [0], 99 * 30, 2.0)[1] == "SHORT"
@@ -75,3 +79,18 @@ def test_anonymous_rss_is_bounded_by_its_own_median_not_the_fixed_default() -> N
     rows, outcome = soak.verdict(anon, [0, 1], 7200, 2.0, keys=("rss_anon",))
     assert outcome == "FAIL" and " MB/h" in rows[0], rows
     assert soak.verdict(anon, [0, 1], 7200, 2.0)[1] == "PASS"  # the registered verdict does not read it
+
+
+def test_rss_is_judged_per_1000_steps_so_the_step_rate_decides_a_slow_rise() -> None:
+    soak = _soak()
+    rise = lambda t: 700 * MB + 12 * MB * t / 3600  # noqa: E731 -- 12 MB an hour, no noise
+    rows, outcome = soak.verdict(_samples(rise, steps_h=4000), [0], 7200, 2.0, keys=("rss_kstep",))
+    assert outcome == "PASS" and "+3.0 [+3.0, +3.0] MB/1,000 steps" in rows[0], rows  # 3 MB a 1,000 steps
+    rows, outcome = soak.verdict(_samples(rise, steps_h=500), [0], 7200, 2.0, keys=("rss_kstep",))
+    assert outcome == "FAIL" and "+24." in rows[0], rows  # 24 MB a 1,000 steps (int steps) against 10
+    assert soak.verdict(_samples(rise, steps_h=500), [0], 7200, 2.0, keys=("rss",))[1] == "PASS"  # 12 MB/h < 14
+
+
+def test_the_swing_is_the_change_between_consecutive_samples() -> None:
+    assert swing([700.0, 750.0, 700.0, 701.0, 700.0]) == (25.5, 50.0)
+    assert swing([700.0]) != swing([700.0])  # one sample has no change: NaN

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -235,3 +236,5 @@ def test_runtime_with_vade_and_dart_and_entropy_selection(cache: Path, tmp_path:
 def test_features_off_plan_uniformly_with_no_plan_metrics(cache: Path, tmp_path: Path) -> None:
     node, rows = asyncio.run(_run(_cfg(cache), tmp_path, 1))
     assert isinstance(node.planner, UniformPlanner) and "plan_groups" not in rows[0]
+    # every metrics line carries the node's resident memory between steps (node.heap; the soak judges it) on Linux
+    assert (0 < rows[0].get("rss_anon_mb", 0) < rows[0].get("rss_mb", 0)) is (sys.platform == "linux")

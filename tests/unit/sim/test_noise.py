@@ -27,3 +27,4 @@ def test_clock_and_process_fields_go_at_any_depth_and_nothing_else() -> None:
         "evals": [{"exact": 1}],
     }
     assert not is_run_noise("pool_sources") and is_run_noise("opt_s")
+    assert is_run_noise("rss_mb") and is_run_noise("rss_anon_mb")  # the node's resident memory between steps
