@@ -297,6 +297,14 @@ class LearnerConfig(StrictModel):
     guidance_weight: float = Field(default=1.0, gt=0)
     """A trace-level weight ``k`` on the guided term ``-k * A * f(p)`` (shaping caps a token's gradient weight at
     1/4 of a likelihood loss's, at ``p = gamma``; ``k`` restores the dose)."""
+    trace_lr: float = Field(default=0.0, ge=0)
+    """Learning rate of the separate **trace step** (0: off): after each RL update, one supervised step (token-mean
+    negative log-likelihood) on the step's verified worked solutions -- peers' completions this node's own verifier
+    scored right under ``sapo.peer_advantage: guided``, and the ``labels.trace`` control's generator traces -- with
+    its own AdamW state. Interleaved supervised steps on hard problems' solutions are how ReLIFT (Ma et al. 2025,
+    arXiv 2506.07527) and SRFT (Fu et al. 2025, arXiv 2506.19767) teach what RL on own samples cannot; AdamW's step
+    is about its learning rate whatever the loss's scale, so a trace weight inside the RL update cannot give the dose
+    a separate rate can (docs/transfer.md). The trace step is part of the step's update: one policy version."""
 
 
 class SapoConfig(StrictModel):

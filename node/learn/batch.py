@@ -138,7 +138,7 @@ class SampleBuilder:
         prompt_ids = self.prompt_ids(guide.group.task)
         family = guide.group.task.family
         samples += [
-            TrainSample(prompt_ids, ids, adv, external=True, guided=True, family=family)
+            TrainSample(prompt_ids, ids, adv, external=True, guided=True, family=family, trace=True)
             for ids, adv in zip(peer_ids, advs[len(own.rewards) :], strict=True)
         ]
         return samples
@@ -158,9 +158,10 @@ class SampleBuilder:
         for item in items:
             if item.answer is None:
                 continue
-            text = (self.tasks.trace(item) if trace else None) or format_answer(item.answer)
+            written = self.tasks.trace(item) if trace else None
+            text = written or format_answer(item.answer)
             samples.append(
                 TrainSample(self.prompt_ids(item.ref), self.completion_ids(text, "stop"), credit(item.ref.family),
-                            None, None, external=True)
+                            None, None, external=True, trace=written is not None)
             )  # fmt: skip
         return samples

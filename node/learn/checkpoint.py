@@ -4,6 +4,7 @@ A checkpoint is a directory ``step-XXXXXXXX`` holding
 
 * ``model.safetensors`` -- the model's state dict (tied weights stored once, aliases listed in ``state.json``),
 * ``optimizer.safetensors`` -- the optimizer's per-parameter tensors (AdamW moments and step counts),
+* ``trace_optimizer.safetensors`` -- only with a trace step (``learner.trace_lr``): its optimizer's tensors,
 * ``rng.safetensors`` -- torch's CPU (and CUDA) generator states,
 * ``state.json`` -- step, policy_version, the runtime's ``extra`` blob, optimizer scalars and param groups,
   Python's and NumPy's RNG states,
@@ -14,8 +15,8 @@ pointer file replaced (write + fsync + ``os.replace``), so a crash at any point 
 intact and at worst a temporary directory that the next save deletes. :func:`load_latest` verifies the
 manifest and falls back to older checkpoints when the newest is damaged. Nothing is unpickled.
 
-This module knows the learner only through ``model``, ``optimizer`` and ``policy_version``; it knows nothing
-about what ``extra`` means.
+This module knows the learner only through ``model``, ``optimizer``, ``trace_optimizer`` and ``policy_version``;
+it knows nothing about what ``extra`` means.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ FORMAT_VERSION = 1
 LATEST = "latest"
 _STEP_DIR = re.compile(r"^step-(\d{8,})$")
 _FILES = ("model.safetensors", "optimizer.safetensors", "rng.safetensors", "state.json")
+#: Written only by a learner that has the optimizer: the trace step's (``learner.trace_lr``).
+_OPTIONAL = ("trace_optimizer.safetensors",)
 
 
 @dataclass
@@ -158,8 +161,14 @@ def _write_files(tmp: Path, learner: Learner, step: int, extra: dict[str, Any] |
         "optimizer": opt_meta,
         "rng": rng_meta,
     }
+    files = list(_FILES)
+    trace_opt = getattr(learner, "trace_optimizer", None)
+    if trace_opt is not None:
+        trace_tensors, state["trace_optimizer"] = _flatten_optimizer(trace_opt.state_dict())
+        _save_tensors(trace_tensors, tmp / _OPTIONAL[0])
+        files.append(_OPTIONAL[0])
     (tmp / "state.json").write_text(json.dumps(state))
-    manifest = {name_: _describe(tmp / name_) for name_ in _FILES}
+    manifest = {name_: _describe(tmp / name_) for name_ in files}
     (tmp / "manifest.json").write_text(json.dumps({"format_version": FORMAT_VERSION, "files": manifest}))
     for f in tmp.iterdir():
         _fsync_file(f)
@@ -221,6 +230,14 @@ def restore(learner: Learner, ckpt: Checkpoint) -> None:
 
     opt_tensors = load_file(str(ckpt.path / "optimizer.safetensors"), device=str(device))
     learner.optimizer.load_state_dict(_unflatten_optimizer(opt_tensors, ckpt.state["optimizer"]))
+    trace_opt = getattr(learner, "trace_optimizer", None)
+    if trace_opt is not None and "trace_optimizer" in ckpt.state:
+        trace_tensors = load_file(str(ckpt.path / _OPTIONAL[0]), device=str(device))
+        trace_opt.load_state_dict(_unflatten_optimizer(trace_tensors, ckpt.state["trace_optimizer"]))
+    elif trace_opt is not None:
+        logger.info(
+            "%s has no trace-step optimizer state (learner.trace_lr was 0): the trace step starts fresh", ckpt.path
+        )
 
     _restore_rng(load_file(str(ckpt.path / "rng.safetensors")), ckpt.state["rng"])
     learner.policy_version = int(ckpt.policy_version)
@@ -317,7 +334,7 @@ def _verify(path: Path) -> Checkpoint | None:
     try:
         manifest = json.loads((path / "manifest.json").read_text())
         files = manifest["files"]
-        if set(files) != set(_FILES):
+        if not set(_FILES) <= set(files) <= set(_FILES) | set(_OPTIONAL):
             raise ValueError("manifest lists the wrong files")
         for name, expected in files.items():
             if _describe(path / name) != expected:

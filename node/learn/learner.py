@@ -238,6 +238,11 @@ class Learner:
         self.model.eval()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        #: The trace step's own AdamW state (``learner.trace_lr``; None when off): its moments are the verified
+        #: working's alone, so the RL update's state does not set its scale.
+        self.trace_optimizer: torch.optim.Optimizer | None = None
+        if getattr(cfg, "trace_lr", 0.0) > 0:
+            self.trace_optimizer = torch.optim.AdamW(self.params, lr=cfg.trace_lr, weight_decay=cfg.weight_decay)
         self.ref_model: nn.Module | None = None
         if cfg.beta > 0:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
@@ -251,7 +256,8 @@ class Learner:
         with one update per batch and no dropout the separate no-grad pass of multi-epoch PPO would give the
         same numbers at 1.5x the compute. Gradients are accumulated over micro-batches of
         ``cfg.micro_batch_size`` sequences with the full batch's normalisers, so the update does not depend on
-        the micro-batch size.
+        the micro-batch size. With ``learner.trace_lr`` the trace step (:meth:`trace_step`) follows on the batch's
+        ``trace`` rows, within the same policy version.
         """
         t0 = time.perf_counter()
         totals = self.accumulate_gradients(samples)
@@ -260,9 +266,11 @@ class Learner:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.policy_version += 1
-        seconds = time.perf_counter() - t0
         totals["opt_s"] = torch.tensor(time.perf_counter() - t_opt)
         metrics = {k: float(v) for k, v in totals.items()}
+        if self.trace_optimizer is not None:
+            metrics.update(self.trace_step([s for s in samples if s.trace and s.completion_ids]))
+        seconds = time.perf_counter() - t0
         metrics.update(
             grad_norm=float(grad_norm),
             seconds=seconds,
@@ -270,6 +278,32 @@ class Learner:
             policy_version=float(self.policy_version),
         )
         return metrics
+
+    def trace_step(self, rows: list[TrainSample]) -> dict[str, float]:
+        """The trace step (``learner.trace_lr``): one supervised update on verified worked solutions, the token-mean
+        negative log-likelihood of their completions (micro-batched, the whole set's normaliser), with the trace
+        optimizer. Returns ``trace_rows``, ``trace_tokens``, ``trace_nll`` (before the update) and
+        ``trace_grad_norm``; all 0 when the step had no such row."""
+        if self.trace_optimizer is None:
+            raise RuntimeError("the trace step is off (learner.trace_lr: 0)")
+        n_tok = sum(len(s.completion_ids) for s in rows)
+        out = {"trace_rows": float(len(rows)), "trace_tokens": float(n_tok), "trace_nll": 0.0, "trace_grad_norm": 0.0}
+        if not rows:
+            return out
+        self.trace_optimizer.zero_grad(set_to_none=True)
+        nll = 0.0
+        for lo in range(0, len(rows), self.cfg.micro_batch_size):
+            batch = self._collate(rows[lo : lo + self.cfg.micro_batch_size])
+            logp = completion_logprobs(
+                self.model, batch.input_ids, batch.attention_mask, batch.prompt_lens, batch.completion_lens
+            )  # (b, T)
+            loss = -(logp * batch.mask).sum() / n_tok
+            loss.backward()
+            nll += float(loss.detach())
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
+        self.trace_optimizer.step()
+        self.trace_optimizer.zero_grad(set_to_none=True)
+        return {**out, "trace_nll": nll, "trace_grad_norm": float(grad_norm)}
 
     def preference_step(self, parts: Sequence[tuple[float, PreferenceLoss]]) -> dict[str, float]:
         """One optimizer update on a loss the caller builds from the trained model (MNPO's pairs), in parts.

@@ -204,3 +204,31 @@ def test_sigkill_mid_write_leaves_a_loadable_checkpoint(tmp_path):
         fresh.step([TrainSample([5, 6], [7, 8], 1.0)])  # creates optimizer state to be overwritten
         restore(fresh, ckpt)
         assert fresh.policy_version == ckpt.step
+
+
+def test_the_trace_optimizer_is_saved_restored_and_optional(tmp_path, caplog):
+    def trace_learner(seed: int = 0) -> Learner:
+        cfg = LearnerConfig(lr=1e-2, trace_lr=1e-2)
+        return Learner(tiny_model(seed), cfg, device="cpu", pad_token_id=0, max_tokens=8)
+
+    rows = [TrainSample(s.prompt_ids, s.completion_ids, 1.0, external=True, trace=True) for s in batch(9)]
+    a = trace_learner()
+    a.step(batch(0) + rows)
+    save_checkpoint(tmp_path / "t", a, step=1)
+    assert (tmp_path / "t" / "step-00000001" / "trace_optimizer.safetensors").is_file()
+    b = trace_learner(seed=4)
+    restore(b, load_latest(tmp_path / "t"))
+    sa, sb = a.trace_optimizer.state_dict()["state"], b.trace_optimizer.state_dict()["state"]
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[i]["exp_avg_sq"], sb[i]["exp_avg_sq"]) for i in sa)
+    a.step(batch(1) + rows)
+    b.step(batch(1) + rows)
+    for k, v in params(a).items():
+        assert torch.equal(v, b.model.state_dict()[k]), k
+    plain = make_learner()  # a checkpoint with the trace state loads into a learner without one, and back
+    restore(plain, load_latest(tmp_path / "t"))
+    plain.step(batch(2))
+    save_checkpoint(tmp_path / "p", plain, step=2)
+    c = trace_learner()
+    with caplog.at_level("INFO", logger="node.learn.checkpoint"):
+        restore(c, load_latest(tmp_path / "p"))
+    assert "trace step starts fresh" in caplog.text and not c.trace_optimizer.state_dict()["state"]

@@ -1,6 +1,7 @@
 """node.learn.learner on a tiny randomly initialised Qwen2 model (no downloads)."""
 
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -273,3 +274,46 @@ def test_guided_rows_ignore_importance_weights_and_report_per_family():
     lrn3.accumulate_gradients(copy.deepcopy(only))
     g3 = torch.cat([q.grad.flatten() for q in lrn3.params])
     assert (g3 - 3.0 * g1).abs().max() <= 1e-5 * g1.abs().max()
+
+
+def _trace_rows(n: int = 4, seed: int = 7) -> list[TrainSample]:
+    return [dataclasses.replace(s, external=True, trace=True) for s in samples(n, seed)]
+
+
+def test_the_trace_step_imitates_only_trace_rows_with_its_own_optimizer():
+    own, traces = samples(6), _trace_rows()
+    base = learner(tiny_model(), lr=1e-3)
+    with_trace = learner(tiny_model(), lr=1e-3, trace_lr=1e-2)
+    assert base.trace_optimizer is None and with_trace.trace_optimizer is not with_trace.optimizer
+    rows = [(s.prompt_ids, s.completion_ids) for s in traces]
+    m_base, m = base.step(own + traces), with_trace.step(own + traces)
+    assert "trace_rows" not in m_base
+    assert m["trace_rows"] == 4 and m["trace_tokens"] == sum(len(s.completion_ids) for s in traces)
+    assert m["trace_nll"] > 0 and m["trace_grad_norm"] > 0
+    assert with_trace.policy_version == base.policy_version == 1  # one policy version a step
+    for _ in range(4):
+        base.step(own + traces)
+        with_trace.step(own + traces)
+    assert float(with_trace.mean_logprobs(rows).mean()) > float(base.mean_logprobs(rows).mean()) + 0.5
+    # a step without trace rows leaves the trace optimizer's state where it was
+    state = copy.deepcopy(with_trace.trace_optimizer.state_dict()["state"])
+    m = with_trace.step(own)
+    assert m["trace_rows"] == 0 and m["trace_nll"] == 0.0
+    after = with_trace.trace_optimizer.state_dict()["state"]
+    assert all(torch.equal(state[i]["exp_avg"], after[i]["exp_avg"]) for i in state)
+
+
+def test_the_trace_step_is_the_token_mean_nll_of_its_rows_whatever_the_micro_batch():
+    traces = _trace_rows(5)
+    a = learner(tiny_model(), lr=1e-3, trace_lr=1e-2, micro_batch_size=2)
+    b = learner(tiny_model(), lr=1e-3, trace_lr=1e-2, micro_batch_size=32)
+    ma, mb = a.trace_step(traces), b.trace_step(traces)
+    assert ma["trace_nll"] == pytest.approx(mb["trace_nll"], rel=1e-5)
+    assert ma["trace_grad_norm"] == pytest.approx(mb["trace_grad_norm"], rel=1e-4)
+    rows = [(s.prompt_ids, s.completion_ids) for s in traces]
+    lens = torch.tensor([len(s.completion_ids) for s in traces], dtype=torch.float32)
+    fresh = learner(tiny_model(), lr=1e-3)
+    expected = -float((fresh.mean_logprobs(rows) * lens).sum() / lens.sum())
+    assert ma["trace_nll"] == pytest.approx(expected, rel=1e-5)
+    with pytest.raises(RuntimeError, match="trace step is off"):
+        fresh.trace_step(traces)

@@ -269,6 +269,7 @@ def test_gold_labels_add_own_labelled_samples_of_the_named_families(
         terms = [int(x) for x in prompt.split("Compute ")[1].split(".")[0].split(" - ")]
         assert text.endswith(f"<answer>{terms[0] - terms[1]}</answer>")
         assert text.startswith("<think>") == trace
+        assert s.trace == trace  # written working is what the trace step (learner.trace_lr) imitates
 
 
 def test_labels_must_name_the_nodes_own_families() -> None:
@@ -339,7 +340,8 @@ def test_a_guided_node_rolls_out_on_its_peers_prompts_and_shares_one_baseline(tm
                 right = sum(1 for r in guide.rewards if r >= 1.0)
                 advs = advantages_for(weak.cfg.learner, [*mine.rewards, *[1.0] * right])
                 peer = [s for s in train.samples if s.guided]
-                assert len(peer) == right and all(s.external and s.family == "chain_sum" for s in peer)
+                assert len(peer) == right and all(s.external and s.trace and s.family == "chain_sum" for s in peer)
+                assert not [s for s in train.samples if s.trace and not s.guided]  # own samples are never traces
                 assert [s.advantage for s in peer] == pytest.approx(advs[len(mine.rewards) :])
                 assert mine in train.sapo.local  # trained whatever its own rewards
                 mixed = weak.samples.guided(mine, own.generations[mine.key], guide)
