@@ -106,7 +106,8 @@ def test_two_plus_two_swarm_nodes_train_on_each_other_with_one_behind_a_nat_rout
         def join(name: str, *peers: str) -> str:
             host, transport = plan[name]
             cmd = [sys.executable, "-m", "node.cli.app", "join", "--run-dir", str(dirs[name]), "--transport", transport]
-            cmd += ["--host", "0.0.0.0", "--port", str(PORT), *peers, *FAST_JOIN, "--set", "model.threads=1"]
+            cmd += ["--host", "0.0.0.0", "--port", str(PORT), *peers, "--config", "tiny", *FAST_JOIN]
+            cmd += ["--set", "model.threads=1"]
             if transport == "libp2p":  # py-libp2p announces the listen address, 0.0.0.0 here: say where it is
                 cmd += ["--set", f"transport.announce_maddrs=[/ip4/{lab.hosts[host].addr}/tcp/{PORT}]"]
             log = (tmp_path / f"{name}.log").open("w")
