@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.driver import analysis, pairs, provenance, report
-from sim.driver.start import run_start, seed_start, shared_start, start_key
+from sim.driver.start import run_start, seed_start, seed_starts_on_disk, shared_start, start_key
 from sim.registration import registration_hash
 
 
@@ -113,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ran in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
     elif start is None and shared_start(sim) and (work / "stock" / "node0" / "eval.jsonl").is_file():
         start = run_start(sim, work, None, digests=False)  # finished evaluations on disk: read them
+    elif seed_starts is not None:  # per-seed starts a run finished but has not kept in the JSON yet (--workers N)
+        seed_starts.update(seed_starts_on_disk(sim, work, seed_starts))
     return write(work, sim, args, prov, (keys, settings), saved, start, stem, seed_starts)
 
 

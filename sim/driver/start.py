@@ -146,6 +146,19 @@ def run_seed_start(sim: SimConfig, seed: int, work: Path, saved: dict[str, Any] 
     return {"key": key, "digests": initial_digests(nodes), **_start_record(work / "start" / f"seed{seed}", sim)}
 
 
+def seed_starts_on_disk(sim: SimConfig, work: Path, have: dict[int, Any]) -> dict[int, dict[str, Any]]:
+    """The per-seed starts finished on disk (every node's step-0 evaluation under ``work/start/seed<k>``) that
+    ``have`` does not hold: what ``--analyze`` pairs a seed's pairs with before a run has kept them in the JSON
+    (read as recorded, without a key: a later run that reaches the seed evaluates or checks its start again)."""
+    out: dict[int, dict[str, Any]] = {}
+    for d in sorted((work / "start").glob("seed*")):
+        if not d.name[4:].isdigit() or int(d.name[4:]) in have:
+            continue
+        if all((d / f"node{i}" / "eval.jsonl").is_file() for i in range(sim.nodes)):
+            out[int(d.name[4:])] = _start_record(d, sim)
+    return out
+
+
 def sharing_arms(sim: SimConfig, seed: int, arms: list[str]) -> list[str]:
     """The ``arms`` whose start in run ``seed`` is the first configuration's (same models, tasks and evaluation),
     less those whose nodes wait for peers (``runtime.wait_for_peers`` announces a node by its own start)."""

@@ -296,3 +296,21 @@ def test_gap_closed_is_nan_where_there_is_no_gap_and_the_stats_carry_it() -> Non
     assert math.isnan(metrics.value({"per_node": {"0": flat, "10": flat}}, reg, "gap", "10"))
     assert all(math.isnan(v) for v in interval([0.5, math.nan, 0.1]))
     assert mean_sd([math.nan, 0.2]) == "nan ± nan"
+
+
+def test_analyze_reads_per_seed_starts_a_run_left_on_disk(tmp_path: Path) -> None:
+    """A per-seed experiment run with several workers keeps its JSON only at the end: ``--analyze`` of what an
+    interrupted run left on disk pairs each seed's pairs with that seed's start, read from its directory."""
+    args = [str(ROOT / "configs" / "sim" / "transfer-het.yaml"), "--quick", "--seeds", "0-1", "--workers", "2"]
+    args += ["--only", "alone", "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")]
+    args += ["--set", f"node.model.cache_dir={tmp_path / 'cache'}"]
+    assert main(args) == 0
+    out = tmp_path / "out" / "transfer_het_quick.json"
+    ran = json.loads(out.read_text())
+    out.unlink()  # as if the run had stopped before writing it
+    assert main([*args, "--analyze"]) == 0
+    read = json.loads(out.read_text())
+    assert set(read["pairs"]["alone"]) == {"0", "1"}
+    for seed in ("0", "1"):
+        assert read["pairs"]["alone"][seed]["per_node"]["0"] == ran["seed_starts"][seed]["per_node"]
+    assert read["arms"]["alone"]["gap"] == ran["arms"]["alone"]["gap"]
