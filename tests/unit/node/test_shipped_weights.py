@@ -21,9 +21,11 @@ def _shipped_dirs() -> list[Path]:
     return sorted(shipped.WEIGHTS_DIR.glob("lab-*"))
 
 
-def test_every_recipe_of_the_main_job_is_shipped_and_every_shipped_directory_is_its_recipes() -> None:
+def test_the_main_jobs_and_the_default_nodes_recipes_are_shipped_and_each_shipped_directory_is_its_recipes() -> None:
     keys = [r.key() for r in ship.config_recipes(DEMO)]
     assert len(keys) == 2  # the demo's two specialised nodes
+    keys += [r.key() for r in ship.config_recipes("lab")]  # and the default node (swarm-node join, no --config)
+    assert len(keys) == 3
     for key in keys:
         assert shipped.shipped_dir(key) is not None, f"{key} is not shipped: python -m sim.ship"
     assert _shipped_dirs(), "no shipped weights"
