@@ -305,6 +305,16 @@ class LearnerConfig(StrictModel):
     arXiv 2506.07527) and SRFT (Fu et al. 2025, arXiv 2506.19767) teach what RL on own samples cannot; AdamW's step
     is about its learning rate whatever the loss's scale, so a trace weight inside the RL update cannot give the dose
     a separate rate can (docs/transfer.md). The trace step is part of the step's update: one policy version."""
+    trace_own: bool = False
+    """The trace step also imitates this node's own completions its verifier scored right (rehearsal of what it
+    already does, as rejection-sampling fine-tuning, RAFT, Dong et al. 2023, arXiv 2304.06767): a trace step on a
+    peer's family alone unlearnt the family the node knew (docs/transfer.md, never-seen). Needs ``trace_lr``."""
+
+    @model_validator(mode="after")
+    def _trace_own_needs_a_trace_step(self) -> LearnerConfig:
+        if self.trace_own and self.trace_lr == 0:
+            raise ValueError("learner.trace_own needs the trace step: set learner.trace_lr (e.g. 1e-4)")
+        return self
 
 
 class SapoConfig(StrictModel):

@@ -165,6 +165,7 @@ class Node:
             peer_advantages=self.solve_rates.advantages if cfg.sapo.peer_advantage == "receiver" else None,
             peer_text=cfg.sapo.peer_text,
             guided_negatives=cfg.sapo.guided_negatives,
+            trace_own=cfg.learner.trace_own,
         )
         #: ``labels``: a task source over the families this node adds its own gold labels for (a control).
         self._label_tasks = None

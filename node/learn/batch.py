@@ -57,6 +57,7 @@ class SampleBuilder:
         peer_advantages: Callable[[PooledGroup], list[float]] | None = None,
         peer_text: str = "full",
         guided_negatives: str = "keep",
+        trace_own: bool = False,
     ) -> None:
         self.policy = policy
         self.tasks = tasks
@@ -70,6 +71,9 @@ class SampleBuilder:
         self.peer_text = peer_text
         #: ``sapo.guided_negatives``: ``drop`` leaves a mixed group's own below-baseline completions out.
         self.guided_negatives = guided_negatives
+        #: ``learner.trace_own``: this node's own right completions are marked ``trace`` too (the trace step's
+        #: rehearsal of what the node knows).
+        self.trace_own = trace_own
 
     def prompt_ids(self, task: TaskRef) -> list[int]:
         """The local prompt tokens of ``task`` (regenerated from its ref, formatted as this policy prompts)."""
@@ -97,9 +101,9 @@ class SampleBuilder:
             receiver = credit is not None
             advs = credit(g) if credit is not None else self.advantages(g.rewards)
             if g.local:
-                for gen, adv in zip(generations[g.key], advs, strict=True):
+                for gen, adv, r in zip(generations[g.key], advs, g.rewards, strict=True):
                     if gen.token_ids:
-                        samples.append(TrainSample(gen.prompt_ids, list(gen.token_ids), adv, list(gen.logprobs)))
+                        samples.append(self._own(gen, adv, r))
                 continue
             prompt_ids = self.prompt_ids(g.group.task)
             use_hint = self.peer_importance_weights and g.tokenizer == own_tokenizer
@@ -129,8 +133,8 @@ class SampleBuilder:
         advs = self.advantages([*own.rewards, *[1.0] * len(peer_ids)])
         keep_negative = self.guided_negatives == "keep"
         samples = [
-            TrainSample(gen.prompt_ids, list(gen.token_ids), adv, list(gen.logprobs))
-            for gen, adv in zip(generations, advs, strict=False)
+            self._own(gen, adv, r)
+            for gen, adv, r in zip(generations, advs, own.rewards, strict=False)
             if gen.token_ids and (keep_negative or adv >= 0.0)
         ]
         if not peer_ids:
@@ -142,6 +146,11 @@ class SampleBuilder:
             for ids, adv in zip(peer_ids, advs[len(own.rewards) :], strict=True)
         ]
         return samples
+
+    def _own(self, gen: Generation, adv: float, reward: float) -> TrainSample:
+        """One of this node's own completions: trained on the engine's tokens with their behaviour logprobs."""
+        trace = self.trace_own and reward >= SOLVED
+        return TrainSample(gen.prompt_ids, list(gen.token_ids), adv, list(gen.logprobs), trace=trace)
 
     def _peer_text(self, text: str) -> str:
         if self.peer_text == "full":

@@ -364,3 +364,35 @@ def test_a_guided_node_rolls_out_on_its_peers_prompts_and_shares_one_baseline(tm
 
     weak.choose_guides()
     assert not [s for s in weak.make_batch(OwnRollouts()).samples if s.external]
+
+
+@pytest.mark.parametrize("trace_own", [False, True])
+def test_trace_own_marks_the_nodes_own_right_completions_for_the_trace_step(tmp_path: Path, trace_own: bool) -> None:
+    """``learner.trace_own``: the node's own completions its verifier scored right are marked ``trace`` (the trace
+    step's rehearsal), its wrong ones never; off, no own completion is."""
+    from node.runtime import Node
+    from sim.scripted import build_scripted_parts
+
+    learner = {"trace_lr": 1e-4, "trace_own": trace_own}
+    cfg = NodeConfig.model_validate(
+        {
+            "seed": 3,
+            "tasks": {"families": [{"name": "chain_sum", "config": {"n": 2}}]},
+            "rollout": {"prompts_per_step": 4, "group_size": 8, "max_new_tokens": 32},
+            "sapo": {"local_groups": 4, "external_groups": 0},
+            "learner": learner,
+        }
+    )
+    parts = build_scripted_parts(cfg, lr=1.0, init_p=0.5, init_spread=0.0, max_p=0.99, answer_tokens=4)
+    node = Node(cfg, tmp_path / str(trace_own), parts, live=False)
+    own = node.generate()
+    samples = node.make_batch(own).samples
+    rewards = {}
+    for g in own.groups:
+        for gen, r in zip(own.generations[g.key], g.rewards, strict=True):
+            rewards[tuple(gen.token_ids)] = r
+    assert samples and {rewards[tuple(s.completion_ids)] >= 1.0 for s in samples} == {True, False}
+    for s in samples:
+        assert s.trace == (trace_own and rewards[tuple(s.completion_ids)] >= 1.0)
+    with pytest.raises(ValueError, match="trace_own needs the trace step"):
+        NodeConfig.model_validate({"learner": {"trace_own": True}})
