@@ -873,7 +873,7 @@ def config_file(config: str | Path | None) -> Path:
 
     A value that looks like a path (a separator, a ``.yaml`` suffix) or names an existing file is that file, so a
     missing one is reported as missing by the loader; any other value must be a profile."""
-    from protocol.config import ConfigError
+    from protocol.errors import ConfigError
 
     text = str(config if config is not None else DEFAULT_PROFILE)
     path = Path(text).expanduser()
