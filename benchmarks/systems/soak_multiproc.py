@@ -168,22 +168,9 @@ VERDICTS = {
 }
 
 
-def main() -> None:
-    global AUTOGROUP_NICE, BASE_PORT
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--nodes", type=int, default=4)
-    ap.add_argument("--duration-s", type=float, default=7200)
-    ap.add_argument("--restart-every-s", type=float, default=900)
-    ap.add_argument("--sample-s", type=float, default=30)
-    ap.add_argument("--rss-slope-pct", type=float, default=2.0)
-    ap.add_argument(
-        "--autogroup-nice", type=int, default=None, help="run the nodes at this session priority (beside other work)"
-    )
-    ap.add_argument("--base-port", type=int, default=BASE_PORT, help="node i listens on this + i")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a node setting (repeatable)")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "soak_multiproc.md")
-    opts = ap.parse_args()
-    AUTOGROUP_NICE, BASE_PORT, EXTRA[:] = opts.autogroup_nice, opts.base_port, opts.set
+def run(opts: argparse.Namespace) -> tuple[list[dict], int]:
+    """Start the nodes, sample them every ``--sample-s`` for ``--duration-s``, restart the last on schedule;
+    the samples and the number of restarts."""
     work = Path(tempfile.mkdtemp(prefix="soak-mp-"))
     procs: list[subprocess.Popen] = []
     samples: list[dict] = []
@@ -224,6 +211,31 @@ def main() -> None:
     finally:
         for p in procs:
             stop(p)
+    return samples, restarts
+
+
+def main() -> None:
+    global AUTOGROUP_NICE, BASE_PORT
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nodes", type=int, default=4)
+    ap.add_argument("--duration-s", type=float, default=7200)
+    ap.add_argument("--restart-every-s", type=float, default=900)
+    ap.add_argument("--sample-s", type=float, default=30)
+    ap.add_argument("--rss-slope-pct", type=float, default=2.0)
+    ap.add_argument(
+        "--autogroup-nice", type=int, default=None, help="run the nodes at this session priority (beside other work)"
+    )
+    ap.add_argument("--base-port", type=int, default=BASE_PORT, help="node i listens on this + i")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a node setting (repeatable)")
+    ap.add_argument("--rejudge", type=Path, help="judge the samples (JSON) of an earlier run instead of running")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "soak_multiproc.md")
+    opts = ap.parse_args()
+    AUTOGROUP_NICE, BASE_PORT, EXTRA[:] = opts.autogroup_nice, opts.base_port, opts.set
+    if opts.rejudge is not None:  # an earlier run's samples: its restarts follow from the schedule
+        samples = json.loads(opts.rejudge.read_text())
+        restarts = int(samples[-1]["t"] // opts.restart_every_s) if samples else 0
+    else:
+        samples, restarts = run(opts)
     duration = samples[-1]["t"] if samples else 0.0
     judged = list(range(opts.nodes - 1))
     rows, outcome = verdict(samples, judged, duration, opts.rss_slope_pct)

@@ -261,8 +261,8 @@ def multiproc_verdict(
         row = [f"node{i}"]
         for key in keys:
             bound = BOUNDS.get(key)
-            per_k, src = key == "rss_kstep", "rss" if key == "rss_kstep" else key
-            if not any((src, "step")[per_k] in s["nodes"][i] for s in half):
+            per_k, src = key == "rss_kstep", "rss_step" if key == "rss_kstep" else key
+            if not any(src in s["nodes"][i] for s in half):  # a run before the measure was kept
                 row.append("n/a")
                 continue
             ys = [float(s["nodes"][i].get(src, 0)) for s in half]

@@ -94,3 +94,21 @@ def test_rss_is_judged_per_1000_steps_so_the_step_rate_decides_a_slow_rise() -> 
 def test_the_swing_is_the_change_between_consecutive_samples() -> None:
     assert swing([700.0, 750.0, 700.0, 701.0, 700.0]) == (25.5, 50.0)
     assert swing([700.0]) != swing([700.0])  # one sample has no change: NaN
+
+
+def test_the_verdict_judges_rss_between_steps_not_rss_at_any_moment() -> None:
+    soak = _soak()
+    rng = random.Random(3)
+    # RSS sampled at any moment swings with the step's working set; between steps it is flat, or it leaks
+    base = _samples(lambda t: 700 * MB + rng.gauss(0, 25) * MB, steps_h=2000)
+    for s in base:
+        for n in s["nodes"]:
+            del n["rss_step"]
+    flat = [dict(s, nodes=[{**n, "rss_step": 690 * MB} for n in s["nodes"]]) for s in base]
+    leak = [dict(s, nodes=[{**n, "rss_step": 690 * MB + 60 * MB * n["step"] / 1000} for n in s["nodes"]]) for s in base]
+    rows, outcome = soak.verdict(flat, [0], 7200, 2.0, keys=("rss_kstep",))
+    assert outcome == "PASS" and "690 MB" in rows[0], rows
+    assert soak.verdict(leak, [0], 7200, 2.0, keys=("rss_kstep",))[1] == "FAIL"
+    assert soak.verdict(flat, [0], 7200, 2.0, keys=("rss",))[1] == "UNDECIDED"  # the instantaneous series
+    rows, outcome = soak.verdict(base, [0], 7200, 2.0, keys=("rss_kstep",))  # a run before rss_step was kept
+    assert rows[0].endswith("| n/a |") and outcome == "PASS"
