@@ -282,8 +282,8 @@ class Learner:
     def trace_step(self, rows: list[TrainSample]) -> dict[str, float]:
         """The trace step (``learner.trace_lr``): one supervised update on verified worked solutions, the token-mean
         negative log-likelihood of their completions (micro-batched, the whole set's normaliser), with the trace
-        optimizer. Returns ``trace_rows``, ``trace_tokens``, ``trace_nll`` (before the update) and
-        ``trace_grad_norm``; all 0 when the step had no such row."""
+        optimizer. Returns ``trace_rows``, ``trace_tokens``, ``trace_nll`` (read after the step's RL update, before
+        this one) and ``trace_grad_norm``; all 0 when the step had no such row."""
         if self.trace_optimizer is None:
             raise RuntimeError("the trace step is off (learner.trace_lr: 0)")
         n_tok = sum(len(s.completion_ids) for s in rows)
