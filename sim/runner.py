@@ -2,7 +2,9 @@
 
 In-process, identical initial nodes (the same model, tasks and evaluation in several configurations or seeds) have
 their step-0 evaluation run once (``sim.initial``, under ``out/start/``) and written into each pair's node
-directory; those nodes then skip their own. Knows nothing about reports (``sim.report.summary`` reads what the runs
+directory; those nodes then skip their own. With ``workers > 1`` one pool of spawned processes does the builds, the
+start evaluations and the pairs, and the pairs start heaviest first (``pair_cost``), so the last pair to finish is
+a short one and no core idles at the end. Knows nothing about reports (``sim.report.summary`` reads what the runs
 wrote).
 """
 
@@ -38,14 +40,20 @@ def run_experiment(
     todo = pairs if pairs is not None else [(v.name, seed) for v in sim.configurations for seed in sim.seeds]
     n_runs = len(todo)
     parallel = sim.mode == "inprocess" and sim.workers > 1 and n_runs > 1
-    runs = _shared_starts(sim, out, todo, parallel) if sim.mode == "inprocess" and sim.policy == "real" else {}
     if parallel:
-        results.extend(_run_parallel(sim, out, progress, todo, runs))
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        # Spawned (no inherited torch state), and one pool for everything: each worker imports torch once.
+        with ProcessPoolExecutor(max_workers=sim.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            runs = _shared_starts(sim, out, todo, pool) if sim.policy == "real" else {}
+            results.extend(_run_parallel(sim, out, progress, todo, pool, runs))
         if sim.mnpo_game is not None:
             from sim.experiments.mnpo_game import run_mnpo_report
 
             run_mnpo_report(sim, out, progress)
         return results
+    runs = _shared_starts(sim, out, todo, None) if sim.mode == "inprocess" and sim.policy == "real" else {}
     for name, seed in todo:
         t0 = time.perf_counter()
         # Per-step progress goes to stderr only when someone watches (``progress`` given: the CLI).
@@ -73,8 +81,22 @@ def run_experiment(
     return results
 
 
+def pair_cost(sim: SimConfig, name: str, seed: int) -> int:
+    """A (configuration, seed) pair's work, in completions a run generates or trains on: per node and step, its own
+    and its peers' groups' rows (a guided node also rolls out on its peers' prompts) and its label rows. Only the
+    order matters: the parallel runner starts the heaviest pairs first (longest-processing-time scheduling)."""
+    total = 0
+    for i in range(sim.nodes):
+        cfg = sim.node_config(name, i, seed)
+        g, sapo = cfg.rollout.group_size, cfg.sapo
+        rolled = sapo.local_groups + (sapo.external_groups if sapo.peer_advantage == "guided" else 0)
+        labels = cfg.labels.per_step if cfg.labels.families else 0
+        total += sim.steps * (g * (rolled + sapo.local_groups + sapo.external_groups) + labels)
+    return total
+
+
 def _shared_starts(
-    sim: SimConfig, out: Path, todo: list[tuple[str, int]], parallel: bool
+    sim: SimConfig, out: Path, todo: list[tuple[str, int]], pool: Any | None
 ) -> dict[tuple[str, int], SimConfig]:
     """Evaluate once every initial node that more than one (configuration, seed) pair of ``todo`` starts from and
     evaluates (``eval.at_start``), write its step-0 line into each such pair's node directory, and return those
@@ -98,16 +120,11 @@ def _shared_starts(
     for path in where.values():  # evaluated afresh: the code that builds a model may have changed since
         shutil.rmtree(path, ignore_errors=True)
     t0 = time.perf_counter()
-    if parallel:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
-        ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=min(sim.workers, len(shared)), mp_context=ctx) as pool:
-            jobs = [pool.submit(_evaluate_start, cfgs[k].model_dump(mode="json"), str(where[k]), sim.torch_threads)
-                    for k in shared]  # fmt: skip
-            for job in jobs:
-                job.result()
+    if pool is not None:
+        jobs = [pool.submit(_evaluate_start, cfgs[k].model_dump(mode="json"), str(where[k]), sim.torch_threads)
+                for k in shared]  # fmt: skip
+        for job in jobs:
+            job.result()
     else:
         for key in shared:
             evaluate_initial(cfgs[key], where[key], {})
@@ -168,18 +185,17 @@ def _run_parallel(
     out: Path,
     progress: Callable[[str], None] | None,
     pairs: list[tuple[str, int]],
+    pool: Any,
     runs: dict[tuple[str, int], SimConfig] | None = None,
 ) -> list[Any]:
-    """``sim.workers`` pairs at a time, each in a fresh process (spawned: no inherited torch state). The workers
+    """``sim.workers`` pairs at a time in ``pool``'s spawned processes, heaviest first (``pair_cost``). The workers
     rebuild the config from its JSON form, so each pair runs exactly as it would in the sequential loop; the
     results are the pairs' run directories, in the sequential loop's order. ``runs`` gives a pair its own
     experiment (its nodes whose start was evaluated once skip their own)."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures import as_completed
 
     sim_json = sim.model_dump(mode="json")
     done: dict[tuple[str, int], Path] = {}
-    ctx = multiprocessing.get_context("spawn")
     models: dict[
         str, dict[str, Any]
     ] = {}  # every distinct model of the experiment, built side by side first (else pairs queue on one build)
@@ -187,18 +203,16 @@ def _run_parallel(
         for i in range(sim.nodes):
             model = sim.node_config(name, i, seed).model
             models.setdefault(model.model_dump_json(), model.model_dump(mode="json"))
-    with ProcessPoolExecutor(max_workers=min(sim.workers, max(len(pairs), len(models))), mp_context=ctx) as pool:
-        if len(models) > 1:
-            for built in as_completed([pool.submit(_build_model, m, sim.torch_threads) for m in models.values()]):
-                built.result()
-        own = {p: r.model_dump(mode="json") for p, r in (runs or {}).items()}
-        futures = {
-            pool.submit(_run_pair, own.get((v, seed), sim_json), v, seed, str(out)): (v, seed) for v, seed in pairs
-        }
-        for fut in as_completed(futures):
-            v, seed = futures[fut]
-            run_dir, wall = fut.result()  # a pair's exception propagates here, as in the sequential loop
-            done[(v, seed)] = Path(run_dir)
-            line = f"[{len(done)}/{len(pairs)}] {v} seed {seed}: {sim.nodes} nodes x {sim.steps} steps in {wall:.1f}s"
-            (progress or logger.info)(line)
+    if len(models) > 1:
+        for built in as_completed([pool.submit(_build_model, m, sim.torch_threads) for m in models.values()]):
+            built.result()
+    own = {p: r.model_dump(mode="json") for p, r in (runs or {}).items()}
+    order = sorted(pairs, key=lambda p: -pair_cost(sim, *p))  # stable: equal costs keep the configured order
+    futures = {pool.submit(_run_pair, own.get((v, seed), sim_json), v, seed, str(out)): (v, seed) for v, seed in order}
+    for fut in as_completed(futures):
+        v, seed = futures[fut]
+        run_dir, wall = fut.result()  # a pair's exception propagates here, as in the sequential loop
+        done[(v, seed)] = Path(run_dir)
+        line = f"[{len(done)}/{len(pairs)}] {v} seed {seed}: {sim.nodes} nodes x {sim.steps} steps in {wall:.1f}s"
+        (progress or logger.info)(line)
     return [done[p] for p in pairs]

@@ -46,3 +46,16 @@ def test_parallel_pairs_give_the_sequential_records(tmp_path: Path) -> None:
     rewards = [r.get("reward_mean") for r in a["alone/seed0/node1/metrics.jsonl"]]
     assert rewards and all(x is not None for x in rewards)
     assert a["alone/seed0/node1/metrics.jsonl"] != a["alone/seed1/node1/metrics.jsonl"]
+
+
+def test_pairs_start_heaviest_first() -> None:
+    """The parallel runner's order: a pair that also trains on 8 peers' groups a step costs more than one alone,
+    a guided node (which also rolls out on its peers' prompts) more than receiver credit, and labels add their rows."""
+    from sim.runner import pair_cost
+
+    sim = load_sim_config("configs/sim/transfer-het.yaml")
+    cost = {name: pair_cost(sim, name, 0) for name in ("alone", "labels", "receiver", "guided")}
+    assert cost["alone"] < cost["labels"] < cost["receiver"] < cost["guided"]
+    demo = load_sim_config("configs/sim/demo.yaml")
+    order = sorted([(v.name, 0) for v in demo.configurations], key=lambda p: -pair_cost(demo, *p))
+    assert order[0] == ("sharing", 0)
