@@ -3,9 +3,9 @@
 In-process, identical initial nodes (the same model, tasks and evaluation in several configurations or seeds) have
 their step-0 evaluation run once (``sim.initial``, under ``out/start/``) and written into each pair's node
 directory; those nodes then skip their own. With ``workers > 1`` one pool of spawned processes does the builds, the
-start evaluations and the pairs, and the pairs start heaviest first (``pair_cost``), so the last pair to finish is
-a short one and no core idles at the end. Knows nothing about reports (``sim.report.summary`` reads what the runs
-wrote).
+start evaluations and the pairs, and the pairs start seed by seed, heaviest first within a seed (``pair_cost``), so
+the last pair to finish is a short one and no core idles at the end. Knows nothing about reports
+(``sim.report.summary`` reads what the runs wrote).
 """
 
 from __future__ import annotations
@@ -93,6 +93,12 @@ def pair_cost(sim: SimConfig, name: str, seed: int) -> int:
         labels = cfg.labels.per_step if cfg.labels.families else 0
         total += sim.steps * (g * (rolled + sapo.local_groups + sapo.external_groups) + labels)
     return total
+
+
+def pair_order(sim: SimConfig, pairs: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """The order the parallel runner starts ``pairs`` in: seed by seed (an interrupted multi-seed run leaves whole
+    seeds to analyse, paired), heaviest first within a seed; ties keep the configured order."""
+    return sorted(pairs, key=lambda p: (p[1], -pair_cost(sim, *p)))
 
 
 def _shared_starts(
@@ -188,7 +194,8 @@ def _run_parallel(
     pool: Any,
     runs: dict[tuple[str, int], SimConfig] | None = None,
 ) -> list[Any]:
-    """``sim.workers`` pairs at a time in ``pool``'s spawned processes, heaviest first (``pair_cost``). The workers
+    """``sim.workers`` pairs at a time in ``pool``'s spawned processes, seed by seed and heaviest first within a
+    seed (``pair_cost``). The workers
     rebuild the config from its JSON form, so each pair runs exactly as it would in the sequential loop; the
     results are the pairs' run directories, in the sequential loop's order. ``runs`` gives a pair its own
     experiment (its nodes whose start was evaluated once skip their own)."""
@@ -207,8 +214,10 @@ def _run_parallel(
         for built in as_completed([pool.submit(_build_model, m, sim.torch_threads) for m in models.values()]):
             built.result()
     own = {p: r.model_dump(mode="json") for p, r in (runs or {}).items()}
-    order = sorted(pairs, key=lambda p: -pair_cost(sim, *p))  # stable: equal costs keep the configured order
-    futures = {pool.submit(_run_pair, own.get((v, seed), sim_json), v, seed, str(out)): (v, seed) for v, seed in order}
+    futures = {
+        pool.submit(_run_pair, own.get((v, seed), sim_json), v, seed, str(out)): (v, seed)
+        for v, seed in pair_order(sim, pairs)
+    }
     for fut in as_completed(futures):
         v, seed = futures[fut]
         run_dir, wall = fut.result()  # a pair's exception propagates here, as in the sequential loop

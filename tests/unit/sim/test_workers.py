@@ -48,14 +48,16 @@ def test_parallel_pairs_give_the_sequential_records(tmp_path: Path) -> None:
     assert a["alone/seed0/node1/metrics.jsonl"] != a["alone/seed1/node1/metrics.jsonl"]
 
 
-def test_pairs_start_heaviest_first() -> None:
+def test_pairs_start_seed_by_seed_and_heaviest_first() -> None:
     """The parallel runner's order: a pair that also trains on 8 peers' groups a step costs more than one alone,
     a guided node (which also rolls out on its peers' prompts) more than receiver credit, and labels add their rows."""
-    from sim.runner import pair_cost
+    from sim.runner import pair_cost, pair_order
 
     sim = load_sim_config("configs/sim/transfer-het.yaml")
     cost = {name: pair_cost(sim, name, 0) for name in ("alone", "labels", "receiver", "guided")}
     assert cost["alone"] < cost["labels"] < cost["receiver"] < cost["guided"]
     demo = load_sim_config("configs/sim/demo.yaml")
-    order = sorted([(v.name, 0) for v in demo.configurations], key=lambda p: -pair_cost(demo, *p))
-    assert order[0] == ("sharing", 0)
+    assert pair_order(demo, [(v.name, 0) for v in demo.configurations])[0] == ("sharing", 0)
+    # several seeds: whole seeds first, so an interrupted run leaves complete seeds to analyse paired
+    two = pair_order(sim, [(name, seed) for name in ("alone", "guided") for seed in (1, 0)])
+    assert two == [("guided", 0), ("alone", 0), ("guided", 1), ("alone", 1)]
