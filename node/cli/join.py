@@ -163,6 +163,11 @@ async def _join(
                 await channel.close()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+        if hits["n"] > 1:
+            # "Stopping now": the checkpoint and metrics are written, but the step's evaluation or rollout may still
+            # run in a worker thread, which asyncio.run (and then the interpreter) would wait for -- a real model's
+            # full-size evaluation kept a twice-signalled node busy for ten minutes. End the process here.
+            exit_process(130)
 
 
 def _already_done(run_dir: Path, max_steps: int | None, resume: bool) -> int | None:

@@ -79,6 +79,29 @@ def test_sigterm_checkpoints_and_leaves_no_processes(node_procs, tmp_path):
     assert alive(children) == [], "p2pd or other children outlived the node"
 
 
+@pytest.mark.timeout(900)
+def test_a_second_signal_stops_now_even_mid_evaluation(node_procs, tmp_path):
+    """The first SIGTERM finishes the current step; a second one stops now, with a checkpoint, even while the step's
+    evaluation (which runs in a worker thread) is hours from done: the process must not wait for that thread."""
+    run_dir = tmp_path / "n"
+    big = ["--set", "eval.items_per_family=1500", "--set", "eval.samples=64"]  # 390,000 completions: many minutes
+    p = node_procs("n", "join", "--run-dir", str(run_dir), *FAST_JOIN, *big)
+    p.multiaddr()
+    _wait_until(lambda: "step 0: evaluating" in p.tail(10**6), p, 240, "the step-0 evaluation to start")
+    children = p.descendants()
+    p.signal(signal.SIGTERM)
+    p.wait_for("finishing the current step", timeout=60)
+    p.signal(signal.SIGTERM)
+    assert p.wait(timeout=600) == 130, p.tail()
+    assert "second signal: stopping now" in p.output()
+    # the evaluation logs a line as each of its 4 families finishes but the last: a node that waited for its
+    # evaluation thread would have logged all three (the first family alone takes tens of seconds)
+    assert len(re.findall(r"node\.eval: evaluation: \S+ done", p.tail(10**7))) < 3, p.tail()
+    assert list((run_dir / "checkpoints").glob("step-*")), "stopping now must still write a checkpoint"
+    time.sleep(1.0)
+    assert alive(children) == [], "p2pd or other children outlived the node"
+
+
 @pytest.mark.timeout(400)
 def test_ctrl_c_to_the_process_group_ends_cleanly_with_a_peer(node_procs, tmp_path):
     # A terminal's Ctrl-C reaches the node and its p2pd at once; the daemon dies under the node's feet.
