@@ -169,13 +169,24 @@ def build_tokenizer(recipe: LabRecipe) -> Any:
 
 
 def build(recipe: LabRecipe, out: Path) -> dict[str, Any]:
-    """Build the tokenizer, the model and its warm start into ``out``; returns build statistics."""
+    """Build the tokenizer, the model and its warm start into ``out``; returns build statistics.
+
+    The build runs on one torch thread whatever the caller's setting: for a given thread count it is bitwise
+    reproducible (the same recipe gave the same weights on transformers 5.19 and 5.24), but CPU kernels reduce in a
+    thread-count-dependent order, and 300 warm-start steps turn that rounding into another model (measured: the demo's
+    node-0 recipe built on 2 threads scored 0.221 on lab_add against 0.153 on 1, 256 test problems). One thread is
+    what the shipped weights were built with, so a rebuild here reproduces them."""
     from node.model.tiny import build_model
 
     t0 = time.perf_counter()
-    tok = build_tokenizer(recipe)
-    model = build_model(recipe, tok)
-    stats = warm_start(recipe, model, tok)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        tok = build_tokenizer(recipe)
+        model = build_model(recipe, tok)
+        stats = warm_start(recipe, model, tok)
+    finally:
+        torch.set_num_threads(threads)
     stats.update(total_s=round(time.perf_counter() - t0, 2))
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out))

@@ -108,28 +108,41 @@ def test_the_command_ships_a_configs_recipes_with_their_manifest(tmp_path, monke
     assert ship.main([str(empty), "--out", str(tmp_path / "w")]) == 2
 
 
-#: Rebuilt and shipped models must agree within this on held-out exact accuracy, per family (128 test problems x 8
-#: samples each; a rebuild on other hardware may differ in float rounding, so agreement is statistical, not bitwise).
-TOLERANCE = 0.06
+#: Rebuilt and shipped models must agree within this on held-out exact accuracy, per family (256 test problems x 8
+#: samples each). On the stack that built them a rebuild is bitwise identical (the build runs on one thread;
+#: measured on transformers 5.19 and 5.24); a CPU that rounds differently gives another model of the same recipe,
+#: and one such (the recipe built on 2 threads) scored 0.068 apart on lab_add. The demo's two recipes are 0.4-0.5
+#: apart on their families, which the test checks it tells apart.
+TOLERANCE = 0.1
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(3600)
-def test_a_rebuild_of_a_shipped_recipe_agrees_with_it_on_held_out_exact_accuracy(tmp_path) -> None:
+def _exact(model_dir: Path) -> dict[str, float]:
     from node.config import EvalConfig, ModelConfig, RolloutConfig, TaskConfig
     from node.eval import Evaluator
     from node.model.policy import load_policy
     from node.rollout.engine import TransformersEngine
     from node.tasks import TaskSource
 
-    recipe = ship.config_recipes(DEMO)[0]
-    rebuilt = ship.ship(recipe, tmp_path)
     tasks = TaskSource(TaskConfig(families=list(lab.lab_task_families())))
-    exact = {}
-    for name, d in (("shipped", shipped.shipped_dir(recipe.key())), ("rebuilt", rebuilt)):
-        policy = load_policy(ModelConfig(name=str(d), device="cpu"))
-        ev = Evaluator(tasks, policy, TransformersEngine(policy), EvalConfig(items_per_family=128, samples=8),
-                       RolloutConfig(max_new_tokens=112))  # fmt: skip
-        exact[name] = {f: r["accuracy"] for f, r in ev.evaluate(0)["families"].items()}
+    policy = load_policy(ModelConfig(name=str(model_dir), device="cpu"))
+    ev = Evaluator(tasks, policy, TransformersEngine(policy), EvalConfig(items_per_family=256, samples=8),
+                   RolloutConfig(max_new_tokens=112))  # fmt: skip
+    return {f: r["accuracy"] for f, r in ev.evaluate(0)["families"].items()}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_a_rebuild_of_a_shipped_recipe_agrees_with_it_on_held_out_exact_accuracy(tmp_path) -> None:
+    own, other = ship.config_recipes(DEMO)[:2]
+    rebuilt = ship.ship(own, tmp_path)
+    manifest = json.loads((shipped.shipped_dir(own.key()) / "MANIFEST.json").read_text())
+    rebuilt_manifest = json.loads((rebuilt / "MANIFEST.json").read_text())
+    same_bits = rebuilt_manifest["model.safetensors"] == manifest["model.safetensors"]
+    exact = {"shipped": _exact(shipped.shipped_dir(own.key())), "rebuilt": _exact(rebuilt)}
     for fam, value in exact["shipped"].items():
-        assert abs(exact["rebuilt"][fam] - value) <= TOLERANCE, exact
+        assert abs(exact["rebuilt"][fam] - value) <= TOLERANCE, (exact, same_bits)
+    if same_bits:
+        assert exact["rebuilt"] == exact["shipped"]  # identical weights, identical deterministic evaluation
+    # the tolerance tells recipes apart: the demo's other node's model is farther than it on some family
+    far = _exact(shipped.shipped_dir(other.key()))
+    assert max(abs(far[f] - exact["shipped"][f]) for f in far) > TOLERANCE, (far, exact)
