@@ -25,7 +25,11 @@ def test_there_are_node_configs():
 def test_the_default_profile_is_the_laboratory_node_and_a_config_names_a_file_or_a_profile(tmp_path):
     from node.config import DEFAULT_PROFILE, config_file, profiles
 
-    assert {"lab", "tiny"} <= set(profiles())
+    assert {"lab", "smollm2", "tiny"} <= set(profiles())
+    smol = load_config(NodeConfig, config_file("smollm2"))  # the real-model profile: the lab node's swarm and families
+    assert smol.model.name == "smollm2-135m" and smol.swarm_id == "rl-swarm-lab"
+    assert smol.tasks.families == load_config(NodeConfig, config_file("lab")).tasks.families
+    assert smol.eval.sized_for(smol.model.name).items_per_family == smol.eval.quick_items_per_family  # stays quick
     default = load_config(NodeConfig, config_file(None))
     assert DEFAULT_PROFILE == "lab" and default.model.name == "builtin:lab"
     assert [f.name for f in default.tasks.families] == ["lab_add", "lab_sub"]
@@ -33,7 +37,7 @@ def test_the_default_profile_is_the_laboratory_node_and_a_config_names_a_file_or
     own = tmp_path / "lab"  # an existing file wins over a profile's name
     own.write_text("swarm_id: mine\n")
     assert config_file(str(own)) == own and config_file("missing.yaml") == Path("missing.yaml")
-    with pytest.raises(ConfigError, match="neither a config file nor a profile .profiles: lab, tiny"):
+    with pytest.raises(ConfigError, match="neither a config file nor a profile .profiles: lab, smollm2, tiny"):
         config_file("labb")
 
 
