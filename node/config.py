@@ -310,10 +310,19 @@ class LearnerConfig(StrictModel):
     already does, as rejection-sampling fine-tuning, RAFT, Dong et al. 2023, arXiv 2304.06767): a trace step on a
     peer's family alone unlearnt the family the node knew (docs/transfer.md, never-seen). Needs ``trace_lr``."""
 
+    trace_anchor: float = Field(default=0.0, ge=0)
+    """``lambda`` of the trace step's anchor (0: off): the trace step's loss adds ``lambda`` times the token-mean
+    KL from the initial policy to the current one, over the whole vocabulary, on the states of this step's own
+    completions the node's verifier scored right (``node.learn.learner.completion_kl``). A constraint on the model's
+    distribution where it already does the task, which imitating its own right completions is not (they cost 0.002
+    nats a token, so they give no gradient: docs/transfer.md, never-seen); learning without forgetting by
+    distillation to the old model (Li & Hoiem 2016, arXiv 1606.09282). Needs ``trace_lr``."""
+
     @model_validator(mode="after")
     def _trace_own_needs_a_trace_step(self) -> LearnerConfig:
-        if self.trace_own and self.trace_lr == 0:
-            raise ValueError("learner.trace_own needs the trace step: set learner.trace_lr (e.g. 1e-4)")
+        for name in ("trace_own", "trace_anchor"):
+            if getattr(self, name) and self.trace_lr == 0:
+                raise ValueError(f"learner.{name} needs the trace step: set learner.trace_lr (e.g. 1e-4)")
         return self
 
 

@@ -85,6 +85,9 @@ class TrainSample:
     importance weight (``node.learn.losses.policy_gradient_loss``)."""
     family: str = ""
     """The task family of a peer's completion, for the learner's per-family peer metrics ("" for own samples)."""
+    right: bool = False
+    """One of this node's own completions that its verifier scored right (the trace step's anchor states,
+    ``learner.trace_anchor``)."""
     trace: bool = False
     """A verified worked solution (a guided peer completion this node scored right, or a ``labels.trace`` generator
     trace): the learner's separate trace step (``learner.trace_lr``) imitates it."""

@@ -149,8 +149,9 @@ class SampleBuilder:
 
     def _own(self, gen: Generation, adv: float, reward: float) -> TrainSample:
         """One of this node's own completions: trained on the engine's tokens with their behaviour logprobs."""
-        trace = self.trace_own and reward >= SOLVED
-        return TrainSample(gen.prompt_ids, list(gen.token_ids), adv, list(gen.logprobs), trace=trace)
+        right = reward >= SOLVED
+        return TrainSample(gen.prompt_ids, list(gen.token_ids), adv, list(gen.logprobs), right=right,
+                           trace=self.trace_own and right)  # fmt: skip
 
     def _peer_text(self, text: str) -> str:
         if self.peer_text == "full":

@@ -86,6 +86,23 @@ def completion_logprobs(
         ``(B, T)`` with ``T = max C_i``: entry ``(i, j)`` is ``log pi(completion_ij | prefix)``, 0 beyond ``C_i``
         (and the entropies when ``with_entropy``).
     """
+    picked, targets, mask = _completion_logits(model, input_ids, attention_mask, prompt_lens, completion_lens)
+    if temperature != 1.0:
+        picked = picked / temperature
+    lse = torch.logsumexp(picked, dim=-1)  # (B, T)
+    logp = picked.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse  # (B, T)
+    if not with_entropy:
+        return logp * mask
+    with torch.no_grad():
+        entropy = lse - (picked.softmax(dim=-1) * picked).sum(-1)  # (B, T)
+    return logp * mask, entropy * mask
+
+
+def _completion_logits(
+    model: nn.Module, input_ids: Tensor, attention_mask: Tensor, prompt_lens: Tensor, completion_lens: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The float logits ``(B, T, V)`` at the positions that predict each row's completion tokens, the tokens
+    ``(B, T)`` and the mask ``(B, T)`` of real ones (``T = max C_i``); arguments as :func:`completion_logprobs`."""
     batch, length = input_ids.shape
     start = int(prompt_lens.min()) - 1  # first position whose logits predict a completion token
     kwargs = {}
@@ -99,17 +116,28 @@ def completion_logprobs(
     pos = (prompt_lens.unsqueeze(-1) - 1 + offsets).clamp(max=length - 2)  # (B, T) absolute positions
     targets = input_ids.gather(1, pos + 1)  # (B, T)
     picked = logits.gather(1, (pos - start).unsqueeze(-1).expand(batch, t_max, logits.shape[-1]))  # (B, T, V)
-    picked = picked.float()
-    if temperature != 1.0:
-        picked = picked / temperature
-    lse = torch.logsumexp(picked, dim=-1)  # (B, T)
-    logp = picked.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse  # (B, T)
-    mask = offsets < completion_lens.unsqueeze(-1)  # (B, T)
-    if not with_entropy:
-        return logp * mask
+    return picked.float(), targets, offsets < completion_lens.unsqueeze(-1)
+
+
+def completion_kl(
+    model: nn.Module,
+    ref_model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    prompt_lens: Tensor,
+    completion_lens: Tensor,
+) -> Tensor:
+    """``KL(pi_ref || pi)`` over the whole vocabulary at each completion position, ``(B, T)``, 0 beyond ``C_i``:
+    ``sum_v pi_ref(v | s) * (log pi_ref(v | s) - log pi(v | s))`` on the states ``s`` of the given rows, with a
+    gradient through ``model`` only. Unlike the sampled k3 estimate of the RL loss's guard, it sees every token the
+    reference would write at a state, so it holds a distribution in place even where the sampled token is already
+    near-certain. Arguments as :func:`completion_logprobs`."""
+    logits, _, mask = _completion_logits(model, input_ids, attention_mask, prompt_lens, completion_lens)
     with torch.no_grad():
-        entropy = lse - (picked.softmax(dim=-1) * picked).sum(-1)  # (B, T)
-    return logp * mask, entropy * mask
+        ref_logits, _, _ = _completion_logits(ref_model, input_ids, attention_mask, prompt_lens, completion_lens)
+        ref_logp = ref_logits.log_softmax(dim=-1)
+    kl = (ref_logp.exp() * (ref_logp - logits.log_softmax(dim=-1))).sum(-1)  # (B, T)
+    return kl * mask
 
 
 def high_entropy_mask(entropy: Tensor, mask: Tensor, top_frac: float) -> Tensor:
@@ -244,7 +272,7 @@ class Learner:
         if getattr(cfg, "trace_lr", 0.0) > 0:
             self.trace_optimizer = torch.optim.AdamW(self.params, lr=cfg.trace_lr, weight_decay=cfg.weight_decay)
         self.ref_model: nn.Module | None = None
-        if cfg.beta > 0:
+        if cfg.beta > 0 or getattr(cfg, "trace_anchor", 0.0) > 0:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.policy_version = 0
 
@@ -269,7 +297,8 @@ class Learner:
         totals["opt_s"] = torch.tensor(time.perf_counter() - t_opt)
         metrics = {k: float(v) for k, v in totals.items()}
         if self.trace_optimizer is not None:
-            metrics.update(self.trace_step([s for s in samples if s.trace and s.completion_ids]))
+            anchor = [s for s in samples if s.right and not s.external and s.completion_ids]
+            metrics.update(self.trace_step([s for s in samples if s.trace and s.completion_ids], anchor))
         seconds = time.perf_counter() - t0
         metrics.update(
             grad_norm=float(grad_norm),
@@ -279,15 +308,23 @@ class Learner:
         )
         return metrics
 
-    def trace_step(self, rows: list[TrainSample]) -> dict[str, float]:
+    def trace_step(self, rows: list[TrainSample], anchor: Sequence[TrainSample] = ()) -> dict[str, float]:
         """The trace step (``learner.trace_lr``): one supervised update on verified worked solutions, the token-mean
         negative log-likelihood of their completions (micro-batched, the whole set's normaliser), with the trace
-        optimizer. Returns ``trace_rows``, ``trace_tokens``, ``trace_nll`` (read after the step's RL update, before
-        this one) and ``trace_grad_norm``; all 0 when the step had no such row."""
+        optimizer. With ``learner.trace_anchor`` (``lambda``) the loss adds ``lambda`` times the token-mean
+        :func:`completion_kl` to the initial policy on the states of ``anchor`` (the step's own right completions:
+        what the node already does), so imitating a peer's working cannot move the node's distribution where it
+        was already right for free. Returns ``trace_rows``, ``trace_tokens``, ``trace_nll`` (read after the step's
+        RL update, before this one), ``trace_grad_norm`` and, with the anchor, ``trace_anchor_rows`` and
+        ``trace_anchor_kl`` (nats a token, before this update); all 0 when the step had no trace row."""
         if self.trace_optimizer is None:
             raise RuntimeError("the trace step is off (learner.trace_lr: 0)")
         n_tok = sum(len(s.completion_ids) for s in rows)
         out = {"trace_rows": float(len(rows)), "trace_tokens": float(n_tok), "trace_nll": 0.0, "trace_grad_norm": 0.0}
+        lam = getattr(self.cfg, "trace_anchor", 0.0)
+        anchor = list(anchor) if lam > 0 else []
+        if lam > 0:
+            out.update(trace_anchor_rows=float(len(anchor)), trace_anchor_kl=0.0)
         if not rows:
             return out
         self.trace_optimizer.zero_grad(set_to_none=True)
@@ -300,6 +337,18 @@ class Learner:
             loss = -(logp * batch.mask).sum() / n_tok
             loss.backward()
             nll += float(loss.detach())
+        if anchor:
+            assert self.ref_model is not None  # made whenever trace_anchor > 0
+            a_tok = sum(len(s.completion_ids) for s in anchor)
+            kl_sum = 0.0
+            for lo in range(0, len(anchor), self.cfg.micro_batch_size):
+                batch = self._collate(anchor[lo : lo + self.cfg.micro_batch_size])
+                kl = completion_kl(self.model, self.ref_model, batch.input_ids, batch.attention_mask,
+                                   batch.prompt_lens, batch.completion_lens)  # fmt: skip
+                part = (kl * batch.mask).sum() / a_tok
+                (lam * part).backward()
+                kl_sum += float(part.detach())
+            out["trace_anchor_kl"] = kl_sum
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
         self.trace_optimizer.step()
         self.trace_optimizer.zero_grad(set_to_none=True)

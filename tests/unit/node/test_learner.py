@@ -317,3 +317,49 @@ def test_the_trace_step_is_the_token_mean_nll_of_its_rows_whatever_the_micro_bat
     assert ma["trace_nll"] == pytest.approx(expected, rel=1e-5)
     with pytest.raises(RuntimeError, match="trace step is off"):
         fresh.trace_step(traces)
+
+
+def test_completion_kl_is_the_full_vocabulary_kl_from_the_reference_at_each_completion_state():
+    from node.learn.learner import completion_kl
+
+    model, ref = tiny_model(0), tiny_model(3)
+    rows = samples(3)
+    b = learner(model)._collate(rows)
+    kl = completion_kl(model, ref, b.input_ids, b.attention_mask, b.prompt_lens, b.completion_lens)
+    for i, s in enumerate(rows):  # by hand: each row alone, every completion state's next-token distributions
+        ids = torch.tensor([s.prompt_ids + s.completion_ids])
+        lp, lq = model(input_ids=ids).logits[0].log_softmax(-1), ref(input_ids=ids).logits[0].log_softmax(-1)
+        for j in range(len(s.completion_ids)):
+            t = len(s.prompt_ids) - 1 + j  # the position that predicts completion token j
+            want = float((lq[t].exp() * (lq[t] - lp[t])).sum())
+            assert float(kl[i, j]) == pytest.approx(want, rel=1e-4, abs=1e-6)
+        assert float(kl[i, len(s.completion_ids) :].abs().sum()) == 0.0
+    same = completion_kl(model, model, b.input_ids, b.attention_mask, b.prompt_lens, b.completion_lens)
+    assert float(same.abs().max()) < 1e-5
+
+
+def test_the_trace_anchor_holds_the_right_own_completions_states_while_the_traces_are_learnt():
+    own = [dataclasses.replace(s, right=True) for s in samples(6)]
+    traces = _trace_rows()
+    free = learner(tiny_model(), lr=1e-6, trace_lr=1e-2)
+    held = learner(tiny_model(), lr=1e-6, trace_lr=1e-2, trace_anchor=1.0)
+    assert free.ref_model is None and held.ref_model is not None  # the anchor keeps the initial policy
+    for _ in range(6):
+        m_free, m_held = free.step(own + traces), held.step(own + traces)
+    assert m_held["trace_anchor_rows"] == 6 and m_held["trace_anchor_kl"] > 0 and "trace_anchor_kl" not in m_free
+    b = held._collate(own)
+    args = (b.input_ids, b.attention_mask, b.prompt_lens, b.completion_lens)
+    with torch.no_grad():
+        drift = {n: float(_kl_mean(lrn.model, held.ref_model, b, args)) for n, lrn in (("free", free), ("held", held))}
+    assert drift["held"] < 0.5 * drift["free"], drift  # the anchor keeps the own states' distribution
+    rows = [(s.prompt_ids, s.completion_ids) for s in traces]
+    start = float(learner(tiny_model()).mean_logprobs(rows).mean())
+    assert float(held.mean_logprobs(rows).mean()) > start + 0.5  # and the traces are still learnt
+    with pytest.raises(ValueError, match="trace_anchor needs the trace step"):
+        LearnerConfig(trace_anchor=1.0)
+
+
+def _kl_mean(model, ref, b, args) -> torch.Tensor:
+    from node.learn.learner import completion_kl
+
+    return (completion_kl(model, ref, *args) * b.mask).sum() / b.mask.sum()
