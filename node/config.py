@@ -316,7 +316,12 @@ class LearnerConfig(StrictModel):
     completions the node's verifier scored right (``node.learn.learner.completion_kl``). A constraint on the model's
     distribution where it already does the task, which imitating its own right completions is not (they cost 0.002
     nats a token, so they give no gradient: docs/transfer.md, never-seen); learning without forgetting by
-    distillation to the old model (Li & Hoiem 2016, arXiv 1606.09282). Needs ``trace_lr``."""
+    distillation to the old model (Li & Hoiem 2016, arXiv 1606.09282). The states are a reservoir of the node's
+    own right completions over the run (``trace_anchor_rows``), not only this step's: a first DEV probe anchored on
+    the step's own right completions and lost the known family anyway, since the completions that stop being right
+    are the ones the anchor needed (docs/transfer.md). Needs ``trace_lr``."""
+    trace_anchor_rows: int = Field(default=64, ge=1, le=4096)
+    """Size of the anchor's reservoir of own right completions (``trace_anchor``)."""
 
     @model_validator(mode="after")
     def _trace_own_needs_a_trace_step(self) -> LearnerConfig:

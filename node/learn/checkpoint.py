@@ -7,7 +7,7 @@ A checkpoint is a directory ``step-XXXXXXXX`` holding
 * ``trace_optimizer.safetensors`` -- only with a trace step (``learner.trace_lr``): its optimizer's tensors,
 * ``rng.safetensors`` -- torch's CPU (and CUDA) generator states,
 * ``state.json`` -- step, policy_version, the runtime's ``extra`` blob, optimizer scalars and param groups,
-  Python's and NumPy's RNG states,
+  Python's and NumPy's RNG states, and with the trace step's anchor its reservoir of own token ids,
 * ``manifest.json`` -- size and SHA-256 of every other file; written last.
 
 It is written into a hidden temporary directory, fsynced, renamed into place, and only then is the ``latest``
@@ -15,7 +15,8 @@ pointer file replaced (write + fsync + ``os.replace``), so a crash at any point 
 intact and at worst a temporary directory that the next save deletes. :func:`load_latest` verifies the
 manifest and falls back to older checkpoints when the newest is damaged. Nothing is unpickled.
 
-This module knows the learner only through ``model``, ``optimizer``, ``trace_optimizer`` and ``policy_version``;
+This module knows the learner only through ``model``, ``optimizer``, ``trace_optimizer``, ``anchor_pool``,
+``anchor_seen`` and ``policy_version``;
 it knows nothing about what ``extra`` means.
 """
 
@@ -167,6 +168,12 @@ def _write_files(tmp: Path, learner: Learner, step: int, extra: dict[str, Any] |
         trace_tensors, state["trace_optimizer"] = _flatten_optimizer(trace_opt.state_dict())
         _save_tensors(trace_tensors, tmp / _OPTIONAL[0])
         files.append(_OPTIONAL[0])
+    pool = getattr(learner, "anchor_pool", None)
+    if pool:  # the trace step's anchor reservoir: this node's own token ids only, as JSON
+        state["anchor"] = {
+            "seen": int(learner.anchor_seen),
+            "rows": [[list(r.prompt_ids), list(r.completion_ids)] for r in pool],
+        }
     (tmp / "state.json").write_text(json.dumps(state))
     manifest = {name_: _describe(tmp / name_) for name_ in files}
     (tmp / "manifest.json").write_text(json.dumps({"format_version": FORMAT_VERSION, "files": manifest}))
@@ -239,6 +246,12 @@ def restore(learner: Learner, ckpt: Checkpoint) -> None:
             "%s has no trace-step optimizer state (learner.trace_lr was 0): the trace step starts fresh", ckpt.path
         )
 
+    anchor = ckpt.state.get("anchor")
+    if anchor is not None and hasattr(learner, "anchor_pool"):
+        from node.seams import TrainSample
+
+        learner.anchor_pool = [TrainSample([int(t) for t in p], [int(t) for t in c], 0.0) for p, c in anchor["rows"]]
+        learner.anchor_seen = int(anchor["seen"])
     _restore_rng(load_file(str(ckpt.path / "rng.safetensors")), ckpt.state["rng"])
     learner.policy_version = int(ckpt.policy_version)
     logger.info("restored %s (policy_version %d)", ckpt.path, learner.policy_version)

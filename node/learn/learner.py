@@ -13,6 +13,7 @@ here. It knows nothing about rollouts, peers, rewards or checkpoint files; advan
 from __future__ import annotations
 
 import copy
+import hashlib
 import inspect
 import logging
 import math
@@ -274,7 +275,28 @@ class Learner:
         self.ref_model: nn.Module | None = None
         if cfg.beta > 0 or getattr(cfg, "trace_anchor", 0.0) > 0:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        #: ``learner.trace_anchor``: a uniform reservoir of ``trace_anchor_rows`` of this node's own right
+        #: completions over the whole run (prompt and completion tokens), whose states the anchor holds. Kept
+        #: across steps because the step's own right completions alone select against exactly the states the
+        #: model has drifted on (they are the ones that stopped being right). Saved in checkpoints.
+        self.anchor_pool: list[TrainSample] = []
+        self.anchor_seen = 0
         self.policy_version = 0
+
+    def keep_anchor(self, rows: Sequence[TrainSample]) -> None:
+        """Offer ``rows`` to the anchor reservoir (Vitter's algorithm R; the slot a row may take is a hash of the
+        seed and its index, so a resumed run continues the same draws without saving an RNG)."""
+        size = int(getattr(self.cfg, "trace_anchor_rows", 64))
+        for row in rows:
+            kept = TrainSample(list(row.prompt_ids), list(row.completion_ids), 0.0)
+            if len(self.anchor_pool) < size:
+                self.anchor_pool.append(kept)
+            else:
+                digest = hashlib.blake2b(f"{self.cfg.seed}:{self.anchor_seen}".encode(), digest_size=8).digest()
+                slot = int.from_bytes(digest, "big") % (self.anchor_seen + 1)
+                if slot < size:
+                    self.anchor_pool[slot] = kept
+            self.anchor_seen += 1
 
     # ------------------------------------------------------------------------------------------------------
     def step(self, samples: list[TrainSample]) -> dict[str, float]:
@@ -297,8 +319,9 @@ class Learner:
         totals["opt_s"] = torch.tensor(time.perf_counter() - t_opt)
         metrics = {k: float(v) for k, v in totals.items()}
         if self.trace_optimizer is not None:
-            anchor = [s for s in samples if s.right and not s.external and s.completion_ids]
-            metrics.update(self.trace_step([s for s in samples if s.trace and s.completion_ids], anchor))
+            if getattr(self.cfg, "trace_anchor", 0.0) > 0:
+                self.keep_anchor([s for s in samples if s.right and not s.external and s.completion_ids])
+            metrics.update(self.trace_step([s for s in samples if s.trace and s.completion_ids], self.anchor_pool))
         seconds = time.perf_counter() - t0
         metrics.update(
             grad_norm=float(grad_norm),

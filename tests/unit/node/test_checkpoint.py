@@ -1,5 +1,6 @@
 """node.learn.checkpoint: atomic writes, keep-N, damaged checkpoints ignored, exact resume, SIGKILL mid-write."""
 
+import dataclasses
 import json
 import os
 import random
@@ -232,3 +233,29 @@ def test_the_trace_optimizer_is_saved_restored_and_optional(tmp_path, caplog):
     with caplog.at_level("INFO", logger="node.learn.checkpoint"):
         restore(c, load_latest(tmp_path / "p"))
     assert "trace step starts fresh" in caplog.text and not c.trace_optimizer.state_dict()["state"]
+
+
+def test_the_trace_anchors_reservoir_is_saved_and_restored(tmp_path):
+    def anchored(seed: int = 0) -> Learner:
+        cfg = LearnerConfig(lr=1e-2, trace_lr=1e-2, trace_anchor=1.0, trace_anchor_rows=3)
+        return Learner(tiny_model(seed), cfg, device="cpu", pad_token_id=0, max_tokens=8)
+
+    own = [dataclasses.replace(s, right=True) for s in batch(0)]
+    rows = [TrainSample(s.prompt_ids, s.completion_ids, 1.0, external=True, trace=True) for s in batch(9)]
+    a = anchored()
+    a.step(own + rows)
+    assert len(a.anchor_pool) == 3 and a.anchor_seen == len(own)
+    save_checkpoint(tmp_path / "t", a, step=1)
+    b = anchored()  # a resumed node rebuilds its learner from the same initial model: the anchor's reference
+    assert not b.anchor_pool
+    restore(b, load_latest(tmp_path / "t"))
+    assert b.anchor_seen == a.anchor_seen
+    assert [(r.prompt_ids, r.completion_ids) for r in b.anchor_pool] == [
+        (r.prompt_ids, r.completion_ids) for r in a.anchor_pool
+    ]
+    more = [dataclasses.replace(s, right=True) for s in batch(1)]
+    a.step(more + rows)
+    b.step(more + rows)
+    assert [r.completion_ids for r in b.anchor_pool] == [r.completion_ids for r in a.anchor_pool]
+    for k, v in params(a).items():
+        assert torch.equal(v, b.model.state_dict()[k]), k

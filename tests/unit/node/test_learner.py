@@ -346,7 +346,7 @@ def test_the_trace_anchor_holds_the_right_own_completions_states_while_the_trace
     assert free.ref_model is None and held.ref_model is not None  # the anchor keeps the initial policy
     for _ in range(6):
         m_free, m_held = free.step(own + traces), held.step(own + traces)
-    assert m_held["trace_anchor_rows"] == 6 and m_held["trace_anchor_kl"] > 0 and "trace_anchor_kl" not in m_free
+    assert m_held["trace_anchor_rows"] == 36 and m_held["trace_anchor_kl"] > 0 and "trace_anchor_kl" not in m_free
     b = held._collate(own)
     args = (b.input_ids, b.attention_mask, b.prompt_lens, b.completion_lens)
     with torch.no_grad():
@@ -363,3 +363,16 @@ def _kl_mean(model, ref, b, args) -> torch.Tensor:
     from node.learn.learner import completion_kl
 
     return (completion_kl(model, ref, *args) * b.mask).sum() / b.mask.sum()
+
+
+def test_the_anchor_reservoir_is_a_bounded_uniform_sample_of_the_runs_right_own_completions():
+    lrn = learner(tiny_model(), trace_lr=1e-2, trace_anchor=1.0, trace_anchor_rows=16)
+    rows = [TrainSample([1, 2], [3, i % 90 + 2, i // 90 + 2], 0.0, right=True) for i in range(400)]
+    for lo in range(0, 400, 25):
+        lrn.keep_anchor(rows[lo : lo + 25])
+    kept = [(r.completion_ids[1] - 2) + 90 * (r.completion_ids[2] - 2) for r in lrn.anchor_pool]
+    assert len(kept) == 16 and lrn.anchor_seen == 400 and len(set(kept)) == 16
+    assert min(kept) < 200 <= max(kept)  # not only the latest rows: early states stay anchored
+    again = learner(tiny_model(), trace_lr=1e-2, trace_anchor=1.0, trace_anchor_rows=16)
+    again.keep_anchor(rows)  # the same rows offered in one call: the same draws
+    assert [r.completion_ids for r in again.anchor_pool] == [r.completion_ids for r in lrn.anchor_pool]
