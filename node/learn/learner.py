@@ -335,11 +335,12 @@ class Learner:
         """The trace step (``learner.trace_lr``): one supervised update on verified worked solutions, the token-mean
         negative log-likelihood of their completions (micro-batched, the whole set's normaliser), with the trace
         optimizer. With ``learner.trace_anchor`` (``lambda``) the loss adds ``lambda`` times the token-mean
-        :func:`completion_kl` to the initial policy on the states of ``anchor`` (the step's own right completions:
-        what the node already does), so imitating a peer's working cannot move the node's distribution where it
-        was already right for free. Returns ``trace_rows``, ``trace_tokens``, ``trace_nll`` (read after the step's
-        RL update, before this one), ``trace_grad_norm`` and, with the anchor, ``trace_anchor_rows`` and
-        ``trace_anchor_kl`` (nats a token, before this update); all 0 when the step had no trace row."""
+        :func:`completion_kl` to the initial policy on the states of ``anchor`` (``anchor_pool``, the run's reservoir
+        of own right completions: what the node already does), so imitating a peer's working cannot move the node's
+        distribution where it was already right for free. Returns ``trace_rows``, ``trace_tokens``, ``trace_nll``
+        (read after the step's RL update, before this one), ``trace_grad_norm`` and, with the anchor,
+        ``trace_anchor_rows`` and ``trace_anchor_kl`` (nats a token, before this update); all 0 when the step had
+        no trace row."""
         if self.trace_optimizer is None:
             raise RuntimeError("the trace step is off (learner.trace_lr: 0)")
         n_tok = sum(len(s.completion_ids) for s in rows)
