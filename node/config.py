@@ -312,8 +312,8 @@ class LearnerConfig(StrictModel):
 
     trace_anchor: float = Field(default=0.0, ge=0)
     """``lambda`` of the trace step's anchor (0: off): the trace step's loss adds ``lambda`` times the token-mean
-    KL from the initial policy to the current one, over the whole vocabulary, on the states of this step's own
-    completions the node's verifier scored right (``node.learn.learner.completion_kl``). A constraint on the model's
+    KL from the initial policy to the current one, over the whole vocabulary, on the states of the node's own
+    completions its verifier scored right (``node.learn.learner.completion_kl``). A constraint on the model's
     distribution where it already does the task, which imitating its own right completions is not (they cost 0.002
     nats a token, so they give no gradient: docs/transfer.md, never-seen); learning without forgetting by
     distillation to the old model (Li & Hoiem 2016, arXiv 1606.09282). The states are a reservoir of the node's
@@ -324,7 +324,7 @@ class LearnerConfig(StrictModel):
     """Size of the anchor's reservoir of own right completions (``trace_anchor``)."""
 
     @model_validator(mode="after")
-    def _trace_own_needs_a_trace_step(self) -> LearnerConfig:
+    def _trace_options_need_a_trace_step(self) -> LearnerConfig:
         for name in ("trace_own", "trace_anchor"):
             if getattr(self, name) and self.trace_lr == 0:
                 raise ValueError(f"learner.{name} needs the trace step: set learner.trace_lr (e.g. 1e-4)")
