@@ -336,11 +336,9 @@ def _restore_rng(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None
 
 
 def _describe(path: Path) -> dict[str, Any]:
-    digest = hashlib.sha256()
     with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return {"size": path.stat().st_size, "sha256": digest.hexdigest()}
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    return {"size": path.stat().st_size, "sha256": digest}
 
 
 def _verify(path: Path) -> Checkpoint | None:

@@ -36,11 +36,8 @@ class ShippedMismatch(Exception):
 
 
 def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
     with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def shipped_dir(key: str, root: Path | None = None) -> Path | None:
