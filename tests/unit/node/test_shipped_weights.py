@@ -146,3 +146,25 @@ def test_a_rebuild_of_a_shipped_recipe_agrees_with_it_on_held_out_exact_accuracy
     # the tolerance tells recipes apart: the demo's other node's model is farther than it on some family
     far = _exact(shipped.shipped_dir(other.key()))
     assert max(abs(far[f] - exact["shipped"][f]) for f in far) > TOLERANCE, (far, exact)
+
+
+def test_a_build_runs_on_one_torch_thread_and_gives_the_callers_back(tmp_path, monkeypatch) -> None:
+    """The build is bitwise reproducible only for a fixed thread count, and the shipped weights were built on one."""
+    import torch
+
+    seen = []
+
+    def warm(recipe, model, tok):
+        seen.append(torch.get_num_threads())
+        return {"final_loss": 0.0}
+
+    monkeypatch.setattr(lab, "warm_start", warm)
+    recipe = lab.recipe_with({"sft_steps": 2, "hidden_size": 32, "intermediate_size": 64, "num_layers": 1,
+                              "num_heads": 2, "num_kv_heads": 1, "tokenizer_items": 40})  # fmt: skip
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        lab.build(recipe, tmp_path / "m")
+        assert seen == [1] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
