@@ -322,10 +322,22 @@ class LearnerConfig(StrictModel):
     are the ones the anchor needed (docs/transfer.md). Needs ``trace_lr``."""
     trace_anchor_rows: int = Field(default=64, ge=1, le=4096)
     """Size of the anchor's reservoir of own right completions (``trace_anchor``)."""
+    trace_batch: int = Field(default=0, ge=0, le=1024)
+    """Distinct verified traces the trace step trains on a step (0: the step's trace rows as they come). A
+    specialist peer writes the same right working for a problem every time, so the 26-43 right peer completions a
+    step that reached a het node on the test side were only 6-8 distinct texts (docs/transfer.md, "distinct
+    traces"): the step's rows are deduplicated, kept in a bounded replay buffer of distinct traces
+    (``trace_buffer_rows``, oldest out first), and the step trains on this step's new ones first, filled up to
+    ``trace_batch`` with a uniform draw of earlier ones -- the same number of distinct problems a step as a local
+    teacher writing ``trace_batch`` traces. Replaying a verified trace is sound at any age: the trace step is a
+    supervised loss, with no importance ratio to the policy that wrote it. Saved in checkpoints. Needs
+    ``trace_lr``."""
+    trace_buffer_rows: int = Field(default=2048, ge=1, le=65536)
+    """Size of the trace step's replay buffer of distinct verified traces (``trace_batch``)."""
 
     @model_validator(mode="after")
     def _trace_options_need_a_trace_step(self) -> LearnerConfig:
-        for name in ("trace_own", "trace_anchor"):
+        for name in ("trace_own", "trace_anchor", "trace_batch"):
             if getattr(self, name) and self.trace_lr == 0:
                 raise ValueError(f"learner.{name} needs the trace step: set learner.trace_lr (e.g. 1e-4)")
         return self

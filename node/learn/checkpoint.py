@@ -7,7 +7,8 @@ A checkpoint is a directory ``step-XXXXXXXX`` holding
 * ``trace_optimizer.safetensors`` -- only with a trace step (``learner.trace_lr``): its optimizer's tensors,
 * ``rng.safetensors`` -- torch's CPU (and CUDA) generator states,
 * ``state.json`` -- step, policy_version, the runtime's ``extra`` blob, optimizer scalars and param groups,
-  Python's and NumPy's RNG states, and with the trace step's anchor its reservoir of own token ids,
+  Python's and NumPy's RNG states, with the trace step's anchor its reservoir of own token ids, and with
+  ``learner.trace_batch`` its replay buffer of verified traces (token ids and family),
 * ``manifest.json`` -- size and SHA-256 of every other file; written last.
 
 It is written into a hidden temporary directory, fsynced, renamed into place, and only then is the ``latest``
@@ -16,7 +17,7 @@ intact and at worst a temporary directory that the next save deletes. :func:`loa
 manifest and falls back to older checkpoints when the newest is damaged. Nothing is unpickled.
 
 This module knows the learner only through ``model``, ``optimizer``, ``trace_optimizer``, ``anchor_pool``,
-``anchor_seen`` and ``policy_version``;
+``anchor_seen``, ``trace_buffer``, ``trace_keys`` and ``policy_version``;
 it knows nothing about what ``extra`` means.
 """
 
@@ -174,6 +175,9 @@ def _write_files(tmp: Path, learner: Learner, step: int, extra: dict[str, Any] |
             "seen": int(learner.anchor_seen),
             "rows": [[list(r.prompt_ids), list(r.completion_ids)] for r in pool],
         }
+    buffer = getattr(learner, "trace_buffer", None)
+    if buffer:  # the trace step's replay buffer of distinct verified traces: token ids and family, as JSON
+        state["trace_buffer"] = [[list(r.prompt_ids), list(r.completion_ids), r.family] for r in buffer]
     (tmp / "state.json").write_text(json.dumps(state))
     manifest = {name_: _describe(tmp / name_) for name_ in files}
     (tmp / "manifest.json").write_text(json.dumps({"format_version": FORMAT_VERSION, "files": manifest}))
@@ -252,6 +256,14 @@ def restore(learner: Learner, ckpt: Checkpoint) -> None:
 
         learner.anchor_pool = [TrainSample([int(t) for t in p], [int(t) for t in c], 0.0) for p, c in anchor["rows"]]
         learner.anchor_seen = int(anchor["seen"])
+    buffer = ckpt.state.get("trace_buffer")
+    if buffer is not None and hasattr(learner, "trace_buffer"):
+        from node.seams import TrainSample
+
+        learner.trace_buffer = [
+            TrainSample([int(t) for t in p], [int(t) for t in c], 0.0, family=str(f), trace=True) for p, c, f in buffer
+        ]
+        learner.trace_keys = {(tuple(r.prompt_ids), tuple(r.completion_ids)) for r in learner.trace_buffer}
     _restore_rng(load_file(str(ckpt.path / "rng.safetensors")), ckpt.state["rng"])
     learner.policy_version = int(ckpt.policy_version)
     logger.info("restored %s (policy_version %d)", ckpt.path, learner.policy_version)

@@ -17,6 +17,7 @@ import hashlib
 import inspect
 import logging
 import math
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -281,6 +282,10 @@ class Learner:
         #: model has drifted on (they are the ones that stopped being right). Saved in checkpoints.
         self.anchor_pool: list[TrainSample] = []
         self.anchor_seen = 0
+        #: ``learner.trace_batch``: the trace step's replay buffer of distinct verified traces, oldest first (token
+        #: ids only), and the keys it holds. Saved in checkpoints.
+        self.trace_buffer: list[TrainSample] = []
+        self.trace_keys: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
         self.policy_version = 0
 
     def keep_anchor(self, rows: Sequence[TrainSample]) -> None:
@@ -297,6 +302,38 @@ class Learner:
                 if slot < size:
                     self.anchor_pool[slot] = kept
             self.anchor_seen += 1
+
+    def select_traces(self, rows: Sequence[TrainSample]) -> tuple[list[TrainSample], dict[str, float]]:
+        """The rows the trace step trains on this step. With ``learner.trace_batch`` (B > 0): ``rows`` deduplicated
+        (a specialist writes one right text per problem, many times), the new distinct ones added to the replay
+        buffer, and B of them returned: this step's new ones first, then a uniform draw without replacement of
+        earlier ones (an RNG of the seed and the policy version, so a resumed run continues the same draws). Also
+        returns ``trace_new`` (new distinct traces), ``trace_dup`` (rows dropped as already held) and
+        ``trace_buffer`` (its size). With B = 0, ``rows`` as they come and no metrics."""
+        batch = int(getattr(self.cfg, "trace_batch", 0))
+        if batch <= 0:
+            return list(rows), {}
+        fresh: list[TrainSample] = []
+        for row in rows:
+            key = (tuple(row.prompt_ids), tuple(row.completion_ids))
+            if key not in self.trace_keys:
+                self.trace_keys.add(key)
+                fresh.append(TrainSample(list(key[0]), list(key[1]), 0.0, family=row.family, trace=True))
+        chosen = fresh[:batch]
+        older = self.trace_buffer
+        if len(chosen) < batch and older:
+            draw = random.Random(f"{self.cfg.seed}:{self.policy_version}")
+            chosen += [older[i] for i in draw.sample(range(len(older)), min(batch - len(chosen), len(older)))]
+        self.trace_buffer = older + fresh
+        size = int(getattr(self.cfg, "trace_buffer_rows", 2048))
+        for gone in self.trace_buffer[: max(0, len(self.trace_buffer) - size)]:
+            self.trace_keys.discard((tuple(gone.prompt_ids), tuple(gone.completion_ids)))
+        self.trace_buffer = self.trace_buffer[-size:]
+        return chosen, {
+            "trace_new": float(len(fresh)),
+            "trace_dup": float(len(rows) - len(fresh)),
+            "trace_buffer": float(len(self.trace_buffer)),
+        }
 
     # ------------------------------------------------------------------------------------------------------
     def step(self, samples: list[TrainSample]) -> dict[str, float]:
@@ -321,7 +358,8 @@ class Learner:
         if self.trace_optimizer is not None:
             if getattr(self.cfg, "trace_anchor", 0.0) > 0:
                 self.keep_anchor([s for s in samples if s.right and not s.external and s.completion_ids])
-            metrics.update(self.trace_step([s for s in samples if s.trace and s.completion_ids], self.anchor_pool))
+            rows, replay = self.select_traces([s for s in samples if s.trace and s.completion_ids])
+            metrics.update(self.trace_step(rows, self.anchor_pool), **replay)
         seconds = time.perf_counter() - t0
         metrics.update(
             grad_norm=float(grad_norm),

@@ -387,14 +387,59 @@ def lacking_and_own(results: list[ConfigResult]) -> dict[int, tuple[str, str]]:
     return out
 
 
-def _change_text(fam: str, ends: list[tuple[float, float]]) -> str:
-    """``fam 0.14 -> 0.45, up 0.31`` (means over seeds), in words a reader needs no legend for."""
+def _problem_scores(family: dict[str, Any]) -> dict[str, float]:
+    """Per held-out problem of one family's evaluation record: the share of its samples scored right ({} when the
+    record has no per-problem items)."""
+    return {
+        str(it["key"]): int(it["samples_right"]) / int(it["n_samples"])
+        for it in family.get("items") or []
+        if int(it.get("n_samples") or 0) > 0
+    }
+
+
+def _sem(values: Sequence[float]) -> float | None:
+    return statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
+
+
+def change_se(res: ConfigResult, fam: str, node: int) -> tuple[float, str] | None:
+    """The standard error of ``node``'s change on ``fam`` (held-out exact, first to last evaluation) and what it is
+    over: with several seeds, over seeds (sd of the per-seed changes / sqrt(k)); with one seed, over problems (the
+    same problems scored at both ends, so sd of the per-problem changes / sqrt(n): the cell's noise from which
+    problems were drawn). None when neither can be computed."""
+    ends = _family_ends(res, fam, node, "accuracy")
+    if len(ends) > 1:
+        se = _sem([b - a for a, b in ends])
+        return (se, "seeds") if se is not None else None
+    for run in res.runs:
+        ev = run.evals.get(node) or []
+        if len(ev) >= 2:
+            first = _problem_scores(ev[0].get("families", {}).get(fam, {}))
+            last = _problem_scores(ev[-1].get("families", {}).get(fam, {}))
+            se = _sem([last[k] - first[k] for k in first if k in last])
+            return (se, "problems") if se is not None else None
+    return None
+
+
+def level_se(res: ConfigResult, fam: str, node: int) -> dict[int, float]:
+    """Per evaluated step: the standard error of ``node``'s held-out exact on ``fam`` over its problems (pooled over
+    seeds); steps whose records carry no per-problem items are left out."""
+    by: dict[int, list[float]] = {}
+    for run in res.runs:
+        for e in run.evals.get(node) or []:
+            by.setdefault(int(e["step"]), []).extend(_problem_scores(e.get("families", {}).get(fam, {})).values())
+    return {step: se for step, vals in sorted(by.items()) if (se := _sem(vals)) is not None}
+
+
+def _change_text(fam: str, ends: list[tuple[float, float]], se: tuple[float, str] | None = None) -> str:
+    """``fam 0.14 -> 0.45, up 0.31`` (means over seeds), in words a reader needs no legend for, with the change's
+    standard error when there is one (``± 0.040 SE`` over problems, ``± 0.040 SE (seeds)`` over seeds)."""
     if not ends:
         return f"{fam}: -"
     a, b = statistics.fmean(x for x, _ in ends), statistics.fmean(y for _, y in ends)
     d = b - a
     change = "no change" if abs(d) < 0.0005 else f"{'up' if d > 0 else 'down'} {abs(d):.3f}"
-    return f"{fam}: {a:.3f} -> {b:.3f}, {change}"
+    spread = f" ± {se[0]:.3f}" + (" SE" if se[1] == "problems" else " SE (seeds)") if se is not None else ""
+    return f"{fam}: {a:.3f} -> {b:.3f}, {change}{spread}"
 
 
 def glance_table(results: list[ConfigResult]) -> str:
@@ -410,8 +455,8 @@ def glance_table(results: list[ConfigResult]) -> str:
                 (
                     res.name,
                     f"node {node}",
-                    _change_text(lacking, _family_ends(res, lacking, node, "accuracy")),
-                    _change_text(own, _family_ends(res, own, node, "accuracy")),
+                    _change_text(lacking, _family_ends(res, lacking, node, "accuracy"), change_se(res, lacking, node)),
+                    _change_text(own, _family_ends(res, own, node, "accuracy"), change_se(res, own, node)),
                 )
             )
     head = ("configuration", "node", "the family it lacks", "its own family")
@@ -469,8 +514,75 @@ def family_panels_figure(results: list[ConfigResult], title: str) -> Any:
     return fig
 
 
+def peer_level(results: list[ConfigResult], roles: dict[int, tuple[str, str]], node: int) -> float | None:
+    """What ``node``'s peers know of the family it lacks: the first held-out exact accuracy on it of the nodes whose
+    own family it is, mean over them, configurations and seeds (None when no node has it as its own)."""
+    lacking = roles[node][0]
+    vals = [
+        float(ev[0]["families"][lacking]["accuracy"])
+        for res in results
+        for run in res.runs
+        for other, ev in run.evals.items()
+        if other != node and roles.get(other, ("", ""))[1] == lacking and ev
+        and ev[0].get("families", {}).get(lacking, {}).get("accuracy") is not None
+    ]  # fmt: skip
+    return statistics.fmean(vals) if vals else None
+
+
+def plot_lacking_panels(results: list[ConfigResult], path: Path, title: str) -> Path | None:
+    """:func:`lacking_panels_figure`, saved as ``path`` (None, and nothing written, when no node lacks a family)."""
+    import matplotlib.pyplot as plt
+
+    fig = lacking_panels_figure(results, title)
+    if fig is None:
+        return None
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def lacking_panels_figure(results: list[ConfigResult], title: str) -> Any:
+    """The transfer picture: one panel per node, the held-out exact accuracy of the family it lacks over the steps, a
+    line per configuration with a band of one standard error over problems; None when no node lacks a family."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    roles = lacking_and_own(results)
+    if not roles:
+        return None
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, axes = plt.subplots(1, len(roles), figsize=(5.5 * len(roles), 4.6), dpi=110, squeeze=False)
+    for ax, (node, (lacking, own)) in zip(axes[0], roles.items(), strict=True):
+        for ci, res in enumerate(results):
+            steps, vals = res.family_curves().get((lacking, node), ([], []))
+            if not steps:
+                continue
+            color = colors[ci % len(colors)]
+            ax.plot(steps, vals, marker="o", markersize=3, color=color, label=res.name)
+            se = level_se(res, lacking, node)
+            if all(step in se for step in steps):
+                lo = [v - se[step] for step, v in zip(steps, vals, strict=True)]
+                hi = [v + se[step] for step, v in zip(steps, vals, strict=True)]
+                ax.fill_between(steps, lo, hi, color=color, alpha=0.15, linewidth=0)
+        level = peer_level(results, roles, node)
+        if level is not None:
+            ax.axhline(level, color="grey", linestyle="--", linewidth=1, label="its peer's level at the start")
+        ax.set_title(f"node {node}: {lacking}, the family it lacks ({own} is its own)", fontsize="medium")
+        ax.set_xlabel("learner step")
+        ax.set_ylabel("held-out exact")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="best", fontsize="small")
+    fig.suptitle(f"{title}: does each node learn the family only its peer knows?\n"
+                 "(held-out exact on the family the node lacks; band: one standard error over problems)")  # fmt: skip
+    fig.tight_layout()
+    return fig
+
+
 def write_report(out: str | Path, *, title: str = "experiment", order: list[str] | None = None) -> list[dict[str, Any]]:
-    """Write ``results.csv``, ``results.md`` and ``rewards.png`` into ``out``; return the table rows."""
+    """Write ``results.csv``, ``results.md``, ``report.html`` and the plots (``rewards.png``; with per-family
+    evaluations ``families.png``, and ``lacking.png`` where nodes lack a family) into ``out``; return the table rows."""
     out = Path(out)
     results = collect(out, order)
     rows: list[dict[str, Any]] = []
@@ -499,7 +611,8 @@ def write_report(out: str | Path, *, title: str = "experiment", order: list[str]
         glance = (
             "## What to look at\n\nHeld-out exact accuracy (problems no node trains on) from the first to the last "
             "evaluation, mean over seeds. Each node starts weaker on one family, the one it lacks, and stronger on "
-            "its own; a configuration helps when the family it lacks rises and its own does not fall.\n\n"
+            "its own; a configuration helps when the family it lacks rises and its own does not fall. ± is one "
+            "standard error of the change: over the evaluated problems (one seed), or over seeds.\n\n"
             + glance
             + "\n## Full table\n\n"
         )
@@ -522,5 +635,6 @@ def write_report(out: str | Path, *, title: str = "experiment", order: list[str]
         plot_curves(results, out / "rewards.png", title)
         if families:
             plot_family_panels(results, out / "families.png", title)
+            plot_lacking_panels(results, out / "lacking.png", title)
     logger.info("wrote results for %d configurations into %s", len(rows), out)
     return rows

@@ -259,3 +259,26 @@ def test_the_trace_anchors_reservoir_is_saved_and_restored(tmp_path):
     assert [r.completion_ids for r in b.anchor_pool] == [r.completion_ids for r in a.anchor_pool]
     for k, v in params(a).items():
         assert torch.equal(v, b.model.state_dict()[k]), k
+
+
+def test_the_trace_steps_replay_buffer_is_saved_and_restored(tmp_path):
+    def replaying() -> Learner:
+        cfg = LearnerConfig(lr=1e-2, trace_lr=1e-2, trace_batch=3)
+        return Learner(tiny_model(0), cfg, device="cpu", pad_token_id=0, max_tokens=8)
+
+    rows = [TrainSample(s.prompt_ids, s.completion_ids, 1.0, external=True, trace=True, family="f") for s in batch(9)]
+    a = replaying()
+    a.step(batch(0) + rows + rows)
+    assert len(a.trace_buffer) == len({(tuple(r.prompt_ids), tuple(r.completion_ids)) for r in rows})
+    save_checkpoint(tmp_path / "t", a, step=1)
+    b = replaying()
+    restore(b, load_latest(tmp_path / "t"))
+    assert [(r.prompt_ids, r.completion_ids, r.family) for r in b.trace_buffer] == [
+        (r.prompt_ids, r.completion_ids, r.family) for r in a.trace_buffer
+    ]
+    assert b.trace_keys == a.trace_keys
+    more = [TrainSample(s.prompt_ids, s.completion_ids, 1.0, external=True, trace=True) for s in batch(5)]
+    ma, mb = a.step(batch(1) + more), b.step(batch(1) + more)  # the same new rows and the same draws from the buffer
+    assert ma["trace_new"] == mb["trace_new"] and ma["trace_buffer"] == mb["trace_buffer"]
+    for k, v in params(a).items():
+        assert torch.equal(v, b.model.state_dict()[k]), k

@@ -376,3 +376,43 @@ def test_the_anchor_reservoir_is_a_bounded_uniform_sample_of_the_runs_right_own_
     again = learner(tiny_model(), trace_lr=1e-2, trace_anchor=1.0, trace_anchor_rows=16)
     again.keep_anchor(rows)  # the same rows offered in one call: the same draws
     assert [r.completion_ids for r in again.anchor_pool] == [r.completion_ids for r in lrn.anchor_pool]
+
+
+def test_the_trace_batch_deduplicates_a_steps_traces_and_fills_up_with_earlier_ones():
+    lrn = learner(tiny_model(), trace_lr=1e-2, trace_batch=4, trace_buffer_rows=5)
+
+    def trace(i: int) -> TrainSample:
+        return TrainSample([1, 2], [3, i + 4], 1.0, external=True, trace=True, family="f")
+
+    rows, m = lrn.select_traces([trace(0)] * 6 + [trace(1)] * 3)  # a specialist's 9 right rows, 2 distinct texts
+    assert [r.completion_ids[1] for r in rows] == [4, 5]  # nothing earlier to fill with yet
+    assert m == {"trace_new": 2.0, "trace_dup": 7.0, "trace_buffer": 2.0}
+    lrn.policy_version += 1
+    rows, m = lrn.select_traces([trace(2), trace(2), trace(0)])  # trace 0 is already held: not new, not twice
+    assert rows[0].completion_ids[1] == 6 and sorted(r.completion_ids[1] for r in rows[1:]) == [4, 5]
+    assert m == {"trace_new": 1.0, "trace_dup": 2.0, "trace_buffer": 3.0}
+    lrn.policy_version += 1
+    rows, m = lrn.select_traces([trace(i) for i in range(3, 9)])  # 6 new: the first 4 trained, all 6 kept
+    assert [r.completion_ids[1] for r in rows] == [7, 8, 9, 10]
+    assert m["trace_new"] == 6.0 and m["trace_buffer"] == 5.0  # bounded, oldest out first
+    assert [r.completion_ids[1] for r in lrn.trace_buffer] == [8, 9, 10, 11, 12]
+    assert lrn.select_traces([trace(0)])[1]["trace_new"] == 1.0  # an evicted trace is new again
+    draws = set()
+    for v in range(20):  # the fill-up is a uniform draw over the buffer, not its newest rows
+        lrn.policy_version = 100 + v
+        draws |= {r.completion_ids[1] for r in lrn.select_traces([])[0]}
+    assert draws == {9, 10, 11, 12, 4}
+    plain = learner(tiny_model(), trace_lr=1e-2)
+    same = [trace(0)] * 3
+    assert plain.select_traces(same) == (same, {})  # trace_batch 0: the rows as they come
+    with pytest.raises(ValueError, match="trace_batch needs the trace step"):
+        LearnerConfig(trace_batch=4)
+
+
+def test_a_step_with_a_trace_batch_trains_on_the_distinct_traces_and_logs_the_replay():
+    lrn = learner(tiny_model(), lr=1e-6, trace_lr=1e-2, trace_batch=8)
+    traces = _trace_rows()
+    m = lrn.step(samples(4) + traces + traces)  # every trace twice
+    distinct = len({(tuple(s.prompt_ids), tuple(s.completion_ids)) for s in traces})
+    assert m["trace_new"] == distinct and m["trace_dup"] == 2 * len(traces) - distinct
+    assert m["trace_rows"] == min(8, distinct)

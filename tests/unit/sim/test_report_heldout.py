@@ -96,3 +96,53 @@ def test_results_open_with_what_to_look_at_and_the_plot_legend_matches_its_lines
     from matplotlib.patches import Patch
 
     assert [h.get_label() for h in legend.legend_handles if isinstance(h, Patch)] == ["alone", "sharing"]
+
+
+def _items(scores: list[int]) -> list[dict]:
+    return [{"key": f"p{i}", "n_samples": 4, "samples_right": r} for i, r in enumerate(scores)]
+
+
+def test_the_glance_gives_each_change_its_standard_error_and_lacking_png_a_panel_per_node(tmp_path: Path) -> None:
+    import statistics
+
+    # node 0 lacks lab_sub (its peer, node 1, starts at 0.75 on it); node 1 lacks lab_add (node 0 starts at 0.5)
+    first = {0: {"lab_sub": [0, 0, 1, 0], "lab_add": [2, 2, 2, 2]}, 1: {"lab_add": [0, 1, 0, 0], "lab_sub": [3] * 4}}
+    last = {0: {"lab_sub": [1, 2, 3, 2], "lab_add": [2, 2, 2, 2]}, 1: {"lab_add": [0, 1, 0, 0], "lab_sub": [3] * 4}}
+    for node in (0, 1):
+        d = tmp_path / "guided" / "seed0" / f"node{node}"
+        _write(d / "metrics.jsonl", [{"step": s, "reward_mean": 0.5} for s in (1, 2)])
+        evals = [
+            {"step": step, "accuracy": 0.5, "families": {fam: {"accuracy": sum(v) / 16, "items": _items(v)}
+                                                         for fam, v in ev[node].items()}}
+            for step, ev in ((0, first), (2, last))
+        ]  # fmt: skip
+        _write(d / "eval.jsonl", evals)
+    write_report(tmp_path, title="demo", order=["guided"])
+    glance = (tmp_path / "results.md").read_text().split("## Full table", 1)[0]
+    change = [0.25, 0.5, 0.5, 0.5]  # node 0's per-problem changes on lab_sub: the same problems at both ends
+    se = statistics.stdev(change) / 2
+    assert f"| guided | node 0 | lab_sub: 0.062 -> 0.500, up 0.438 ± {se:.3f} SE |" in glance
+    assert "lab_add: 0.062 -> 0.062, no change ± 0.000 SE" in glance  # node 1 learned nothing: no spread either
+
+    from sim.report.summary import collect, lacking_panels_figure, level_se, peer_level
+
+    results = collect(tmp_path, ["guided"])
+    roles = {0: ("lab_sub", "lab_add"), 1: ("lab_add", "lab_sub")}
+    assert peer_level(results, roles, 0) == 0.75 and peer_level(results, roles, 1) == 0.5
+    assert level_se(results[0], "lab_sub", 0)[0] == statistics.stdev([0, 0, 0.25, 0]) / 2
+    fig = lacking_panels_figure(results, "demo")
+    assert [ax.get_title() for ax in fig.axes] == [
+        "node 0: lab_sub, the family it lacks (lab_add is its own)",
+        "node 1: lab_add, the family it lacks (lab_sub is its own)",
+    ]
+    line = fig.axes[0].get_lines()[0]
+    assert list(line.get_xdata()) == [0, 2] and list(line.get_ydata()) == [1 / 16, 0.5]
+    assert fig.axes[0].get_lines()[1].get_ydata()[0] == 0.75  # the peer's level, dashed
+    assert (tmp_path / "lacking.png").stat().st_size > 0
+
+
+def test_no_lacking_png_when_no_node_lacks_a_family(tmp_path: Path) -> None:
+    for node in (0, 1):
+        _specialist(tmp_path, "alone", node, (0.5, 0.5), (0.5, 0.6))  # every family starts equal
+    write_report(tmp_path, title="t", order=["alone"])
+    assert (tmp_path / "families.png").exists() and not (tmp_path / "lacking.png").exists()
