@@ -102,6 +102,10 @@ class Target(StrictModel):
     """Conditions, all of which must hold for a candidate."""
     text: str = ""
     """The rule in words, for the report."""
+    beside: list[str] = Field(default_factory=list)
+    """Treatments the same rule is also read for, reported beside the verdict and never in it: arms added by
+    amendment after a test-side number of the experiment was read, so a reader sees how they fare without a late
+    arm changing the registered answer."""
 
 
 class Analysis(StrictModel):
@@ -180,7 +184,7 @@ class Registration(StrictModel):
     @model_validator(mode="after")
     def _check(self) -> Registration:
         arms = set(self.arms)
-        named = [*self.target.arms, *(a for pair in self.comparisons for a in pair)]
+        named = [*self.target.arms, *self.target.beside, *(a for pair in self.comparisons for a in pair)]
         for c in self.target.all:
             named += [c.arm] if c.arm else []
             named += [c.share_of] if c.share_of else []

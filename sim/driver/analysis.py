@@ -89,17 +89,23 @@ def _condition(arms: dict[str, Any], reg: Registration, cand: str, c: Condition)
 
 def verdict(arms: dict[str, Any], reg: Registration) -> dict[str, Any]:
     """The target read off the numbers: which candidates meet every condition, each condition's line, and whether
-    every arm has every registered seed (else the verdict is an interim one)."""
+    every arm has every registered seed (else the verdict is an interim one); ``beside``: the same rule read for the
+    target's ``beside`` arms, outside the verdict."""
     checks = {a: [_condition(arms, reg, a, c) for c in reg.target.all] for a in reg.target.arms if a in arms}
     met = [a for a, cs in checks.items() if all(ok for ok, _ in cs)]
     judged = [a for a, spec in reg.arms.items() if spec.role in ("treatment", "control")]  # references aside
+    beside = {a: [_condition(arms, reg, a, c) for c in reg.target.all] for a in reg.target.beside if a in arms}
     complete = all(set(reg.seeds) <= set(arms.get(a, {}).get("seeds", [])) for a in judged)
     head = f"**Target met** by {', '.join(met)}" if met else "**Target not met**"
     text = f"{head}: {reg.target.text}" if reg.target.text else head
     if not complete:
         text += " (interim: not every arm has every registered seed)"
-    return {"met": bool(met), "by": met, "complete": complete, "text": text,
-            "checks": {a: [{"ok": ok, "line": line} for ok, line in cs] for a, cs in checks.items()}}  # fmt: skip
+    out = {"met": bool(met), "by": met, "complete": complete, "text": text,
+           "checks": {a: [{"ok": ok, "line": line} for ok, line in cs] for a, cs in checks.items()}}  # fmt: skip
+    if beside:
+        out["beside"] = {a: {"met": all(ok for ok, _ in cs), "checks": [{"ok": ok, "line": line} for ok, line in cs]}
+                         for a, cs in beside.items()}  # fmt: skip
+    return out
 
 
 def analyse(data: Data, reg: Registration, readout: str) -> dict[str, Any]:

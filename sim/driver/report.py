@@ -117,6 +117,11 @@ def tables(result: dict[str, Any], reg: Registration) -> list[str]:
     lines += ["", "## Verdict (the registered target)", "", v["text"], ""]
     for arm, checks in v["checks"].items():
         lines += [f"- {arm}: " + "; ".join(("holds: " if c["ok"] else "fails: ") + c["line"] for c in checks)]
+    if v.get("beside"):
+        lines += ["", "## The same rule, beside the verdict (arms added by amendment; never in the answer)", ""]
+        for arm, b in v["beside"].items():
+            lines += [f"- {arm} {'would meet' if b['met'] else 'would not meet'} it: "
+                      + "; ".join(("holds: " if c["ok"] else "fails: ") + c["line"] for c in b["checks"])]  # fmt: skip
     return [*lines, ""]
 
 

@@ -146,6 +146,23 @@ def test_verdict_beats_the_better_of_two_controls_and_reads_levels() -> None:
     assert analysis.verdict(close, margin)["met"]  # not worse than alone by more than 0.01
 
 
+def test_the_rule_is_read_beside_the_verdict_for_amended_arms_without_changing_the_answer() -> None:
+    reg = Registration.model_validate({
+        "question": "q?", "results": "t", "seeds": [0, 1, 2],
+        "arms": {"alone": {"role": "control"}, "trace": {"role": "treatment"}, "late": {"role": "treatment"}},
+        "metrics": {"gap": {}}, "target": {"arms": ["trace"], "beside": ["late"], "all": [{"beats": "alone"}]},
+    })  # fmt: skip
+    arms = arms_of({"alone": [0.0, 0.01, 0.02], "trace": [0.0, 0.02, 0.01], "late": [0.5, 0.52, 0.51]}, reg)
+    v = analysis.verdict(arms, reg)
+    assert not v["met"] and v["by"] == [] and list(v["checks"]) == ["trace"]  # the late arm is not a candidate
+    assert v["beside"]["late"]["met"] and "late - alone" in v["beside"]["late"]["checks"][0]["line"]
+    arms["late"]["gap"]["end"] = [0.0, 0.0, 0.0]
+    assert not analysis.verdict(arms, reg)["beside"]["late"]["met"]
+    with pytest.raises(ValueError, match="nope"):
+        Registration.model_validate({**reg.model_dump(), "target": {"arms": ["trace"], "beside": ["nope"],
+                                                                      "all": [{"beats": "alone"}]}})  # fmt: skip
+
+
 def test_gap_closed_reads_each_node_against_the_peers_that_know_its_family() -> None:
     reg = transfer_registration(all=[{"at_least": 0.5}])
 
