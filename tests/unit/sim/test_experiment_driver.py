@@ -331,3 +331,25 @@ def test_analyze_reads_per_seed_starts_a_run_left_on_disk(tmp_path: Path) -> Non
     for seed in ("0", "1"):
         assert read["pairs"]["alone"][seed]["per_node"]["0"] == ran["seed_starts"][seed]["per_node"]
     assert read["arms"]["alone"]["gap"] == ran["arms"]["alone"]["gap"]
+
+
+def test_a_reread_writes_an_arms_settings_only_where_todays_are_provably_the_ones_it_ran_with(tmp_path: Path) -> None:
+    """An arm added by amendment and first written by ``--analyze`` had no settings in the JSON: today's are written
+    for it when its recorded key is today's key, never when the key differs."""
+    from sim.driver import pairs
+
+    shutil.copy(ROOT / "benchmarks" / "results" / "controls_het.json", tmp_path)
+    path = tmp_path / "controls_het.json"
+    old = json.loads(path.read_text())
+    sim = load_sim_config(str(ROOT / "configs" / "sim" / "controls-het.yaml"), [])
+    now = pairs.arm_settings(sim)
+    same, other = "alone", "labels"
+    old["arm_keys"][same] = pairs.settings_key(now[same])
+    old["arm_keys"][other] = "0" * 16
+    for arm in (same, other):
+        old.setdefault("arm_settings", {}).pop(arm, None)
+    path.write_text(json.dumps(old))
+    assert main([str(ROOT / "configs" / "sim" / "controls-het.yaml"), "--analyze", "--out", str(tmp_path),
+                 "--work", str(tmp_path / "none")]) == 0  # fmt: skip
+    written = json.loads(path.read_text())["arm_settings"]
+    assert written[same] == json.loads(json.dumps(now[same])) and other not in written
