@@ -340,6 +340,11 @@ class LearnerConfig(StrictModel):
         for name in ("trace_own", "trace_anchor", "trace_batch"):
             if getattr(self, name) and self.trace_lr == 0:
                 raise ValueError(f"learner.{name} needs the trace step: set learner.trace_lr (e.g. 1e-4)")
+        if self.trace_batch > self.trace_buffer_rows:
+            raise ValueError(
+                f"learner.trace_batch ({self.trace_batch}) is larger than the buffer it draws from "
+                f"(learner.trace_buffer_rows: {self.trace_buffer_rows})"
+            )
         return self
 
 

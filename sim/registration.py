@@ -184,6 +184,9 @@ class Registration(StrictModel):
     @model_validator(mode="after")
     def _check(self) -> Registration:
         arms = set(self.arms)
+        both = sorted(set(self.target.arms) & set(self.target.beside))
+        if both:
+            raise ValueError(f"target arms {both} are both candidates and read beside the verdict: choose one")
         named = [*self.target.arms, *self.target.beside, *(a for pair in self.comparisons for a in pair)]
         for c in self.target.all:
             named += [c.arm] if c.arm else []

@@ -93,7 +93,8 @@ def verdict(arms: dict[str, Any], reg: Registration) -> dict[str, Any]:
     target's ``beside`` arms, outside the verdict."""
     checks = {a: [_condition(arms, reg, a, c) for c in reg.target.all] for a in reg.target.arms if a in arms}
     met = [a for a, cs in checks.items() if all(ok for ok, _ in cs)]
-    judged = [a for a, spec in reg.arms.items() if spec.role in ("treatment", "control")]  # references aside
+    judged = [a for a, spec in reg.arms.items()  # references, ceilings and the arms read beside it aside
+              if spec.role in ("treatment", "control") and a not in reg.target.beside]  # fmt: skip
     beside = {a: [_condition(arms, reg, a, c) for c in reg.target.all] for a in reg.target.beside if a in arms}
     complete = all(set(reg.seeds) <= set(arms.get(a, {}).get("seeds", [])) for a in judged)
     head = f"**Target met** by {', '.join(met)}" if met else "**Target not met**"
@@ -103,7 +104,8 @@ def verdict(arms: dict[str, Any], reg: Registration) -> dict[str, Any]:
     out = {"met": bool(met), "by": met, "complete": complete, "text": text,
            "checks": {a: [{"ok": ok, "line": line} for ok, line in cs] for a, cs in checks.items()}}  # fmt: skip
     if beside:
-        out["beside"] = {a: {"met": all(ok for ok, _ in cs), "checks": [{"ok": ok, "line": line} for ok, line in cs]}
+        out["beside"] = {a: {"met": all(ok for ok, _ in cs), "complete": set(reg.seeds) <= set(arms[a]["seeds"]),
+                             "checks": [{"ok": ok, "line": line} for ok, line in cs]}
                          for a, cs in beside.items()}  # fmt: skip
     return out
 

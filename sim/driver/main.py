@@ -76,10 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     keys = {arm: pairs.settings_key(s) for arm, s in settings.items()}
     saved = pairs.saved_pairs(old, settings, out_json.name, analyze=args.analyze)
     if args.analyze:  # re-read pairs keep the keys and settings they were made under
-        keys = {**keys, **(old or {}).get("arm_keys", {})}
+        ran = (old or {}).get("arm_keys", {})
+        keys = {**keys, **ran}
         # an arm the old JSON has no settings for (added by amendment, first written by a re-read) takes today's
-        # only where they are provably the ones it ran with: the same key
-        now = {arm: s for arm, s in settings.items() if keys.get(arm) == pairs.settings_key(s)}
+        # only where they are provably the ones it ran with: the key it recorded is today's
+        now = {arm: s for arm, s in settings.items() if ran.get(arm) == pairs.settings_key(s)}
         settings = {**now, **(old or {}).get("arm_settings", {})}
     if args.legacy:  # made by another program: a key no run matches, so a run never reuses them
         if not args.analyze:

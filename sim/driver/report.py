@@ -120,7 +120,8 @@ def tables(result: dict[str, Any], reg: Registration) -> list[str]:
     if v.get("beside"):
         lines += ["", "## The same rule, beside the verdict (arms added by amendment; never in the answer)", ""]
         for arm, b in v["beside"].items():
-            lines += [f"- {arm} {'would meet' if b['met'] else 'would not meet'} it: "
+            interim = "" if b.get("complete", True) else " (interim: not every registered seed)"
+            lines += [f"- {arm} {'would meet' if b['met'] else 'would not meet'} it{interim}: "
                       + "; ".join(("holds: " if c["ok"] else "fails: ") + c["line"] for c in b["checks"])]  # fmt: skip
     return [*lines, ""]
 

@@ -410,24 +410,37 @@ def change_se(res: ConfigResult, fam: str, node: int) -> tuple[float, str] | Non
     if len(ends) > 1:
         se = _sem([b - a for a, b in ends])
         return (se, "seeds") if se is not None else None
-    for run in res.runs:
+    for run in res.runs:  # the one run that gave ``ends``: the same selection as _family_ends
         ev = run.evals.get(node) or []
-        if len(ev) >= 2:
-            first = _problem_scores(ev[0].get("families", {}).get(fam, {}))
-            last = _problem_scores(ev[-1].get("families", {}).get(fam, {}))
-            se = _sem([last[k] - first[k] for k in first if k in last])
-            return (se, "problems") if se is not None else None
+        fams = (ev[0].get("families", {}), ev[-1].get("families", {})) if len(ev) >= 2 else ({}, {})
+        if fams[0].get(fam, {}).get("accuracy") is None or fams[1].get(fam, {}).get("accuracy") is None:
+            continue
+        first, last = _problem_scores(fams[0][fam]), _problem_scores(fams[1][fam])
+        if set(first) != set(last):  # not the same problems at both ends: no paired error describes the means
+            return None
+        se = _sem([last[k] - first[k] for k in first])
+        return (se, "problems") if se is not None else None
     return None
 
 
 def level_se(res: ConfigResult, fam: str, node: int) -> dict[int, float]:
-    """Per evaluated step: the standard error of ``node``'s held-out exact on ``fam`` over its problems (pooled over
-    seeds); steps whose records carry no per-problem items are left out."""
-    by: dict[int, list[float]] = {}
+    """Per evaluated step: the standard error of ``node``'s held-out exact on ``fam`` over its problems, each
+    problem's score first averaged over the seeds (every seed scores the same problems, so pooling them would count
+    each problem once a seed); steps whose records carry no per-problem items are left out. It is the spread of the
+    level over problems, which is mostly their difficulty: lines that share the problems differ by less noise than
+    two bands suggest."""
+    by: dict[int, dict[str, list[float]]] = {}
     for run in res.runs:
         for e in run.evals.get(node) or []:
-            by.setdefault(int(e["step"]), []).extend(_problem_scores(e.get("families", {}).get(fam, {})).values())
-    return {step: se for step, vals in sorted(by.items()) if (se := _sem(vals)) is not None}
+            cell = by.setdefault(int(e["step"]), {})
+            for key, score in _problem_scores(e.get("families", {}).get(fam, {})).items():
+                cell.setdefault(key, []).append(score)
+    out: dict[int, float] = {}
+    for at, problems in sorted(by.items()):
+        se = _sem([statistics.fmean(v) for v in problems.values()])
+        if se is not None:
+            out[at] = se
+    return out
 
 
 def _change_text(fam: str, ends: list[tuple[float, float]], se: tuple[float, str] | None = None) -> str:

@@ -277,8 +277,10 @@ def test_the_trace_steps_replay_buffer_is_saved_and_restored(tmp_path):
         (r.prompt_ids, r.completion_ids, r.family) for r in a.trace_buffer
     ]
     assert b.trace_keys == a.trace_keys
-    more = [TrainSample(s.prompt_ids, s.completion_ids, 1.0, external=True, trace=True) for s in batch(5)]
-    ma, mb = a.step(batch(1) + more), b.step(batch(1) + more)  # the same new rows and the same draws from the buffer
+    more = [TrainSample(s.prompt_ids, s.completion_ids, 1.0, external=True, trace=True) for s in batch(5)][:1]
+    # one new trace: the step's other two come from the restored buffer, by the resumed run's draw
+    ma, mb = a.step(batch(1) + more), b.step(batch(1) + more)
+    assert ma["trace_rows"] == mb["trace_rows"] == 3 and ma["trace_new"] == 1
     assert ma["trace_new"] == mb["trace_new"] and ma["trace_buffer"] == mb["trace_buffer"]
     for k, v in params(a).items():
         assert torch.equal(v, b.model.state_dict()[k]), k

@@ -407,6 +407,8 @@ def test_the_trace_batch_deduplicates_a_steps_traces_and_fills_up_with_earlier_o
     assert plain.select_traces(same) == (same, {})  # trace_batch 0: the rows as they come
     with pytest.raises(ValueError, match="trace_batch needs the trace step"):
         LearnerConfig(trace_batch=4)
+    with pytest.raises(ValueError, match="larger than the buffer it draws from"):
+        LearnerConfig(trace_lr=1e-4, trace_batch=64, trace_buffer_rows=32)
 
 
 def test_a_step_with_a_trace_batch_trains_on_the_distinct_traces_and_logs_the_replay():

@@ -156,8 +156,18 @@ def test_the_rule_is_read_beside_the_verdict_for_amended_arms_without_changing_t
     v = analysis.verdict(arms, reg)
     assert not v["met"] and v["by"] == [] and list(v["checks"]) == ["trace"]  # the late arm is not a candidate
     assert v["beside"]["late"]["met"] and "late - alone" in v["beside"]["late"]["checks"][0]["line"]
+    assert v["complete"] and v["beside"]["late"]["complete"]
     arms["late"]["gap"]["end"] = [0.0, 0.0, 0.0]
     assert not analysis.verdict(arms, reg)["beside"]["late"]["met"]
+    short = arms_of({"alone": [0.0, 0.01, 0.02], "trace": [0.0, 0.02, 0.01], "late": [0.5, 0.52]}, reg)
+    v = analysis.verdict(short, reg)  # a late arm short of seeds leaves the registered verdict complete
+    assert v["complete"] and not v["beside"]["late"]["complete"]
+    target = {"arms": ["trace"], "all": [{"beats": "alone"}]}
+    plain = Registration.model_validate({**reg.model_dump(), "target": target})
+    assert "beside" not in analysis.verdict(arms, plain)  # results written before it are reread unchanged
+    with pytest.raises(ValueError, match="both candidates and read beside"):
+        Registration.model_validate({**reg.model_dump(), "target": {"arms": ["trace"], "beside": ["trace"],
+                                                                      "all": [{"beats": "alone"}]}})  # fmt: skip
     with pytest.raises(ValueError, match="nope"):
         Registration.model_validate({**reg.model_dump(), "target": {"arms": ["trace"], "beside": ["nope"],
                                                                       "all": [{"beats": "alone"}]}})  # fmt: skip
@@ -344,12 +354,14 @@ def test_a_reread_writes_an_arms_settings_only_where_todays_are_provably_the_one
     sim = load_sim_config(str(ROOT / "configs" / "sim" / "controls-het.yaml"), [])
     now = pairs.arm_settings(sim)
     same, other = "alone", "labels"
+    unrecorded = "receiver"
     old["arm_keys"][same] = pairs.settings_key(now[same])
     old["arm_keys"][other] = "0" * 16
-    for arm in (same, other):
+    old["arm_keys"].pop(unrecorded)
+    for arm in (same, other, unrecorded):
         old.setdefault("arm_settings", {}).pop(arm, None)
     path.write_text(json.dumps(old))
     assert main([str(ROOT / "configs" / "sim" / "controls-het.yaml"), "--analyze", "--out", str(tmp_path),
                  "--work", str(tmp_path / "none")]) == 0  # fmt: skip
     written = json.loads(path.read_text())["arm_settings"]
-    assert written[same] == json.loads(json.dumps(now[same])) and other not in written
+    assert written[same] == json.loads(json.dumps(now[same])) and other not in written and unrecorded not in written

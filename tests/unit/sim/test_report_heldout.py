@@ -146,3 +146,29 @@ def test_no_lacking_png_when_no_node_lacks_a_family(tmp_path: Path) -> None:
         _specialist(tmp_path, "alone", node, (0.5, 0.5), (0.5, 0.6))  # every family starts equal
     write_report(tmp_path, title="t", order=["alone"])
     assert (tmp_path / "families.png").exists() and not (tmp_path / "lacking.png").exists()
+
+
+def test_the_errors_pair_the_same_problems_and_count_each_problem_once_over_seeds(tmp_path: Path) -> None:
+    import statistics
+
+    from sim.report.summary import change_se, collect, level_se
+
+    def node(config: str, seed: int, first: list[int], last: list[int], keys_last: list[str] | None = None) -> None:
+        d = tmp_path / config / f"seed{seed}" / "node0"
+        _write(d / "metrics.jsonl", [{"step": 1, "reward_mean": 0.5}])
+        end = _items(last)
+        for it, key in zip(end, keys_last or [], strict=False):
+            it["key"] = key
+        _write(d / "eval.jsonl", [
+            {"step": s, "accuracy": 0.5, "families": {"f": {"accuracy": sum(v) / 16, "items": items}}}
+            for s, v, items in ((0, first, _items(first)), (2, last, end))
+        ])  # fmt: skip
+
+    node("moved", 0, [0, 1, 2, 3], [1, 1, 2, 4], keys_last=["p0", "p1", "p2", "other"])
+    node("two", 0, [0, 0, 4, 4], [0, 0, 4, 4])
+    node("two", 1, [0, 0, 4, 4], [0, 0, 4, 4])
+    moved, two = collect(tmp_path, ["moved", "two"])
+    assert change_se(moved, "f", 0) is None  # not the same problems at both ends: no paired error
+    assert change_se(two, "f", 0) == (0.0, "seeds")
+    # each problem once (its mean over the two seeds), not each seed's copy of it: sd([0, 0, 1, 1]) / 2
+    assert level_se(two, "f", 0)[0] == statistics.stdev([0, 0, 1, 1]) / 2
