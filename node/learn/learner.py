@@ -142,6 +142,12 @@ def completion_kl(
     return kl * mask
 
 
+def by_length(rows: Sequence[TrainSample]) -> list[TrainSample]:
+    """``rows`` shortest first (prompt + completion; stable), so the micro-batches cut from them pad little: a row's
+    loss and gradient do not depend on the rows it shares a micro-batch with, only the padding does."""
+    return sorted(rows, key=lambda s: len(s.prompt_ids) + len(s.completion_ids))
+
+
 def high_entropy_mask(entropy: Tensor, mask: Tensor, top_frac: float) -> Tensor:
     """1 for the ``ceil(top_frac * N)`` valid tokens with the highest entropy, 0 elsewhere (ties kept).
 
@@ -390,6 +396,7 @@ class Learner:
         if not rows:
             return out
         self.trace_optimizer.zero_grad(set_to_none=True)
+        rows, anchor = by_length(rows), by_length(anchor)
         nll = 0.0
         for lo in range(0, len(rows), self.cfg.micro_batch_size):
             batch = self._collate(rows[lo : lo + self.cfg.micro_batch_size])
@@ -476,6 +483,9 @@ class Learner:
         samples = [s for s in samples if s.completion_ids]
         if not samples:
             raise ValueError("no sample with a non-empty completion to train on")
+        top_frac = getattr(self.cfg, "entropy_top_frac", 1.0)
+        if top_frac >= 1.0:  # every row's loss has the full batch's normalisers: the order only sets the padding
+            samples = by_length(samples)
         n_seq = len(samples)
         n_tok = sum(len(s.completion_ids) for s in samples)
         self.optimizer.zero_grad(set_to_none=True)
@@ -492,7 +502,6 @@ class Learner:
         for lo in range(0, n_seq, mb):
             t_fwd = time.perf_counter()
             batch = self._collate(samples[lo : lo + mb])
-            top_frac = getattr(self.cfg, "entropy_top_frac", 1.0)
             logp = completion_logprobs(
                 self.model,
                 batch.input_ids,

@@ -38,6 +38,7 @@ from typing import Any, Literal
 import torch
 
 from node.model.policy import Policy
+from node.rollout.decode import FastDecoder, supports
 from node.seams import GenerationSettings
 
 logger = logging.getLogger(__name__)
@@ -209,10 +210,20 @@ def apply_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
 class TransformersEngine(RolloutEngine):
     """Sampling loop over a transformers causal LM with a KV cache; shares the policy's model object."""
 
-    def __init__(self, policy: Policy, batch_size: int = 64, settings: GenerationSettings | None = None):
+    def __init__(
+        self,
+        policy: Policy,
+        batch_size: int = 64,
+        settings: GenerationSettings | None = None,
+        *,
+        fast_decode: bool = True,
+    ):
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         self.policy = policy
+        #: Decode with :class:`node.rollout.decode.FastDecoder` where it reproduces the model (:func:`supports`);
+        #: False keeps the transformers forward for every token (the reference the decoder is tested against).
+        self.fast_decode = fast_decode
         self.batch_size = batch_size
         self.settings = settings or GenerationSettings()
         self.policy_version = 0
@@ -298,6 +309,7 @@ class TransformersEngine(RolloutEngine):
         positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, T)
         cache_kw = cache_keyword(model)
         cache, first_logits = _prefill(model, inputs, width, pad, device)  # (B, V)
+        fast = FastDecoder(model, cache, max_new_tokens) if self.fast_decode and supports(model) else None
         tokens = torch.full((b, max_new_tokens), pad, dtype=torch.long, device=device)
         logps = torch.zeros((b, max_new_tokens), dtype=torch.float32, device=device)
         done = torch.zeros(b, dtype=torch.bool, device=device)
@@ -313,6 +325,9 @@ class TransformersEngine(RolloutEngine):
         for t in range(max_new_tokens):
             if t == 0:
                 logits = first_logits
+            elif fast is not None:
+                assert step_input is not None  # set at the end of step 0
+                logits = fast.step(step_input, mask, step_pos)  # (w, V)
             else:
                 logits = (
                     model(
@@ -354,7 +369,10 @@ class TransformersEngine(RolloutEngine):
             n_done = int(done_w.sum())
             if n_done and 4 * n_done >= len(rows):
                 keep = (~done_w).nonzero().squeeze(-1)  # (w',)
-                cache.batch_select_indices(keep)
+                if fast is not None:
+                    fast.keep(keep)
+                else:
+                    cache.batch_select_indices(keep)
                 mask, step_pos, nxt = mask[keep], step_pos[keep], nxt[keep]
                 rows, done_w, budget_w = rows[keep], done_w[keep], budget_w[keep]
             mask = torch.cat([mask, (~done_w).long()[:, None]], dim=1)

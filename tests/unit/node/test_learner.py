@@ -99,6 +99,23 @@ def test_micro_batching_gives_the_same_update(loss):
     assert (p1 - p6).abs().max().item() < 1e-5
 
 
+def test_micro_batches_are_cut_from_rows_sorted_by_length_and_the_order_does_not_change_the_update():
+    batch = samples(9, seed=4)
+    shapes = []
+    lrn = learner(tiny_model(), micro_batch_size=3, beta=0.1)
+    real = lrn._collate
+    lrn._collate = lambda rows: shapes.append([len(r.prompt_ids) + len(r.completion_ids) for r in rows]) or real(rows)
+    lrn.accumulate_gradients(batch)
+    flat = [n for mb in shapes for n in mb]
+    assert flat == sorted(len(s.prompt_ids) + len(s.completion_ids) for s in batch)  # shortest first
+    params = []
+    for order in (batch, batch[::-1]):
+        model = tiny_model()
+        learner(model, micro_batch_size=3, lr=1e-3, beta=0.1).step(list(order))
+        params.append(_flat(model))
+    assert (params[0] - params[1]).abs().max().item() < 1e-6
+
+
 def test_kl_reference_only_with_beta():
     assert learner(tiny_model()).ref_model is None
     lrn = learner(tiny_model(), beta=0.1)
