@@ -29,6 +29,8 @@ BEGIN = "<!-- tables: written by `python benchmarks/tables.py` from benchmarks/r
 END = "<!-- end of tables -->"
 README_BEGIN = "<!-- results: written by `python benchmarks/tables.py` from benchmarks/results/*.json; do not edit -->"
 README_END = "<!-- end of results -->"
+GAP_BEGIN = "<!-- gap closed: written by `python benchmarks/tables.py` from benchmarks/results/*.json; do not edit -->"
+GAP_END = "<!-- end of gap closed -->"
 
 
 def registered() -> list[tuple[Path, Any, dict[str, Any]]]:
@@ -125,6 +127,35 @@ def readme_table() -> list[str]:
     return lines
 
 
+def gap_table() -> list[str]:
+    """The README's lead: for every registered experiment whose primary metric is a gap closed (``gap_closed``), each
+    arm's share of the gap to its peer's level closed on the family it lacks (mean, 95% t-interval and range over
+    seeds) and its change over all its families, arms in order of gap closed."""
+    from sim.driver.stats import t_interval
+
+    lines: list[str] = []
+    for _, reg, res in registered():
+        metric = reg.metrics.get(reg.primary)
+        if metric is None or metric.hook != "gap_closed":
+            continue
+        word, _ = answer(reg, res)
+        link = f"[{res['name']}](docs/benchmarks.md#{anchor(heading(res, reg))})"
+        lines += [f"{link} ({reg.setting} setting; {word}): {reg.question.split('?')[0]}?", "",
+                  "| arm | role | seeds | gap closed [95% interval] (range) | all families, change |",
+                  "|---|---|---:|---|---|"]  # fmt: skip
+        arms = sorted(res["arms"].items(), key=lambda kv: -sum(kv[1][reg.primary]["end"]) / len(kv[1]["seeds"]))
+        for arm, a in arms:
+            ends = a[reg.primary]["end"]
+            m, lo, hi = t_interval(ends)
+            ci = f" [{lo:+.2f}, {hi:+.2f}]" if len(ends) > 1 else ""
+            change = [e - b for b, e in zip(a["all"]["start"], a["all"]["end"], strict=True)] if "all" in a else []
+            dm = f"{sum(change) / len(change):+.3f}" if change else "-"
+            lines.append(f"| {arm} | {reg.arms[arm].role} | {len(ends)} | **{m:.2f}**{ci} ({min(ends):.2f} to "
+                         f"{max(ends):.2f}) | {dm} |")  # fmt: skip
+        lines.append("")
+    return lines
+
+
 def splice(text: str, begin: str, end: str, lines: list[str]) -> str:
     """``text`` with the part between ``begin`` and ``end`` written anew (appended if it has none)."""
     block = "\n".join([begin, *lines, end])
@@ -143,8 +174,10 @@ def render(text: str) -> str:
 
 
 def render_readme(text: str) -> str:
-    """``text`` (README.md) with its Results table written anew."""
-    return splice(text, README_BEGIN, README_END, ["", *readme_table(), ""])
+    """``text`` (README.md) with its Results table and its gap-closed lead written anew (the lead only where the
+    README has its markers)."""
+    text = splice(text, README_BEGIN, README_END, ["", *readme_table(), ""])
+    return splice(text, GAP_BEGIN, GAP_END, ["", *gap_table()]) if GAP_BEGIN in text else text
 
 
 def main() -> int:

@@ -43,3 +43,17 @@ def test_committed_readme_results_are_the_ones_the_result_json_writes() -> None:
     assert answers["controls-het"] == "yes" and answers["b6-real"] == "no" and answers["b7-lab"] == "partly"
     edited = text.replace("+0.031 [+0.019, +0.044]", "+0.032 [+0.019, +0.044]")
     assert edited != text and tables.render_readme(edited) != edited
+
+
+def test_the_readme_leads_with_the_gap_closed_the_result_json_writes() -> None:
+    """The README's first section: every gap-closed experiment's arms, best first, each number from the JSON."""
+    text = tables.README.read_text()
+    assert tables.GAP_BEGIN in text and text.index(tables.GAP_BEGIN) < text.index("## Set-up")
+    lines = tables.gap_table()
+    assert any(line.startswith("[transfer-het]") for line in lines)
+    rows = [line for line in lines if line.startswith("| ") and not line.startswith("| arm")]
+    means = [float(row.split("**")[1]) for row in rows]
+    assert rows and means == sorted(means, reverse=True)
+    first = rows[0]
+    edited = text.replace(first, first.replace("**", "**0", 1))
+    assert edited != text and tables.render_readme(edited) == text
