@@ -43,7 +43,20 @@ def supports(model: Any) -> bool:
         return False
     if any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or ())):
         return False
-    return all(hasattr(inner, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb"))
+    if getattr(model, "hf_device_map", None) or not all(
+        hasattr(inner, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")
+    ):
+        return False  # weights dispatched or offloaded by accelerate live elsewhere than the module's tensors
+    # Only plain linear layers with no hooks: a quantized, LoRA-wrapped or hooked layer computes something else.
+    linears = [model.lm_head] + [
+        m
+        for layer in inner.layers
+        for m in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
+                  layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)
+    ]  # fmt: skip
+    modules = [model, *model.modules()]
+    hooked = any(m._forward_hooks or m._forward_pre_hooks for m in modules)
+    return not hooked and all(type(m) is torch.nn.Linear for m in linears)
 
 
 class FastDecoder:
@@ -116,7 +129,7 @@ class FastDecoder:
         x = F.embedding(input_ids, inner.embed_tokens.weight)  # (w, 1, H)
         cos, sin = self._rope(position_ids, x.dtype)  # (w, 1, 1, d)
         group = self.n_heads // self.n_kv
-        bias = torch.zeros(attention_mask.shape, dtype=x.dtype, device=x.device)
+        bias = torch.zeros(attention_mask.shape, dtype=torch.float32, device=x.device)
         bias = bias.masked_fill(attention_mask == 0, float("-inf"))[:, None, None, :]  # (w, 1, 1, n)
         for i, layer in enumerate(self.layers):
             attn, mlp = layer.self_attn, layer.mlp
@@ -130,9 +143,11 @@ class FastDecoder:
             self.k[i, :, :, slot] = k[:, :, 0]
             self.v[i, :, :, slot] = v.transpose(1, 2)[:, :, 0]
             # grouped-query attention as two batched matmuls: each key/value head serves its group of query heads
-            scores = q.view(w, self.n_kv, group, self.head_dim) @ self.k[i, :, :, :n].transpose(-1, -2)  # (w,kv,g,n)
+            # (in float32, as the fused kernels accumulate: in bf16 / fp16 this matches SDPA to the output's rounding)
+            qg = q.reshape(w, self.n_kv, group, self.head_dim).float()
+            scores = qg @ self.k[i, :, :, :n].float().transpose(-1, -2)  # (w, kv, g, n)
             probs = (scores * self.scaling + bias).softmax(-1)
-            out = (probs @ self.v[i, :, :, :n]).reshape(w, 1, -1)  # (w, 1, heads * d)
+            out = (probs @ self.v[i, :, :, :n].float()).to(x.dtype).reshape(w, 1, -1)  # (w, 1, heads * d)
             x = x + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
             h = self._rms(x, layer.post_attention_layernorm.weight, eps_post)
             gate = F.linear(h, mlp.gate_proj.weight, mlp.gate_proj.bias)

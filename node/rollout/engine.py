@@ -310,6 +310,8 @@ class TransformersEngine(RolloutEngine):
         cache_kw = cache_keyword(model)
         cache, first_logits = _prefill(model, inputs, width, pad, device)  # (B, V)
         fast = FastDecoder(model, cache, max_new_tokens) if self.fast_decode and supports(model) else None
+        if fast is not None:
+            cache = None  # copied into the decoder's buffers: do not hold the prompt's keys and values twice
         tokens = torch.full((b, max_new_tokens), pad, dtype=torch.long, device=device)
         logps = torch.zeros((b, max_new_tokens), dtype=torch.float32, device=device)
         done = torch.zeros(b, dtype=torch.bool, device=device)
@@ -371,7 +373,7 @@ class TransformersEngine(RolloutEngine):
                 keep = (~done_w).nonzero().squeeze(-1)  # (w',)
                 if fast is not None:
                     fast.keep(keep)
-                else:
+                elif cache is not None:
                     cache.batch_select_indices(keep)
                 mask, step_pos, nxt = mask[keep], step_pos[keep], nxt[keep]
                 rows, done_w, budget_w = rows[keep], done_w[keep], budget_w[keep]

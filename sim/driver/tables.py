@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -143,14 +145,19 @@ def gap_table() -> list[str]:
         lines += [f"{link} ({reg.setting} setting; {word}): {reg.question.split('?')[0]}?", "",
                   "| arm | role | seeds | gap closed [95% interval] (range) | all families, change |",
                   "|---|---|---:|---|---|"]  # fmt: skip
-        arms = sorted(res["arms"].items(), key=lambda kv: -sum(kv[1][reg.primary]["end"]) / len(kv[1]["seeds"]))
-        for arm, a in arms:
+        # best first; an arm without a finished seed has no row, an undefined gap (NaN: no gap to close) comes last
+        means = {
+            arm: statistics.fmean(a[reg.primary]["end"]) for arm, a in res["arms"].items() if a[reg.primary]["end"]
+        }
+        for arm in sorted(means, key=lambda arm: (math.isnan(means[arm]), -means[arm])):
+            a = res["arms"][arm]
             ends = a[reg.primary]["end"]
             m, lo, hi = t_interval(ends)
             ci = f" [{lo:+.2f}, {hi:+.2f}]" if len(ends) > 1 else ""
             change = [e - b for b, e in zip(a["all"]["start"], a["all"]["end"], strict=True)] if "all" in a else []
             dm = f"{sum(change) / len(change):+.3f}" if change else "-"
-            lines.append(f"| {arm} | {reg.arms[arm].role} | {len(ends)} | **{m:.2f}**{ci} ({min(ends):.2f} to "
+            role = reg.arms[arm].role if arm in reg.arms else "(not registered)"
+            lines.append(f"| {arm} | {role} | {len(ends)} | **{m:.2f}**{ci} ({min(ends):.2f} to "
                          f"{max(ends):.2f}) | {dm} |")  # fmt: skip
         lines.append("")
     return lines

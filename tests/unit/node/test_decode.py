@@ -91,6 +91,42 @@ def test_supports_only_what_it_reproduces() -> None:
     assert not supports(scaled)
 
 
+def test_supports_no_hooked_or_replaced_layer() -> None:
+    hooked = _qwen2()
+    hooked.model.layers[0].mlp.register_forward_hook(lambda *a: None)
+    assert not supports(hooked)
+
+    class Adapted(torch.nn.Linear):  # a LoRA / quantized layer keeps .weight but computes something else
+        pass
+
+    adapted = _qwen2()
+    old = adapted.model.layers[1].self_attn.q_proj
+    adapted.model.layers[1].self_attn.q_proj = Adapted(old.in_features, old.out_features)
+    assert not supports(adapted)
+    dispatched = _qwen2()
+    dispatched.hf_device_map = {"": "cpu"}
+    assert not supports(dispatched)
+
+
+def test_bf16_decode_matches_the_transformers_forward_to_its_rounding() -> None:
+    model = _qwen2().to(torch.bfloat16)
+    inputs = [[5, 6, 7, 8], [9, 10]]
+    mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
+    with torch.inference_mode():
+        cache_hf, first = _prefill(model, inputs, 4, PAD, torch.device("cpu"))
+        cache_fast, _ = _prefill(model, inputs, 4, PAD, torch.device("cpu"))
+        fast = FastDecoder(model, cache_fast, max_new=4)
+        nxt, pos = first.argmax(-1), torch.tensor([[3], [1]])
+        for _ in range(3):
+            mask, pos = torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], dim=1), pos + 1
+            ref = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos, use_cache=True,
+                        logits_to_keep=1, **{cache_keyword(model): cache_hf}).logits[:, -1].float()  # fmt: skip
+            got = fast.step(nxt[:, None], mask, pos)
+            assert got.dtype == torch.float32
+            torch.testing.assert_close(got, ref, atol=3e-2, rtol=3e-2)
+            nxt = ref.argmax(-1)
+
+
 def test_decoder_cache_overflow_is_an_error() -> None:
     model = _qwen2()
     with torch.inference_mode():

@@ -3,13 +3,14 @@
 import copy
 import dataclasses
 import math
+from unittest import mock
 
 import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from node.config import LearnerConfig
-from node.learn.learner import Learner, TrainSample, completion_logprobs
+from node.learn.learner import Learner, TrainSample, by_length, completion_logprobs
 
 PAD = 0
 
@@ -101,6 +102,8 @@ def test_micro_batching_gives_the_same_update(loss):
 
 def test_micro_batches_are_cut_from_rows_sorted_by_length_and_the_order_does_not_change_the_update():
     batch = samples(9, seed=4)
+    lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in batch]
+    assert lengths != sorted(lengths)  # the rows as they come are not in order already
     shapes = []
     lrn = learner(tiny_model(), micro_batch_size=3, beta=0.1)
     real = lrn._collate
@@ -109,9 +112,12 @@ def test_micro_batches_are_cut_from_rows_sorted_by_length_and_the_order_does_not
     flat = [n for mb in shapes for n in mb]
     assert flat == sorted(len(s.prompt_ids) + len(s.completion_ids) for s in batch)  # shortest first
     params = []
-    for order in (batch, batch[::-1]):
+    for sort in (True, False):  # sorted against the rows as they come
         model = tiny_model()
-        learner(model, micro_batch_size=3, lr=1e-3, beta=0.1).step(list(order))
+        lrn = learner(model, micro_batch_size=3, lr=1e-3, beta=0.1)
+        with mock.patch("node.learn.learner.by_length", side_effect=by_length if sort else list) as spy:
+            lrn.step(list(batch))
+        assert spy.called
         params.append(_flat(model))
     assert (params[0] - params[1]).abs().max().item() < 1e-6
 
