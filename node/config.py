@@ -334,11 +334,19 @@ class LearnerConfig(StrictModel):
     ``trace_lr``."""
     trace_buffer_rows: int = Field(default=2048, ge=1, le=65536)
     """Size of the trace step's replay buffer of distinct verified traces (``trace_batch``)."""
+    trace_max_own_solve: float = Field(default=1.0, ge=0.0, le=1.0)
+    """The trace step takes a guided peer's verified trace only where this node's own ``G`` completions of the same
+    prompt solved at most this share of it (1.0: every trace). Guidance matters where the node's own rollouts fail
+    (LUFFY adds off-policy traces for exactly those prompts); a peer's working of a prompt the node already solves
+    spends the trace step's dose, and its replay buffer, on what the node can do (about a quarter of the right peer
+    completions that reached a het node were of the family it knew, docs/transfer.md). Generator traces (the
+    ``labels.trace`` ceiling) are not filtered. Needs ``trace_lr``."""
 
     @model_validator(mode="after")
     def _trace_options_need_a_trace_step(self) -> LearnerConfig:
-        for name in ("trace_own", "trace_anchor", "trace_batch"):
-            if getattr(self, name) and self.trace_lr == 0:
+        unset = {"trace_max_own_solve": 1.0}  # an option is set when it differs from its off value (0 / False)
+        for name in ("trace_own", "trace_anchor", "trace_batch", "trace_max_own_solve"):
+            if getattr(self, name) != unset.get(name, 0) and self.trace_lr == 0:
                 raise ValueError(f"learner.{name} needs the trace step: set learner.trace_lr (e.g. 1e-4)")
         if self.trace_batch > self.trace_buffer_rows:
             raise ValueError(

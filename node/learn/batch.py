@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from node.seams import BEHAVIOUR_LOGPROB_FLOOR, Generation, PolicyLike, TasksLike, TrainSample
 from node.tasks import TaskItem, extract_answer, format_answer
 from protocol.types import TaskRef
-from swarm.pool import SOLVED, PooledGroup
+from swarm.pool import SOLVED, PooledGroup, solve_share
 from swarm.sapo import SapoBatch
 
 #: Behaviour log-prob hints from peers are clamped to this range (per-token mean, nats); the learner clamps
@@ -141,10 +141,12 @@ class SampleBuilder:
             return samples
         prompt_ids = self.prompt_ids(guide.group.task)
         family = guide.group.task.family
+        own_solve = solve_share(own.rewards) if own.rewards else None
         samples += [
-            TrainSample(prompt_ids, ids, adv, external=True, guided=True, family=family, trace=True)
+            TrainSample(prompt_ids, ids, adv, external=True, guided=True, family=family, trace=True,
+                        own_solve=own_solve)
             for ids, adv in zip(peer_ids, advs[len(own.rewards) :], strict=True)
-        ]
+        ]  # fmt: skip
         return samples
 
     def _own(self, gen: Generation, adv: float, reward: float) -> TrainSample:

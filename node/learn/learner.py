@@ -364,8 +364,13 @@ class Learner:
         if self.trace_optimizer is not None:
             if getattr(self.cfg, "trace_anchor", 0.0) > 0:
                 self.keep_anchor([s for s in samples if s.right and not s.external and s.completion_ids])
-            rows, replay = self.select_traces([s for s in samples if s.trace and s.completion_ids])
+            cap = getattr(self.cfg, "trace_max_own_solve", 1.0)
+            offered = [s for s in samples if s.trace and s.completion_ids]
+            traces = [s for s in offered if s.own_solve is None or s.own_solve <= cap]
+            rows, replay = self.select_traces(traces)
             metrics.update(self.trace_step(rows, self.anchor_pool), **replay)
+            if cap < 1.0:  # peers' traces of prompts this node already solves, left out of the trace step
+                metrics["trace_solved_skipped"] = float(len(offered) - len(traces))
         seconds = time.perf_counter() - t0
         metrics.update(
             grad_norm=float(grad_norm),

@@ -441,3 +441,23 @@ def test_a_step_with_a_trace_batch_trains_on_the_distinct_traces_and_logs_the_re
     distinct = len({(tuple(s.prompt_ids), tuple(s.completion_ids)) for s in traces})
     assert m["trace_new"] == distinct and m["trace_dup"] == 2 * len(traces) - distinct
     assert m["trace_rows"] == min(8, distinct)
+
+
+def test_the_trace_step_leaves_out_peers_traces_of_prompts_the_node_already_solves():
+    """``learner.trace_max_own_solve``: a guided peer's trace enters the trace step only where the node's own
+    completions of that prompt solved at most that share; generator traces (no own share) always do."""
+    rows = _trace_rows(6)
+    shares = [0.0, 0.25, 0.5, 0.75, 1.0, None]
+    rows = [dataclasses.replace(r, own_solve=v) for r, v in zip(rows, shares, strict=True)]
+    kept = [r for r, v in zip(rows, shares, strict=True) if v is None or v <= 0.5]
+    lrn = learner(tiny_model(), lr=1e-6, trace_lr=1e-2, trace_max_own_solve=0.5)
+    seen = []
+    real = lrn.trace_step
+    lrn.trace_step = lambda r, anchor=(): seen.extend(r) or real(r, anchor)
+    m = lrn.step(samples(4) + rows)
+    assert m["trace_solved_skipped"] == 2 and m["trace_rows"] == len(kept) == 4
+    assert sorted(map(id, seen)) == sorted(map(id, kept))
+    off = learner(tiny_model(), lr=1e-6, trace_lr=1e-2).step(samples(4) + rows)
+    assert off["trace_rows"] == 6 and "trace_solved_skipped" not in off
+    with pytest.raises(ValueError, match="trace_max_own_solve needs the trace step"):
+        LearnerConfig(trace_max_own_solve=0.5)
