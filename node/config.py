@@ -338,7 +338,7 @@ class LearnerConfig(StrictModel):
     """The trace step takes a guided peer's verified trace only where this node's own ``G`` completions of the same
     prompt solved at most this share of it (1.0: every trace). Guidance matters where the node's own rollouts fail
     (LUFFY adds off-policy traces for exactly those prompts); a peer's working of a prompt the node already solves
-    spends the trace step's dose, and its replay buffer, on what the node can do (about a quarter of the right peer
+    spends the trace step's dose, and its replay buffer, on what the node can do (about a third of the right peer
     completions that reached a het node were of the family it knew, docs/transfer.md). Generator traces (the
     ``labels.trace`` ceiling) are not filtered. Needs ``trace_lr``."""
 
