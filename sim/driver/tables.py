@@ -79,6 +79,11 @@ def heading(res: dict[str, Any], reg: Any) -> str:
     return f"{res['name']}: {reg.question.split('?')[0]}?"
 
 
+def doc_link(res: dict[str, Any], reg: Any) -> str:
+    """A Markdown link from the README to the experiment's section of docs/benchmarks.md."""
+    return f"[{res['name']}](docs/benchmarks.md#{anchor(heading(res, reg))})"
+
+
 def anchor(text: str) -> str:
     """GitHub's anchor of a Markdown heading."""
     return re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
@@ -124,7 +129,7 @@ def readme_table() -> list[str]:
     lines = ["| question | answer | number [95% interval] | reading |", "|---|---|---|---|"]
     for _, reg, res in registered():
         word, arm = answer(reg, res)
-        link = f"[{res['name']}](docs/benchmarks.md#{anchor(heading(res, reg))})"
+        link = doc_link(res, reg)
         lines.append(f"| {reg.question.split('?')[0]}? | {word} | {headline(reg, res, arm)} | {link} |")
     return lines
 
@@ -141,7 +146,7 @@ def gap_table() -> list[str]:
         if metric is None or metric.hook != "gap_closed":
             continue
         word, _ = answer(reg, res)
-        link = f"[{res['name']}](docs/benchmarks.md#{anchor(heading(res, reg))})"
+        link = doc_link(res, reg)
         lines += [f"{link} ({reg.setting} setting; {word}): {reg.question.split('?')[0]}?", "",
                   "| arm | role | seeds | gap closed [95% interval] (range) | all families, change |",
                   "|---|---|---:|---|---|"]  # fmt: skip
