@@ -330,8 +330,11 @@ class LearnerConfig(StrictModel):
     (``trace_buffer_rows``, oldest out first), and the step trains on this step's new ones first, filled up to
     ``trace_batch`` with a uniform draw of earlier ones -- the same number of distinct problems a step as a local
     teacher writing ``trace_batch`` traces. Replaying a verified trace is sound at any age: the trace step is a
-    supervised loss, with no importance ratio to the policy that wrote it. Saved in checkpoints. Needs
-    ``trace_lr``."""
+    supervised loss, with no importance ratio to the policy that wrote it. With traces of several sources (peers,
+    or a peer and this node) a (source, prompt) group gets at most one slot a step and the buffer trims its largest
+    groups first, so a peer that writes a new right text every time weighs what its groups weigh, which the
+    sampler's quotas bound, not what its distinct texts would (``Learner.select_traces``). Saved in checkpoints.
+    Needs ``trace_lr``."""
     trace_buffer_rows: int = Field(default=2048, ge=1, le=65536)
     """Size of the trace step's replay buffer of distinct verified traces (``trace_batch``)."""
     trace_max_own_solve: float = Field(default=1.0, ge=0.0, le=1.0)

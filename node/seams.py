@@ -94,6 +94,10 @@ class TrainSample:
     own_solve: float | None = None
     """For a guided peer's trace: the share of this node's own ``G`` completions of the same prompt that its verifier
     scored right (``learner.trace_max_own_solve`` keeps the traces of prompts the node fails); None otherwise."""
+    source: str = ""
+    """For a guided peer's trace: the peer that published it ("" for this node's own and generator rows). The trace
+    step's replay shares its slots between sources by the groups each contributed, not by its distinct texts
+    (``Learner.select_traces``)."""
 
 
 class Generation(Protocol):

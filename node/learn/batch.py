@@ -144,7 +144,7 @@ class SampleBuilder:
         own_solve = solve_share(own.rewards) if own.rewards else None
         samples += [
             TrainSample(prompt_ids, ids, adv, external=True, guided=True, family=family, trace=True,
-                        own_solve=own_solve)
+                        own_solve=own_solve, source=guide.source)
             for ids, adv in zip(peer_ids, advs[len(own.rewards) :], strict=True)
         ]  # fmt: skip
         return samples

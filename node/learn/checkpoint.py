@@ -176,8 +176,8 @@ def _write_files(tmp: Path, learner: Learner, step: int, extra: dict[str, Any] |
             "rows": [[list(r.prompt_ids), list(r.completion_ids)] for r in pool],
         }
     buffer = getattr(learner, "trace_buffer", None)
-    if buffer:  # the trace step's replay buffer of distinct verified traces: token ids and family, as JSON
-        state["trace_buffer"] = [[list(r.prompt_ids), list(r.completion_ids), r.family] for r in buffer]
+    if buffer:  # the trace step's replay buffer of distinct verified traces: token ids, family and source, as JSON
+        state["trace_buffer"] = [[list(r.prompt_ids), list(r.completion_ids), r.family, r.source] for r in buffer]
     (tmp / "state.json").write_text(json.dumps(state))
     manifest = {name_: _describe(tmp / name_) for name_ in files}
     (tmp / "manifest.json").write_text(json.dumps({"format_version": FORMAT_VERSION, "files": manifest}))
@@ -260,9 +260,11 @@ def restore(learner: Learner, ckpt: Checkpoint) -> None:
     if buffer is not None and hasattr(learner, "trace_buffer"):
         from node.seams import TrainSample
 
-        learner.trace_buffer = [
-            TrainSample([int(t) for t in p], [int(t) for t in c], 0.0, family=str(f), trace=True) for p, c, f in buffer
-        ]
+        learner.trace_buffer = [  # checkpoints before the source was kept hold three fields: source ""
+            TrainSample([int(t) for t in row[0]], [int(t) for t in row[1]], 0.0, family=str(row[2]), trace=True,
+                        source=str(row[3]) if len(row) > 3 else "")
+            for row in buffer
+        ]  # fmt: skip
         learner.trace_keys = {(tuple(r.prompt_ids), tuple(r.completion_ids)) for r in learner.trace_buffer}
     _restore_rng(load_file(str(ckpt.path / "rng.safetensors")), ckpt.state["rng"])
     learner.policy_version = int(ckpt.policy_version)

@@ -315,7 +315,14 @@ class Learner:
         buffer, and B of them returned: this step's new ones first, then a uniform draw without replacement of
         earlier ones (an RNG of the seed and the policy version, so a resumed run continues the same draws). Also
         returns ``trace_new`` (new distinct traces), ``trace_dup`` (rows dropped as already held) and
-        ``trace_buffer`` (its size). With B = 0, ``rows`` as they come and no metrics."""
+        ``trace_buffer`` (its size). With B = 0, ``rows`` as they come and no metrics.
+
+        With traces of more than one source in the buffer (peers, or a peer and this node), slots and room are
+        shared by **groups** (a source's prompt), not by distinct texts (:meth:`_share_by_groups`): deduplication
+        keeps every distinct text, so a peer that writes a different right text each time would otherwise take the
+        whole trace batch and buffer with the same number of groups an honest specialist sends as duplicates. A
+        source's groups are what the sampler already bounds (``sapo.max_per_peer``, the newcomers' budget), so
+        its share of the trace step is bounded by the same numbers. With one source nothing changes."""
         batch = int(getattr(self.cfg, "trace_batch", 0))
         if batch <= 0:
             return list(rows), {}
@@ -324,22 +331,66 @@ class Learner:
             key = (tuple(row.prompt_ids), tuple(row.completion_ids))
             if key not in self.trace_keys:
                 self.trace_keys.add(key)
-                fresh.append(TrainSample(list(key[0]), list(key[1]), 0.0, family=row.family, trace=True))
-        chosen = fresh[:batch]
+                fresh.append(
+                    TrainSample(list(key[0]), list(key[1]), 0.0, family=row.family, trace=True, source=row.source)
+                )
         older = self.trace_buffer
-        if len(chosen) < batch and older:
-            draw = random.Random(f"{self.cfg.seed}:{self.policy_version}")
-            chosen += [older[i] for i in draw.sample(range(len(older)), min(batch - len(chosen), len(older)))]
-        self.trace_buffer = older + fresh
         size = int(getattr(self.cfg, "trace_buffer_rows", 2048))
-        for gone in self.trace_buffer[: max(0, len(self.trace_buffer) - size)]:
-            self.trace_keys.discard((tuple(gone.prompt_ids), tuple(gone.completion_ids)))
-        self.trace_buffer = self.trace_buffer[-size:]
+        if len({r.source for r in older} | {r.source for r in fresh}) > 1:
+            chosen, self.trace_buffer = self._share_by_groups(fresh, older, batch, size)
+        else:
+            chosen = fresh[:batch]
+            if len(chosen) < batch and older:
+                draw = random.Random(f"{self.cfg.seed}:{self.policy_version}")
+                chosen += [older[i] for i in draw.sample(range(len(older)), min(batch - len(chosen), len(older)))]
+            self.trace_buffer = (older + fresh)[-size:]
+        if len(older) + len(fresh) > len(self.trace_buffer):
+            kept = {(tuple(r.prompt_ids), tuple(r.completion_ids)) for r in self.trace_buffer}
+            self.trace_keys = {key for key in self.trace_keys if key in kept}
         return chosen, {
             "trace_new": float(len(fresh)),
             "trace_dup": float(len(rows) - len(fresh)),
             "trace_buffer": float(len(self.trace_buffer)),
         }
+
+    def _share_by_groups(
+        self, fresh: list[TrainSample], older: list[TrainSample], batch: int, size: int
+    ) -> tuple[list[TrainSample], list[TrainSample]]:
+        """:meth:`select_traces` with several sources: (chosen rows, the buffer). A group is a (source, prompt), and
+        it gets at most one slot a step: this step's first new text of each group first, then one uniform text each
+        of a uniform draw of the buffer's other groups, so a group's weight does not grow with its number of texts
+        (a batch may stay under B while the buffer holds fewer groups). Over its size the buffer drops the oldest
+        text of its largest group (the oldest text overall once every group holds one)."""
+
+        def group(row: TrainSample) -> tuple[str, tuple[int, ...]]:
+            return row.source, tuple(row.prompt_ids)
+
+        chosen: list[TrainSample] = []
+        seen: set[tuple[str, tuple[int, ...]]] = set()
+        for row in fresh:
+            if len(chosen) < batch and group(row) not in seen:
+                seen.add(group(row))
+                chosen.append(row)
+        others: dict[tuple[str, tuple[int, ...]], list[TrainSample]] = {}
+        for row in older + fresh:
+            if group(row) not in seen:
+                others.setdefault(group(row), []).append(row)
+        draw = random.Random(f"{self.cfg.seed}:{self.policy_version}")
+        for key in draw.sample(list(others), min(batch - len(chosen), len(others))):
+            chosen.append(draw.choice(others[key]))
+        held = older + fresh
+        if len(held) > size:
+            counts: dict[tuple[str, tuple[int, ...]], int] = {}
+            for row in held:
+                counts[group(row)] = counts.get(group(row), 0) + 1
+            gone: set[int] = set()
+            for _ in range(len(held) - size):
+                largest = max(counts.values())
+                victim = next(r for r in held if id(r) not in gone and (largest == 1 or counts[group(r)] == largest))
+                gone.add(id(victim))
+                counts[group(victim)] -= 1
+            held = [r for r in held if id(r) not in gone]
+        return chosen, held
 
     # ------------------------------------------------------------------------------------------------------
     def step(self, samples: list[TrainSample]) -> dict[str, float]:

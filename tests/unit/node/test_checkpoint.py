@@ -266,16 +266,20 @@ def test_the_trace_steps_replay_buffer_is_saved_and_restored(tmp_path):
         cfg = LearnerConfig(lr=1e-2, trace_lr=1e-2, trace_batch=3)
         return Learner(tiny_model(0), cfg, device="cpu", pad_token_id=0, max_tokens=8)
 
-    rows = [TrainSample(s.prompt_ids, s.completion_ids, 1.0, external=True, trace=True, family="f") for s in batch(9)]
+    rows = [  # two peers: the buffer shares by (source, prompt) groups, so the source must come back too
+        TrainSample(s.prompt_ids, s.completion_ids, 1.0, external=True, trace=True, family="f", source=f"peer{i % 2}")
+        for i, s in enumerate(batch(9))
+    ]
     a = replaying()
     a.step(batch(0) + rows + rows)
     assert len(a.trace_buffer) == len({(tuple(r.prompt_ids), tuple(r.completion_ids)) for r in rows})
     save_checkpoint(tmp_path / "t", a, step=1)
     b = replaying()
     restore(b, load_latest(tmp_path / "t"))
-    assert [(r.prompt_ids, r.completion_ids, r.family) for r in b.trace_buffer] == [
-        (r.prompt_ids, r.completion_ids, r.family) for r in a.trace_buffer
+    assert [(r.prompt_ids, r.completion_ids, r.family, r.source) for r in b.trace_buffer] == [
+        (r.prompt_ids, r.completion_ids, r.family, r.source) for r in a.trace_buffer
     ]
+    assert {r.source for r in b.trace_buffer} == {"peer0", "peer1"}
     assert b.trace_keys == a.trace_keys
     more = [TrainSample(s.prompt_ids, s.completion_ids, 1.0, external=True, trace=True) for s in batch(5)][:1]
     # one new trace: the step's other two come from the restored buffer, by the resumed run's draw

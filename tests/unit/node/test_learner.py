@@ -434,6 +434,39 @@ def test_the_trace_batch_deduplicates_a_steps_traces_and_fills_up_with_earlier_o
         LearnerConfig(trace_lr=1e-4, trace_batch=64, trace_buffer_rows=32)
 
 
+def test_a_peer_writing_a_new_text_each_time_gets_the_trace_batch_share_of_its_groups_not_of_its_texts():
+    lrn = learner(tiny_model(), trace_lr=1e-2, trace_batch=32, trace_buffer_rows=40)
+
+    def trace(source: str, prompt: int, text: int) -> TrainSample:
+        return TrainSample([1, prompt], [3, text], 1.0, external=True, trace=True, family="f", source=source)
+
+    def step(v: int) -> list[TrainSample]:  # 8 groups each: the honest specialist's one text 5 times, 8 texts
+        honest = [trace("honest", 100 * v + p, 7) for p in range(8) for _ in range(5)]
+        flood = [trace("flood", 100 * v + 50 + p, t) for p in range(8) for t in range(8)]
+        return honest + flood
+
+    rows, m = lrn.select_traces(step(0))
+    assert m == {"trace_new": 72.0, "trace_dup": 32.0, "trace_buffer": 40.0}  # 8 + 64 new texts, 40 kept
+    assert sorted(r.source for r in rows) == ["flood"] * 8 + ["honest"] * 8  # one slot a group, not 32 floods
+    kept = [r.source for r in lrn.trace_buffer]
+    assert kept.count("honest") == 8 and kept.count("flood") == 32  # the flood's texts went first: 4 a group
+    assert len(lrn.trace_keys) == 40 and all((tuple(r.prompt_ids), tuple(r.completion_ids)) in lrn.trace_keys
+                                             for r in lrn.trace_buffer)  # fmt: skip
+    shares = []
+    for v in range(1, 6):
+        lrn.policy_version = v
+        rows, _ = lrn.select_traces(step(v))
+        assert len(rows) == 32 and len({(r.source, r.prompt_ids[1]) for r in rows}) == 32  # each group once
+        assert sorted(r.source for r in rows[:16]) == ["flood"] * 8 + ["honest"] * 8  # this step's groups first
+        shares.append(sum(r.source == "flood" for r in rows[16:]))  # then a draw of 16 of the buffer's groups
+        honest = sum(r.source == "honest" for r in lrn.trace_buffer)
+        assert honest >= 16  # room shared by groups: about 4 in 10 rows (by texts, 8 new honest rows in 72)
+    assert 30 <= sum(shares) <= 50  # about the flood's share of held groups (3 in 5), not of texts (all 80)
+    one = learner(tiny_model(), trace_lr=1e-2, trace_batch=32, trace_buffer_rows=40)  # one source: as before
+    rows, _ = one.select_traces([r for r in step(0) if r.source == "flood"])
+    assert [r.completion_ids[1] for r in rows] == [t for _ in range(4) for t in range(8)]
+
+
 def test_a_step_with_a_trace_batch_trains_on_the_distinct_traces_and_logs_the_replay():
     lrn = learner(tiny_model(), lr=1e-6, trace_lr=1e-2, trace_batch=8)
     traces = _trace_rows()

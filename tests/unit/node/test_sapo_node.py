@@ -341,6 +341,7 @@ def test_a_guided_node_rolls_out_on_its_peers_prompts_and_shares_one_baseline(tm
                 advs = advantages_for(weak.cfg.learner, [*mine.rewards, *[1.0] * right])
                 peer = [s for s in train.samples if s.guided]
                 assert len(peer) == right and all(s.external and s.trace and s.family == "chain_sum" for s in peer)
+                assert all(s.source == guide.source == "strong" for s in peer)  # the replay shares by its groups
                 share = sum(1 for r in mine.rewards if r >= 1.0) / len(mine.rewards)
                 assert all(s.own_solve == pytest.approx(share) for s in peer)  # the node's own solve share there
                 assert not [s for s in train.samples if s.trace and not s.guided]  # own samples are never traces
