@@ -42,12 +42,14 @@ task source. :func:`evaluate_run` (``swarm-node eval``) adds a run directory's c
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import re
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -251,47 +253,62 @@ class Evaluator:
         )  # fmt: skip
         done = 0
         first: tuple[int, float] | None = None
-        for offset, (fam, items) in enumerate(self.items.items()):
-            if not items or fam in self.tasks.quarantined:  # quarantined: said once, when it happened
-                continue
-            prompts = [self.policy.format_prompt(it.question) for it in items]
-            sampled = self.engine.generate(
-                prompts,
-                self.cfg.samples,
-                max_new_tokens=self.max_new_tokens,
-                temperature=self.temperature,
-                top_p=self.top_p,
-                seed=self.cfg.seed + offset,
-            )
-            greedy = None
-            if self.cfg.greedy:
-                best = self.engine.generate(prompts, 1, max_new_tokens=self.max_new_tokens, temperature=0.0)
-                greedy = [comps[0].text for comps in best]
-            result = score_family(
-                self.tasks,
-                items,
-                [[c.text for c in comps] for comps in sampled],
-                greedy,
-                [len(c.token_ids) for comps in sampled for c in comps],
-            )
-            if fam in self.tasks.quarantined:
-                logger.info("evaluation: %s left out (its plug-in was quarantined while scoring it)", fam)
-            else:
-                families[fam] = result
-            done += len(items)
-            elapsed = time.perf_counter() - t0
-            if first is None:  # the first family carries the warm-up: the next estimate leaves it out
-                first = (done, elapsed)
-            if done < total:
-                logger.info(
-                    "evaluation: %s done (%d/%d items, %.0f s); about %.0f s left",
-                    fam, done, total, elapsed, elapsed / done * (total - done),
-                )  # fmt: skip
+        with self._batch_width():
+            for offset, (fam, items) in enumerate(self.items.items()):
+                if not items or fam in self.tasks.quarantined:  # quarantined: said once, when it happened
+                    continue
+                prompts = [self.policy.format_prompt(it.question) for it in items]
+                sampled = self.engine.generate(
+                    prompts,
+                    self.cfg.samples,
+                    max_new_tokens=self.max_new_tokens,
+                    temperature=self.temperature,
+                    top_p=self.top_p,
+                    seed=self.cfg.seed + offset,
+                )
+                greedy = None
+                if self.cfg.greedy:
+                    best = self.engine.generate(prompts, 1, max_new_tokens=self.max_new_tokens, temperature=0.0)
+                    greedy = [comps[0].text for comps in best]
+                result = score_family(
+                    self.tasks,
+                    items,
+                    [[c.text for c in comps] for comps in sampled],
+                    greedy,
+                    [len(c.token_ids) for comps in sampled for c in comps],
+                )
+                if fam in self.tasks.quarantined:
+                    logger.info("evaluation: %s left out (its plug-in was quarantined while scoring it)", fam)
+                else:
+                    families[fam] = result
+                done += len(items)
+                elapsed = time.perf_counter() - t0
+                if first is None:  # the first family carries the warm-up: the next estimate leaves it out
+                    first = (done, elapsed)
+                if done < total:
+                    logger.info(
+                        "evaluation: %s done (%d/%d items, %.0f s); about %.0f s left",
+                        fam, done, total, elapsed, elapsed / done * (total - done),
+                    )  # fmt: skip
         if first is not None:
             n0, s0 = first
             rest = total - n0
             self._item_s = (time.perf_counter() - t0 - s0) / rest if rest else s0 / max(1, n0)
         return summarize(families, step=step, samples=self.cfg.samples, eval_s=time.perf_counter() - t0, side=self.side)
+
+    @contextlib.contextmanager
+    def _batch_width(self) -> Iterator[None]:
+        """``eval.batch_size``, for the evaluation only: the engine's decoding batch (the transformers engine's; vLLM
+        batches itself)."""
+        width = getattr(self.engine, "batch_size", None)
+        if self.cfg.batch_size is None or width is None:
+            yield
+            return
+        self.engine.batch_size = self.cfg.batch_size
+        try:
+            yield
+        finally:
+            self.engine.batch_size = width
 
 
 def summarize(

@@ -162,6 +162,30 @@ def test_evaluator_reports_per_family_numbers_and_repeats_exactly(small_policy, 
     assert dev.evaluate(7)["side"] == "dev"
 
 
+def test_eval_batch_size_widens_the_engines_batch_for_the_evaluation_only(small_policy, source: TaskSource) -> None:
+    policy, engine = small_policy
+    widths: list[int] = []
+    generate = engine.generate
+
+    def spy(*args, **kwargs):
+        widths.append(engine.batch_size)
+        return generate(*args, **kwargs)
+
+    cfg = EvalConfig(items_per_family=6, samples=2, max_new_tokens=8, batch_size=5)
+    engine.generate = spy
+    try:
+        wide = Evaluator(source, policy, engine, cfg, RolloutConfig()).evaluate(3)
+        plain = Evaluator(source, policy, engine, cfg.model_copy(update={"batch_size": None}), RolloutConfig())
+        default = plain.evaluate(3)
+    finally:
+        del engine.generate
+    assert widths == [5] * 6 + [64] * 6 and engine.batch_size == 64  # sampled and greedy, three families each
+    for fam in FAMILIES:  # the same items and sizes; the draws may differ with the batch (other samples)
+        a, b = wide["families"][fam.name], default["families"][fam.name]
+        assert [r["key"] for r in a["items"]] == [r["key"] for r in b["items"]] and a["n"] == b["n"] == 6
+        assert a["greedy_accuracy"] == b["greedy_accuracy"]  # greedy decoding does not depend on the batch
+
+
 def test_results_file_round_trips_and_headline(tmp_path: Path) -> None:
     r1 = {"step": 0, "accuracy": 0.25, "greedy_accuracy": 0.5, "families": {}}
     append_result(tmp_path, r1)
