@@ -430,6 +430,13 @@ class SapoConfig(StrictModel):
     ``drop``: they are left out, so guidance only pulls toward the peer's right working. On a family a node has
     never seen, its own attempts are its known family's working applied to the wrong task; pushing them down
     unteaches the family it knows (the DEV side of the transfer comparison, ``docs/transfer.md``)."""
+    trace_groups: int = Field(default=0, ge=0, le=256)
+    """``peer_advantage: guided`` with the trace step (``learner.trace_lr``): this many more peers' groups a step
+    whose completions this node's verifier scored right go to the trace step only, beside the ``external_groups``
+    mixed into RL (0: off). A mixed group costs this node ``G`` rollouts on the peer's prompt and RL rows; a trace
+    costs neither (it joins the trace step's fixed batch, ``learner.trace_batch``), so the verified working a node
+    can take a step grows with the swarm while its RL batch stays the same. Drawn from established senders only, at
+    most ``max_per_peer`` from one (``SapoSampler.choose_traces``)."""
     peer_text: Literal["full", "answer"] = "full"
     """What of a peer's completion this node trains on. ``full``: the text as sent (working and answer). ``answer``:
     only its answer, re-written as ``<answer>x</answer>`` (the labels-only control of the sharing comparison:
@@ -444,6 +451,8 @@ class SapoConfig(StrictModel):
             self.external_fraction = None  # resolved: the written config states I and J explicitly
         if self.local_groups + self.external_groups == 0:
             raise ValueError("local_groups + external_groups must be at least 1 (set sapo.local_groups)")
+        if self.trace_groups and self.peer_advantage != "guided":
+            raise ValueError("sapo.trace_groups needs sapo.peer_advantage: guided (the guided batch takes them)")
         if self.peer_groups == "stronger" and self.peer_advantage == "group":
             raise ValueError(
                 "sapo.peer_groups: stronger needs sapo.peer_advantage: receiver or guided (a solve-rate baseline)"
@@ -829,6 +838,12 @@ class NodeConfig(StrictModel):
             self.learner = self.learner.model_copy(update=update)
         if "micro_batch_size" not in self.mnpo.model_fields_set:  # MNPO's pairs: the same memory bound
             self.mnpo = self.mnpo.model_copy(update={"micro_batch_size": PRETRAINED_MICRO_BATCH})
+        return self
+
+    @model_validator(mode="after")
+    def _trace_groups_need_a_trace_step(self) -> NodeConfig:
+        if self.sapo.trace_groups and self.learner.trace_lr == 0:
+            raise ValueError("sapo.trace_groups needs the trace step: set learner.trace_lr (e.g. 1e-4)")
         return self
 
     @model_validator(mode="after")

@@ -585,6 +585,7 @@ class Node:
         share): on the event loop, before :meth:`generate` rolls out on their prompts."""
         if self._guides is None or self._guides.step != self.step:
             self._guides = self.sampler.choose_external(self.pool, self.step)
+            self.sampler.choose_traces(self.pool, self.step, self._guides, self.cfg.sapo.trace_groups)
         return self._guides
 
     def make_batch(self, own: OwnRollouts) -> TrainBatch:
@@ -603,6 +604,7 @@ class Node:
         chosen = self.choose_guides()
         if len(own.groups) < len(chosen.external):  # no rollouts this step (a side phase's turn): nothing to mix
             chosen.external = []
+            chosen.traces = []
         n_guided = len(chosen.external)
         split = len(own.groups) - n_guided
         pairs = list(zip(own.groups[split:], chosen.external, strict=True))
@@ -611,6 +613,8 @@ class Node:
         samples = self.samples.build(plain, own.generations)
         for mine, guide in pairs:
             samples += self.samples.guided(mine, own.generations[mine.key], guide)
+        for guide in chosen.traces:  # sapo.trace_groups: the trace step's only
+            samples += self.samples.traces(guide)
         return TrainBatch(sapo, samples + self._label_samples())
 
     def _label_samples(self) -> list[TrainSample]:

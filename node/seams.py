@@ -91,6 +91,8 @@ class TrainSample:
     trace: bool = False
     """A verified worked solution (a guided peer completion this node scored right, or a ``labels.trace`` generator
     trace): the learner's separate trace step (``learner.trace_lr``) imitates it."""
+    trace_only: bool = False
+    """A ``sapo.trace_groups`` trace: trained by the trace step only, never by the RL update."""
     own_solve: float | None = None
     """For a guided peer's trace: the share of this node's own ``G`` completions of the same prompt that its verifier
     scored right (``learner.trace_max_own_solve`` keeps the traces of prompts the node fails); None otherwise."""

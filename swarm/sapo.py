@@ -166,6 +166,9 @@ class SapoBatch:
 
     local: list[PooledGroup] = field(default_factory=list)
     external: list[PooledGroup] = field(default_factory=list)
+    #: ``sapo.trace_groups``: peers' groups taken for the trace step only (their verified-right completions), not
+    #: trained by RL (:meth:`SapoSampler.choose_traces`).
+    traces: list[PooledGroup] = field(default_factory=list)
     dropped_local_zero_adv: int = 0
     external_candidates: int = 0
     external_newcomer: int = 0
@@ -182,6 +185,15 @@ class SapoBatch:
         return self.local + self.external
 
     def metrics(self) -> dict[str, Any]:
+        if self.traces:  # only where sapo.trace_groups is on: a node without it logs what it always did
+            return {
+                **self._metrics(),
+                "trace_groups": len(self.traces),
+                "trace_groups_by_sender": dict(Counter(g.source for g in self.traces)),
+            }
+        return self._metrics()
+
+    def _metrics(self) -> dict[str, Any]:
         return {
             "local_groups": len(self.local),
             "external_groups": len(self.external),
@@ -253,6 +265,8 @@ class SapoSampler:
         self.max_per_peer = max_per_peer if max_per_peer is not None else max(1, math.ceil(external_groups / 2))
         self.fill_local = fill_local
         self.rng = random.Random(seed)
+        #: :meth:`choose_traces`' own stream, so taking trace groups leaves the RL draws as they were.
+        self.trace_rng = random.Random(f"traces:{seed}")
         if not 0.0 <= newcomer_share <= 1.0 or establish_steps < 0:
             raise ValueError("newcomer_share must be in [0, 1] and establish_steps >= 0")
         self.newcomer_share = newcomer_share
@@ -344,3 +358,28 @@ class SapoSampler:
         for g in batch.external:
             g.uses += 1
         return batch
+
+    def choose_traces(self, pool: RolloutPool, step: int, batch: SapoBatch, limit: int) -> None:
+        """``sapo.trace_groups``: up to ``limit`` more peers' groups into ``batch.traces``, for the trace step only
+        (their completions this node's verifier scored right; no RL row, so no rollout of this node on their
+        prompts). Drawn after :meth:`choose_external` from the fresh unused groups that hold a solved completion,
+        uniformly (its own random stream: the RL draws stay what they were), at most ``max_per_peer`` from one
+        sender, and from **established** senders only: a newcomer's groups wait for the RL slots and their sybil
+        budget, so minting identities buys no trace. Marked used, like every group trained on."""
+        if limit <= 0:
+            return
+        candidates = [
+            g
+            for g in pool.fresh(step, local=False, unused_only=True)
+            if any_solved(g.rewards) and pool.active_steps(g.source) >= self.establish_steps
+        ]
+        self.trace_rng.shuffle(candidates)
+        per_peer: Counter[str] = Counter()
+        for g in candidates:
+            if len(batch.traces) >= limit:
+                break
+            if per_peer[g.source] >= self.max_per_peer:
+                continue
+            per_peer[g.source] += 1
+            batch.traces.append(g)
+            g.uses += 1

@@ -149,6 +149,21 @@ class SampleBuilder:
         ]  # fmt: skip
         return samples
 
+    def traces(self, guide: PooledGroup) -> list[TrainSample]:
+        """A ``sapo.trace_groups`` group: the peer's completions this node's verifier scored right (``guide.rewards``,
+        from ingest), as rows for the trace step only (``trace_only``: no RL row, no rollout of this node on the
+        prompt, so no own solve share)."""
+        right = [c for c, r in zip(guide.group.completions, guide.rewards, strict=True) if r >= SOLVED]
+        texts = [(self._peer_text(c.text), c.finish_reason) for c in right]
+        ids = [self.completion_ids(t, fr) for t, fr in texts if t]
+        prompt_ids = self.prompt_ids(guide.group.task)
+        return [
+            TrainSample(prompt_ids, row, 0.0, external=True, family=guide.group.task.family, trace=True,
+                        trace_only=True, source=guide.source)
+            for row in ids
+            if row
+        ]  # fmt: skip
+
     def _own(self, gen: Generation, adv: float, reward: float) -> TrainSample:
         """One of this node's own completions: trained on the engine's tokens with their behaviour logprobs."""
         right = reward >= SOLVED

@@ -404,7 +404,7 @@ class Learner:
         ``trace`` rows, within the same policy version.
         """
         t0 = time.perf_counter()
-        totals = self.accumulate_gradients(samples)
+        totals = self.accumulate_gradients([s for s in samples if not s.trace_only])
         t_opt = time.perf_counter()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
         self.optimizer.step()

@@ -476,6 +476,21 @@ def test_a_step_with_a_trace_batch_trains_on_the_distinct_traces_and_logs_the_re
     assert m["trace_rows"] == min(8, distinct)
 
 
+def test_trace_only_rows_train_the_trace_step_and_not_the_rl_update():
+    """``sapo.trace_groups``' rows (``trace_only``): the RL update is the one without them, to the bit; the trace
+    step takes them."""
+    own, extra = samples(4), [dataclasses.replace(r, trace_only=True, advantage=5.0) for r in _trace_rows(3)]
+    a = learner(tiny_model(), lr=1e-3, trace_lr=1e-2)
+    b = learner(tiny_model(), lr=1e-3, trace_lr=1e-2)
+    real = b.trace_step
+    b.trace_step = lambda r, anchor=(): real([], anchor)  # b: the RL update alone
+    ma, mb = a.step(own + extra), b.step(own)
+    assert ma["tokens"] == mb["tokens"] == sum(len(s.completion_ids) for s in own)  # no RL token of theirs
+    assert ma["loss"] == mb["loss"] and ma["grad_norm"] == mb["grad_norm"]
+    assert ma["trace_rows"] == 3 and ma["trace_tokens"] == sum(len(s.completion_ids) for s in extra)
+    assert any(not torch.equal(v, b.model.state_dict()[k]) for k, v in a.model.state_dict().items())  # its trace step
+
+
 def test_the_trace_step_leaves_out_peers_traces_of_prompts_the_node_already_solves():
     """``learner.trace_max_own_solve``: a guided peer's trace enters the trace step only where the node's own
     completions of that prompt solved at most that share; generator traces (no own share) always do."""

@@ -399,3 +399,64 @@ def test_trace_own_marks_the_nodes_own_right_completions_for_the_trace_step(tmp_
         assert s.trace == (trace_own and rewards[tuple(s.completion_ids)] >= 1.0)
     with pytest.raises(ValueError, match="trace_own needs the trace step"):
         NodeConfig.model_validate({"learner": {"trace_own": True}})
+
+
+def test_trace_groups_add_a_peers_verified_completions_to_the_trace_step_only(tmp_path: Path) -> None:
+    """``sapo.trace_groups``: beside the J mixed groups, more of a peer's groups give the trace step their completions
+    the node's own verifier scored right (``trace_only``: no RL row, no rollout of the node on their prompts), once
+    the peer is established; the RL part of the batch is what it would be without them."""
+    from node.runtime import Node
+    from protocol.types import Envelope, RolloutBatch
+    from sim.scripted import build_scripted_parts
+
+    strong = _scripted_node(tmp_path, "strong", "receiver", 0.85)
+
+    def weak_node(trace_groups: int) -> Node:
+        cfg = NodeConfig.model_validate(
+            {
+                "seed": 3,
+                "tasks": {"families": [{"name": "chain_sum", "config": {"n": 2}}]},
+                "rollout": {"prompts_per_step": 4, "group_size": 8, "max_new_tokens": 32},
+                "sapo": {"local_groups": 2, "external_groups": 1, "peer_advantage": "guided", "max_per_peer": 2,
+                         "publish_solved": True, "trace_groups": trace_groups},
+                "learner": {"trace_lr": 1e-4},
+            }
+        )  # fmt: skip
+        parts = build_scripted_parts(cfg, lr=1.0, init_p=0.05, init_spread=0.0, max_p=0.99, answer_tokens=4)
+        return Node(cfg, tmp_path / f"weak{trace_groups}", parts, live=False)
+
+    weak, plain = weak_node(2), weak_node(0)
+    seen = 0
+    for seq in range(5):
+        published = strong.generate().informative(solved=True)
+        batch = RolloutBatch(model="m", policy_version=0, tokenizer="scripted-bytes-v1", groups=tuple(published))
+        for node in (weak, plain):
+            node.ingest(Envelope(1, "rollouts", "swarm", "strong", b"k" * 32, seq, 0, 0.0, batch))
+        guides, without = weak.choose_guides(), plain.choose_guides()
+        same_pool = seen == 0  # until traces have taken groups the plain node's pool still holds
+        if same_pool:
+            assert [g.key for g in guides.external] == [g.key for g in without.external]
+        own, own_plain = weak.generate(), plain.generate()
+        assert len(own.groups) == len(own_plain.groups) == 4 + len(guides.external)  # no rollout for a trace
+        train, train_plain = weak.make_batch(own), plain.make_batch(own_plain)
+        only = [s for s in train.samples if s.trace_only]
+        if weak.pool.active_steps("strong") < weak.cfg.sapo.establish_steps:  # a newcomer: RL slots only
+            assert not guides.traces and not only
+        else:
+            right = sum(1 for g in guides.traces for r in g.rewards if r >= 1.0)
+            assert guides.traces and len(only) == right > 0
+            assert all(s.trace and s.external and not s.guided and s.source == "strong" for s in only)
+            assert {tuple(s.prompt_ids) for s in only} == {
+                tuple(weak.samples.prompt_ids(g.group.task)) for g in guides.traces
+            }  # fmt: skip
+            seen += 1
+        rl = [(s.prompt_ids, s.completion_ids, s.advantage) for s in train.samples if not s.trace_only]
+        if same_pool:
+            assert rl == [(s.prompt_ids, s.completion_ids, s.advantage) for s in train_plain.samples]
+        for node in (weak, plain, strong):
+            node.step += 1
+    assert seen >= 1
+    with pytest.raises(ValueError, match="trace_groups needs the trace step"):
+        NodeConfig.model_validate({"sapo": {"peer_advantage": "guided", "trace_groups": 4}})
+    with pytest.raises(ValueError, match="trace_groups needs sapo.peer_advantage: guided"):
+        NodeConfig.model_validate({"sapo": {"trace_groups": 4}, "learner": {"trace_lr": 1e-4}})

@@ -7,7 +7,7 @@ import pytest
 from protocol.errors import SwarmError
 from protocol.types import Completion, Envelope, Group, RolloutBatch, TaskRef
 from swarm.pool import SELF, PooledGroup, RolloutPool
-from swarm.sapo import SapoSampler, SolveRates, group_key, ingest_rollouts
+from swarm.sapo import SapoBatch, SapoSampler, SolveRates, group_key, ingest_rollouts
 
 
 def _group(index: int, texts: list[str]) -> Group:
@@ -369,3 +369,40 @@ def test_a_receiver_sampler_takes_groups_with_a_right_answer_only():
     assert [g.key for g in sampler.sample(pool, 0, []).external] == ["a:1:0"]
     group_sampler = SapoSampler(0, 2, max_per_peer=2, newcomer_share=1.0)
     assert [g.key for g in group_sampler.sample(pool, 0, []).external] == ["b:1:0"]
+
+
+def test_trace_groups_come_after_the_rl_draw_from_established_senders_with_a_solved_completion_only():
+    """``sapo.trace_groups``: more peers' groups for the trace step only. They never change the RL draw (their own
+    random stream), hold a solved completion, come from established senders only (a sybil flood of fresh identities
+    gets none), at most ``max_per_peer`` a sender, each group used once."""
+
+    def pool_and_keys() -> RolloutPool:
+        pool = RolloutPool(10_000, 10)
+        for peer in ("a", "b", "c"):
+            for step in range(3):  # established: informative groups at three steps of ours
+                for i in range(4):
+                    pool.add(_pooled(f"{peer}{step}:{i}", peer, (0.0, 1.0), step=step))
+            pool.add(_pooled(f"{peer}-unsolved", peer, (0.0, 0.5), step=2))  # informative, but nothing right
+        for i in range(50):
+            pool.add(_pooled(f"sybil{i}", f"sybil{i}", (0.0, 1.0), step=2))
+        return pool
+
+    plain_pool, pool = pool_and_keys(), pool_and_keys()
+    plain = SapoSampler(0, 4, fill_local=False, seed=7, max_per_peer=3)
+    sampler = SapoSampler(0, 4, fill_local=False, seed=7, max_per_peer=3)
+    for step in (2, 3):
+        without = plain.choose_external(plain_pool, step)
+        batch = sampler.choose_external(pool, step)
+        sampler.choose_traces(pool, step, batch, 8)
+        if step == 2:  # the RL draw as it was (later steps draw from a pool without the groups traces took)
+            assert [g.key for g in batch.external] == [g.key for g in without.external]
+        assert len(batch.traces) == 8 and not {g.key for g in batch.traces} & {g.key for g in batch.external}
+        assert all(g.source in "abc" and g.key != f"{g.source}-unsolved" for g in batch.traces)
+        assert max(Counter(g.source for g in batch.traces).values()) <= 3  # max_per_peer
+        assert all(g.uses == 1 for g in batch.traces)
+        assert batch.metrics()["trace_groups"] == 8 and "trace_groups" not in without.metrics()
+    for _ in range(10):  # take what is left, three a sender a step: every established sender's solved group
+        sampler.choose_traces(pool, 3, SapoBatch(step=3), 100)
+    assert {g.key for g in pool.fresh(3, local=False, unused_only=True) if g.source in "abc"} == {
+        "a-unsolved", "b-unsolved", "c-unsolved"
+    }  # fmt: skip
