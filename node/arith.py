@@ -1,8 +1,9 @@
 """The laboratory families ``lab_add`` and ``lab_sub`` and their trace writer: multi-digit arithmetic with working.
 
-Two task families built for the laboratory model (``builtin:lab``, ``node.model.lab``), registered with
-reasoning-gym's dataset registry on import so that every other part of the node (task refs, the held-out split,
-peers' groups, evaluation) treats them like any reasoning-gym family:
+Two task families built for the laboratory model (``builtin:lab``, ``node.model.lab``), made exactly as a
+reasoning-gym dataset makes its items (:class:`LabDataset`; :func:`register_with_reasoning_gym` adds them to its
+registry, which the node does whenever it imports reasoning-gym), so that every other part of the node (task refs,
+the held-out split, peers' groups, evaluation) treats them like any reasoning-gym family:
 
 * ``lab_add``: a sum of ``min_terms``..``max_terms`` positive integers, each of ``min_digits``..``max_digits``
   digits (the digit count drawn per term); ``Compute 347 + 285 + 19.``
@@ -132,7 +133,53 @@ def completion_for(item_metadata: dict[str, Any], *, trace: bool = True) -> str:
     return lab_completion(list(item_metadata["terms"]), str(item_metadata["op"]), trace=trace)
 
 
-def _register() -> None:
+class LabDataset:
+    """One laboratory family's items, as ``reasoning_gym.create_dataset(family, **config)`` gives them once
+    :func:`register_with_reasoning_gym` has run (the same config handling, seed and ``__getitem__``), without
+    importing reasoning-gym: its package imports every dataset it has (sympy, matplotlib and more, about 4.5 s of CPU
+    a process), which a node of the laboratory families never uses."""
+
+    def __init__(self, family: str, config: LabConfig):
+        config.validate()
+        self.family, self.config = family, config
+        self.size = config.size
+        self.seed = config.seed if config.seed is not None else random.Random().randint(0, 2**32)
+
+    def __getitem__(self, idx: int) -> dict[str, Any]:
+        return lab_entry(self.family, self.config, self.seed, idx)
+
+    def score_answer(self, answer: str | None, entry: dict[str, Any]) -> float:
+        return lab_score(answer, entry)
+
+
+def lab_dataset(family: str, **kwargs: Any) -> LabDataset:
+    """``create_dataset(family, **kwargs)`` of a laboratory family: ``LabConfig(**kwargs)`` (TypeError for an unknown
+    key), validated (AssertionError for a bad value)."""
+    if family not in LAB_FAMILIES:
+        raise ValueError(f"{family!r} is not a laboratory family ({', '.join(LAB_FAMILIES)})")
+    return LabDataset(family, LabConfig(**kwargs))
+
+
+def lab_entry(family: str, cfg: LabConfig, seed: int, idx: int) -> dict[str, Any]:
+    """Item ``idx`` of dataset seed ``seed`` (SPEC 13): drawn from ``random.Random(seed + idx)``."""
+    terms = draw_terms(family, cfg, random.Random(seed + idx))
+    op = op_of(family)
+    return {
+        "question": question_of(terms, op),
+        "answer": str(answer_of(terms, op)),
+        "metadata": {"source_dataset": family, "source_index": idx, "terms": terms, "op": op},
+    }
+
+
+def lab_score(answer: str | None, entry: dict[str, Any]) -> float:
+    """Exact: 1.0 when the stated answer is the gold decimal integer, else 0.0."""
+    return 1.0 if isinstance(answer, str) and answer.strip() == entry["answer"] else 0.0
+
+
+def register_with_reasoning_gym() -> None:
+    """Register ``lab_add`` and ``lab_sub`` with reasoning-gym's dataset registry (once; imports reasoning-gym), so
+    that ``reasoning_gym.create_dataset`` makes them like any of its own. The node itself does not need it
+    (:class:`LabDataset`); it registers them whenever it imports reasoning-gym for its own datasets."""
     from reasoning_gym.dataset import ProceduralDataset
     from reasoning_gym.factory import DATASETS, register_dataset
 
@@ -143,20 +190,11 @@ def _register() -> None:
             super().__init__(config=config, seed=config.seed, size=config.size)
 
         def __getitem__(self, idx: int) -> dict[str, Any]:
-            terms = draw_terms(self.family, self.config, random.Random(self.seed + idx))
-            op = op_of(self.family)
-            return {
-                "question": question_of(terms, op),
-                "answer": str(answer_of(terms, op)),
-                "metadata": {"source_dataset": self.family, "source_index": idx, "terms": terms, "op": op},
-            }
+            return lab_entry(self.family, self.config, self.seed, idx)
 
         def score_answer(self, answer: str | None, entry: dict[str, Any]) -> float:
-            return 1.0 if isinstance(answer, str) and answer.strip() == entry["answer"] else 0.0
+            return lab_score(answer, entry)
 
     for family in LAB_FAMILIES:
         if family not in DATASETS:
             register_dataset(family, type(f"{family}_dataset", (_LabDataset,), {"family": family}), LabConfig)
-
-
-_register()

@@ -18,8 +18,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-import node.arith  # noqa: F401  (registers the laboratory families with reasoning-gym)
-from node.arith import LAB_FAMILIES, completion_for
+from node.arith import LAB_FAMILIES, completion_for, lab_dataset, register_with_reasoning_gym
 from node.tasks.answer import extract_answer
 from node.tasks.family import TaskError, TaskItem, config_key
 from protocol.types import Scalar
@@ -29,10 +28,12 @@ DEFAULT_SIZE = 1_000_000_000
 
 
 def _datasets() -> dict[str, Any]:
+    """reasoning-gym's registry, the laboratory families in it (imported on first use: about 4.5 s of CPU)."""
     with contextlib.redirect_stdout(io.StringIO()):  # its bf dataset prints a row of dots on import
         import reasoning_gym  # noqa: F401  (registers the datasets)
     from reasoning_gym.factory import DATASETS
 
+    register_with_reasoning_gym()
     return DATASETS  # type: ignore[no-any-return]
 
 
@@ -54,17 +55,21 @@ class GymFamily:
         if key in self._cache:
             self._cache.move_to_end(key)
             return self._cache[key]
-        import reasoning_gym
-
         kwargs = {"size": DEFAULT_SIZE, **config, "seed": seed}
         try:
-            dataset = reasoning_gym.create_dataset(self.name, **kwargs)
+            dataset = self._create(kwargs)
         except (TypeError, ValueError, AssertionError) as e:
             raise TaskError(f"task family {self.name!r}: invalid config {config_key(config)}: {e}") from e
         self._cache[key] = dataset
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
         return dataset
+
+    def _create(self, kwargs: dict[str, Any]) -> Any:
+        _datasets()
+        import reasoning_gym
+
+        return reasoning_gym.create_dataset(self.name, **kwargs)
 
     def check_config(self, config: Mapping[str, Scalar]) -> None:
         self.dataset(config, 0)
@@ -97,7 +102,11 @@ class GymFamily:
 
 
 class LabFamily(GymFamily):
-    """``lab_add`` / ``lab_sub`` (``node.arith``): a reasoning-gym family with written working."""
+    """``lab_add`` / ``lab_sub`` (``node.arith``): a reasoning-gym family with written working, made without
+    importing reasoning-gym (:class:`node.arith.LabDataset`: the same items)."""
+
+    def _create(self, kwargs: dict[str, Any]) -> Any:
+        return lab_dataset(self.name, **kwargs)
 
     def trace(self, item: TaskItem) -> str:
         """The gold completion with its working first: ``<think>...</think><answer>gold</answer>``."""

@@ -88,3 +88,41 @@ def test_draws_respect_the_knobs() -> None:
         assert len(terms) == 3 and all(1000 <= t <= 9999 for t in terms)
         a, b = draw_terms("lab_sub", cfg, rng)
         assert a >= b and b >= 1000
+
+
+def test_the_laboratory_families_are_made_without_reasoning_gym_and_as_it_makes_them() -> None:
+    """A node of the laboratory families does not import reasoning-gym (its package imports every dataset it has:
+    seconds of CPU a process); the items are the ones ``reasoning_gym.create_dataset`` gives once they are
+    registered, config errors included."""
+    import subprocess
+    import sys
+
+    import reasoning_gym
+
+    from node.arith import lab_dataset, register_with_reasoning_gym
+
+    code = (
+        "import sys\nfrom node.config import TaskConfig\nfrom node.tasks import TaskSource\n"
+        "from protocol.types import TaskRef\n"
+        "src = TaskSource(TaskConfig(families=[{'name': 'lab_add'}, {'name': 'lab_sub'}]))\n"
+        "src.materialize(TaskRef(family='lab_sub', seed=0, index=5))\n"
+        "print('reasoning_gym' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False"
+    register_with_reasoning_gym()
+    register_with_reasoning_gym()  # once is enough; again is harmless
+    for family in ("lab_add", "lab_sub"):
+        for config in ({}, {"min_terms": 2, "max_terms": 5, "min_digits": 1, "max_digits": 6, "size": 77}):
+            ours = lab_dataset(family, **config, seed=3)
+            theirs = reasoning_gym.create_dataset(family, **config, seed=3)
+            assert ours.size == theirs.size and ours.seed == theirs.seed == 3
+            for idx in (0, 1, 76, 10**6):
+                assert ours[idx] == theirs[idx]
+                entry = ours[idx]
+                for answer in (entry["answer"], f" {entry['answer']} ", "0" + entry["answer"], None):
+                    assert ours.score_answer(answer, entry) == theirs.score_answer(answer, entry)
+        with pytest.raises(TypeError):
+            lab_dataset(family, digits=3)
+        with pytest.raises(AssertionError):
+            lab_dataset(family, min_digits=5, max_digits=2)
