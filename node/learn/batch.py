@@ -126,10 +126,7 @@ class SampleBuilder:
         train on the engine's tokens with their behaviour logprobs; the peer's are marked ``guided`` (shaped, no
         clip, no importance weight). The peer's wrong completions are never trained on; with ``guided_negatives: drop``
         neither are this node's own completions credited below zero."""
-        right = [c for c, r in zip(guide.group.completions, guide.rewards, strict=True) if r >= SOLVED]
-        texts = [(self._peer_text(c.text), c.finish_reason) for c in right]
-        peer_ids = [self.completion_ids(t, fr) if t else [] for t, fr in texts]
-        peer_ids = [ids for ids in peer_ids if ids]
+        peer_ids = self._right_peer_ids(guide)
         advs = self.advantages([*own.rewards, *[1.0] * len(peer_ids)])
         keep_negative = self.guided_negatives == "keep"
         samples = [
@@ -153,16 +150,19 @@ class SampleBuilder:
         """A ``sapo.trace_groups`` group: the peer's completions this node's verifier scored right (``guide.rewards``,
         from ingest), as rows for the trace step only (``trace_only``: no RL row, no rollout of this node on the
         prompt, so no own solve share)."""
-        right = [c for c, r in zip(guide.group.completions, guide.rewards, strict=True) if r >= SOLVED]
-        texts = [(self._peer_text(c.text), c.finish_reason) for c in right]
-        ids = [self.completion_ids(t, fr) for t, fr in texts if t]
         prompt_ids = self.prompt_ids(guide.group.task)
         return [
             TrainSample(prompt_ids, row, 0.0, external=True, family=guide.group.task.family, trace=True,
                         trace_only=True, source=guide.source)
-            for row in ids
-            if row
+            for row in self._right_peer_ids(guide)
         ]  # fmt: skip
+
+    def _right_peer_ids(self, guide: PooledGroup) -> list[list[int]]:
+        """The token ids of the peer's completions this node's verifier scored right (``guide.rewards``), as
+        ``sapo.peer_text`` has them; a completion left empty (no answer to keep) is none."""
+        right = [c for c, r in zip(guide.group.completions, guide.rewards, strict=True) if r >= SOLVED]
+        texts = [(self._peer_text(c.text), c.finish_reason) for c in right]
+        return [ids for ids in (self.completion_ids(t, fr) for t, fr in texts if t) if ids]
 
     def _own(self, gen: Generation, adv: float, reward: float) -> TrainSample:
         """One of this node's own completions: trained on the engine's tokens with their behaviour logprobs."""
