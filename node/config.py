@@ -437,6 +437,10 @@ class SapoConfig(StrictModel):
     costs neither (it joins the trace step's fixed batch, ``learner.trace_batch``), so the verified working a node
     can take a step grows with the swarm while its RL batch stays the same. Drawn from established senders only, at
     most ``max_per_peer`` from one (``SapoSampler.choose_traces``)."""
+    trace_credit: bool = False
+    """``trace_groups`` only: each distinct verified text of a trace group also becomes one RL row, credited
+    ``1 - b`` (``b`` this node's recent solve rate of the family) with no importance weight, exactly as the
+    ``labels.trace`` ceiling credits its generator traces; without it a trace group reaches the trace step only."""
     peer_text: Literal["full", "answer"] = "full"
     """What of a peer's completion this node trains on. ``full``: the text as sent (working and answer). ``answer``:
     only its answer, re-written as ``<answer>x</answer>`` (the labels-only control of the sharing comparison:
@@ -453,6 +457,8 @@ class SapoConfig(StrictModel):
             raise ValueError("local_groups + external_groups must be at least 1 (set sapo.local_groups)")
         if self.trace_groups and self.peer_advantage != "guided":
             raise ValueError("sapo.trace_groups needs sapo.peer_advantage: guided (the guided batch takes them)")
+        if self.trace_credit and not self.trace_groups:
+            raise ValueError("sapo.trace_credit needs sapo.trace_groups (the trace groups it credits)")
         if self.peer_groups == "stronger" and self.peer_advantage == "group":
             raise ValueError(
                 "sapo.peer_groups: stronger needs sapo.peer_advantage: receiver or guided (a solve-rate baseline)"
@@ -475,6 +481,16 @@ class LabelsConfig(StrictModel):
     trace: bool = False
     """Label with the family's written working where it has one (``node.arith``'s traces) instead of the bare
     answer: supervised training on the generator's own traces, the strongest local control."""
+    trace_only: bool = False
+    """With ``trace`` and the trace step (``learner.trace_lr``): the generator's traces go to the trace step only,
+    not into the RL update as credited rows. Separates what the ceiling gains from its traces' RL rows from what it
+    gains from the trace step (docs/transfer.md)."""
+
+    @model_validator(mode="after")
+    def _trace_only_needs_traces(self) -> LabelsConfig:
+        if self.trace_only and not self.trace:
+            raise ValueError("labels.trace_only needs labels.trace: true (only written working goes to the trace step)")
+        return self
 
 
 class VerifiableOracleConfig(StrictModel):
@@ -844,6 +860,8 @@ class NodeConfig(StrictModel):
     def _trace_groups_need_a_trace_step(self) -> NodeConfig:
         if self.sapo.trace_groups and self.learner.trace_lr == 0:
             raise ValueError("sapo.trace_groups needs the trace step: set learner.trace_lr (e.g. 1e-4)")
+        if self.labels.trace_only and self.learner.trace_lr == 0:
+            raise ValueError("labels.trace_only needs the trace step: set learner.trace_lr (e.g. 1e-4)")
         return self
 
     @model_validator(mode="after")

@@ -613,8 +613,10 @@ class Node:
         samples = self.samples.build(plain, own.generations)
         for mine, guide in pairs:
             samples += self.samples.guided(mine, own.generations[mine.key], guide)
-        for guide in chosen.traces:  # sapo.trace_groups: the trace step's only
-            samples += self.samples.traces(guide)
+        credit = self.cfg.sapo.trace_credit
+        for guide in chosen.traces:  # sapo.trace_groups: the trace step's (and, credited, the RL update's)
+            family = guide.group.task.family
+            samples += self.samples.traces(guide, 1.0 - self.solve_rates.rate(family) if credit else None)
         return TrainBatch(sapo, samples + self._label_samples())
 
     def _label_samples(self) -> list[TrainSample]:
@@ -623,7 +625,10 @@ class Node:
             return []
         refs = self._label_tasks.sample(self._step_rng("labels"), self.cfg.labels.per_step)
         items = [self._label_tasks.materialize(r) for r in refs]
-        return self.samples.labels(items, lambda fam: 1.0 - self.solve_rates.rate(fam), trace=self.cfg.labels.trace)
+        return self.samples.labels(
+            items, lambda fam: 1.0 - self.solve_rates.rate(fam), trace=self.cfg.labels.trace,
+            trace_only=self.cfg.labels.trace_only,
+        )  # fmt: skip
 
     def learn(self, batch: TrainBatch) -> dict[str, float]:
         """One learner update (blocking), then the side phase's (MNPO); no update when nothing is informative."""

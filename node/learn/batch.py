@@ -146,15 +146,20 @@ class SampleBuilder:
         ]  # fmt: skip
         return samples
 
-    def traces(self, guide: PooledGroup) -> list[TrainSample]:
+    def traces(self, guide: PooledGroup, credit: float | None = None) -> list[TrainSample]:
         """A ``sapo.trace_groups`` group: the peer's completions this node's verifier scored right (``guide.rewards``,
         from ingest), as rows for the trace step only (``trace_only``: no RL row, no rollout of this node on the
-        prompt, so no own solve share)."""
+        prompt, so no own solve share). With ``credit`` (``sapo.trace_credit``) each distinct text is instead one
+        row of both the RL update, at advantage ``credit`` with no importance weight (as ``labels`` credits a gold
+        trace), and the trace step; its repeats are left out (the trace step keeps distinct texts only)."""
         prompt_ids = self.prompt_ids(guide.group.task)
+        rows = self._right_peer_ids(guide)
+        if credit is not None:
+            rows = list({tuple(r): r for r in rows}.values())
         return [
-            TrainSample(prompt_ids, row, 0.0, external=True, family=guide.group.task.family, trace=True,
-                        trace_only=True, source=guide.source)
-            for row in self._right_peer_ids(guide)
+            TrainSample(prompt_ids, row, 0.0 if credit is None else credit, external=True,
+                        family=guide.group.task.family, trace=True, trace_only=credit is None, source=guide.source)
+            for row in rows
         ]  # fmt: skip
 
     def _right_peer_ids(self, guide: PooledGroup) -> list[list[int]]:
@@ -176,11 +181,13 @@ class SampleBuilder:
         answer = extract_answer(text)
         return "" if answer is None else format_answer(answer)
 
-    def labels(self, items: Sequence[TaskItem], credit: Callable[[str], float], *, trace: bool) -> list[TrainSample]:
+    def labels(
+        self, items: Sequence[TaskItem], credit: Callable[[str], float], *, trace: bool, trace_only: bool = False
+    ) -> list[TrainSample]:
         """Gold-label samples (``labels``): each item's own gold completion -- ``<answer>gold</answer>``, or with
         ``trace`` the family's written working first where it writes one (its ``trace`` method, e.g. the laboratory
         families') -- plus EOS, with advantage ``credit(family)``. No behaviour information: the learner treats them
-        like a peer's completion."""
+        like a peer's completion. ``trace_only`` (``labels.trace_only``): written traces go to the trace step only."""
         samples = []
         for item in items:
             if item.answer is None:
@@ -189,6 +196,7 @@ class SampleBuilder:
             text = written or format_answer(item.answer)
             samples.append(
                 TrainSample(self.prompt_ids(item.ref), self.completion_ids(text, "stop"), credit(item.ref.family),
-                            None, None, external=True, trace=written is not None)
+                            None, None, external=True, trace=written is not None,
+                            trace_only=trace_only and written is not None)
             )  # fmt: skip
         return samples

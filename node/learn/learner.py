@@ -404,14 +404,18 @@ class Learner:
         ``trace`` rows, within the same policy version.
         """
         t0 = time.perf_counter()
-        totals = self.accumulate_gradients([s for s in samples if not s.trace_only])
-        t_opt = time.perf_counter()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        rl = [s for s in samples if not s.trace_only]
+        if any(s.completion_ids for s in rl) or self.trace_optimizer is None:
+            totals = self.accumulate_gradients(rl)
+            t_opt = time.perf_counter()
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm))
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            totals["opt_s"] = torch.tensor(time.perf_counter() - t_opt)
+            metrics = {k: float(v) for k, v in totals.items()}
+        else:  # only trace-only rows this step (no own group was informative): the trace step alone
+            grad_norm, metrics = 0.0, {"tokens": 0.0, "sequences": 0.0, "rl_skipped": 1.0}
         self.policy_version += 1
-        totals["opt_s"] = torch.tensor(time.perf_counter() - t_opt)
-        metrics = {k: float(v) for k, v in totals.items()}
         if self.trace_optimizer is not None:
             if getattr(self.cfg, "trace_anchor", 0.0) > 0:
                 self.keep_anchor([s for s in samples if s.right and not s.external and s.completion_ids])
@@ -424,7 +428,7 @@ class Learner:
                 metrics["trace_solved_skipped"] = float(len(offered) - len(traces))
         seconds = time.perf_counter() - t0
         metrics.update(
-            grad_norm=float(grad_norm),
+            grad_norm=grad_norm,
             seconds=seconds,
             tokens_per_s=metrics["tokens"] / max(seconds, 1e-9),
             policy_version=float(self.policy_version),

@@ -491,6 +491,21 @@ def test_trace_only_rows_train_the_trace_step_and_not_the_rl_update():
     assert any(not torch.equal(v, b.model.state_dict()[k]) for k, v in a.model.state_dict().items())  # its trace step
 
 
+def test_a_step_of_trace_only_rows_runs_the_trace_step_without_an_rl_update():
+    """A step whose rows are all ``trace_only`` (no own group was informative) is not an error: the RL optimizer
+    does not move, the trace step trains, and the policy version advances once."""
+    rows = [dataclasses.replace(r, trace_only=True) for r in _trace_rows(3)]
+    lrn = learner(tiny_model(), lr=1e-3, trace_lr=1e-2)
+    before = {k: v.clone() for k, v in lrn.model.state_dict().items()}
+    m = lrn.step(rows)
+    assert m["rl_skipped"] == 1.0 and m["tokens"] == 0.0 and m["grad_norm"] == 0.0
+    assert m["trace_rows"] == 3 and lrn.policy_version == 1
+    assert not lrn.optimizer.state  # the RL optimizer never stepped
+    assert any(not torch.equal(v, before[k]) for k, v in lrn.model.state_dict().items())
+    with pytest.raises(ValueError, match="no sample with a non-empty completion"):
+        learner(tiny_model(), lr=1e-3).step([dataclasses.replace(rows[0], completion_ids=[])])
+
+
 def test_the_trace_step_leaves_out_peers_traces_of_prompts_the_node_already_solves():
     """``learner.trace_max_own_solve``: a guided peer's trace enters the trace step only where the node's own
     completions of that prompt solved at most that share; generator traces (no own share) always do."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -12,6 +13,9 @@ from node.model import tiny
 from protocol.types import Completion, Group, TaskRef
 from swarm.pool import PooledGroup
 from swarm.sapo import SapoBatch
+
+if TYPE_CHECKING:
+    from node.runtime import Node
 
 
 @pytest.fixture(scope="module")
@@ -236,12 +240,13 @@ _LAB = [
 ]
 
 
-@pytest.mark.parametrize("trace", [False, True])
+@pytest.mark.parametrize(("trace", "trace_only"), [(False, False), (True, False), (True, True)])
 def test_gold_labels_add_own_labelled_samples_of_the_named_families(
-    model_dir: Path, tmp_path: Path, trace: bool
+    model_dir: Path, tmp_path: Path, trace: bool, trace_only: bool
 ) -> None:
     """``labels``: each step adds ``per_step`` samples of the node's own gold completions (bare, or the family's
-    trace) on the named families only, credited 1 - b; the batch is otherwise what SAPO sampled."""
+    trace) on the named families only, credited 1 - b; the batch is otherwise what SAPO sampled. With
+    ``labels.trace_only`` the traces are the trace step's only (no RL row)."""
     from node.rollout.groups import OwnRollouts
     from node.runtime import Node, build_parts
 
@@ -250,12 +255,13 @@ def test_gold_labels_add_own_labelled_samples_of_the_named_families(
             "model": {"name": str(model_dir), "device": "cpu"},
             "tasks": {"families": _LAB},
             "rollout": {"max_new_tokens": 200},  # the built-in tiny tokenizer spends a token a character
-            "labels": {"families": ["lab_sub"], "per_step": 5, "trace": trace},
+            "labels": {"families": ["lab_sub"], "per_step": 5, "trace": trace, "trace_only": trace_only},
+            "learner": {"trace_lr": 1e-4 if trace_only else 0.0},
         }
     )
 
     async def run():
-        node = await Node.create(cfg, tmp_path / str(trace), parts=build_parts(cfg), live=False)
+        node = await Node.create(cfg, tmp_path / f"{trace}{trace_only}", parts=build_parts(cfg), live=False)
         try:
             return node.make_batch(OwnRollouts()).samples, node.policy.tokenizer
         finally:
@@ -270,6 +276,15 @@ def test_gold_labels_add_own_labelled_samples_of_the_named_families(
         assert text.endswith(f"<answer>{terms[0] - terms[1]}</answer>")
         assert text.startswith("<think>") == trace
         assert s.trace == trace  # written working is what the trace step (learner.trace_lr) imitates
+        assert s.trace_only == trace_only
+
+
+def test_labels_trace_only_needs_traces_and_the_trace_step() -> None:
+    with pytest.raises(ValueError, match="trace_only needs labels.trace"):
+        NodeConfig.model_validate({"labels": {"trace_only": True}, "learner": {"trace_lr": 1e-4}})
+    with pytest.raises(ValueError, match="trace_only needs the trace step"):
+        NodeConfig.model_validate({"tasks": {"families": _LAB}, "labels": {"families": ["lab_sub"], "trace": True,
+                                                                         "trace_only": True}})  # fmt: skip
 
 
 def test_labels_must_name_the_nodes_own_families() -> None:
@@ -401,31 +416,33 @@ def test_trace_own_marks_the_nodes_own_right_completions_for_the_trace_step(tmp_
         NodeConfig.model_validate({"learner": {"trace_own": True}})
 
 
+def _trace_node(tmp_path: Path, trace_groups: int, *, credit: bool = False) -> Node:
+    """A weak scripted guided node taking ``trace_groups`` peers' groups a step for its trace step."""
+    from node.runtime import Node
+    from sim.scripted import build_scripted_parts
+
+    cfg = NodeConfig.model_validate(
+        {
+            "seed": 3,
+            "tasks": {"families": [{"name": "chain_sum", "config": {"n": 2}}]},
+            "rollout": {"prompts_per_step": 4, "group_size": 8, "max_new_tokens": 32},
+            "sapo": {"local_groups": 2, "external_groups": 1, "peer_advantage": "guided", "max_per_peer": 2,
+                     "publish_solved": True, "trace_groups": trace_groups, "trace_credit": credit},
+            "learner": {"trace_lr": 1e-4},
+        }
+    )  # fmt: skip
+    parts = build_scripted_parts(cfg, lr=1.0, init_p=0.05, init_spread=0.0, max_p=0.99, answer_tokens=4)
+    return Node(cfg, tmp_path / f"weak{trace_groups}{'c' * credit}", parts, live=False)
+
+
 def test_trace_groups_add_a_peers_verified_completions_to_the_trace_step_only(tmp_path: Path) -> None:
     """``sapo.trace_groups``: beside the J mixed groups, more of a peer's groups give the trace step their completions
     the node's own verifier scored right (``trace_only``: no RL row, no rollout of the node on their prompts), once
     the peer is established; the RL part of the batch is what it would be without them."""
-    from node.runtime import Node
     from protocol.types import Envelope, RolloutBatch
-    from sim.scripted import build_scripted_parts
 
     strong = _scripted_node(tmp_path, "strong", "receiver", 0.85)
-
-    def weak_node(trace_groups: int) -> Node:
-        cfg = NodeConfig.model_validate(
-            {
-                "seed": 3,
-                "tasks": {"families": [{"name": "chain_sum", "config": {"n": 2}}]},
-                "rollout": {"prompts_per_step": 4, "group_size": 8, "max_new_tokens": 32},
-                "sapo": {"local_groups": 2, "external_groups": 1, "peer_advantage": "guided", "max_per_peer": 2,
-                         "publish_solved": True, "trace_groups": trace_groups},
-                "learner": {"trace_lr": 1e-4},
-            }
-        )  # fmt: skip
-        parts = build_scripted_parts(cfg, lr=1.0, init_p=0.05, init_spread=0.0, max_p=0.99, answer_tokens=4)
-        return Node(cfg, tmp_path / f"weak{trace_groups}", parts, live=False)
-
-    weak, plain = weak_node(2), weak_node(0)
+    weak, plain = _trace_node(tmp_path, 2), _trace_node(tmp_path, 0)
     seen = 0
     for seq in range(5):
         published = strong.generate().informative(solved=True)
@@ -460,3 +477,38 @@ def test_trace_groups_add_a_peers_verified_completions_to_the_trace_step_only(tm
         NodeConfig.model_validate({"sapo": {"peer_advantage": "guided", "trace_groups": 4}})
     with pytest.raises(ValueError, match="trace_groups needs sapo.peer_advantage: guided"):
         NodeConfig.model_validate({"sapo": {"trace_groups": 4}, "learner": {"trace_lr": 1e-4}})
+
+
+def test_trace_credit_makes_each_distinct_verified_trace_one_credited_rl_row(tmp_path: Path) -> None:
+    """``sapo.trace_credit``: a trace group's distinct right texts become one row each of the RL update as well as
+    the trace step, credited 1 - b (this node's solve rate of the family) with no importance weight, as the
+    ``labels.trace`` ceiling credits a generator trace; repeats and wrong completions are left out."""
+    from protocol.types import Envelope, RolloutBatch
+
+    strong = _scripted_node(tmp_path, "strong", "receiver", 0.85)
+    weak = _trace_node(tmp_path, 2, credit=True)
+    credited = 0
+    for seq in range(5):
+        published = strong.generate().informative(solved=True)
+        batch = RolloutBatch(model="m", policy_version=0, tokenizer="scripted-bytes-v1", groups=tuple(published))
+        weak.ingest(Envelope(1, "rollouts", "swarm", "strong", b"k" * 32, seq, 0, 0.0, batch))
+        guides = weak.choose_guides()
+        train = weak.make_batch(weak.generate())
+        assert not any(s.trace_only for s in train.samples)
+        rows = [s for s in train.samples if s.source == "strong" and not s.guided]
+        want = {
+            (tuple(weak.samples.prompt_ids(g.group.task)), tuple(ids))
+            for g in guides.traces
+            for ids in weak.samples._right_peer_ids(g)
+        }
+        assert {(tuple(s.prompt_ids), tuple(s.completion_ids)) for s in rows} == want
+        assert len(rows) == len(want)  # one row a distinct text
+        b = weak.solve_rates.rate("chain_sum")
+        assert all(s.trace and s.external and s.advantage == pytest.approx(1.0 - b) for s in rows)
+        assert all(s.behaviour_logprobs is None and s.behaviour_logprob_mean is None for s in rows)
+        credited += len(rows)
+        for node in (weak, strong):
+            node.step += 1
+    assert credited > 0
+    with pytest.raises(ValueError, match="trace_credit needs sapo.trace_groups"):
+        NodeConfig.model_validate({"sapo": {"peer_advantage": "guided", "trace_credit": True}})
