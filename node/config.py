@@ -437,6 +437,9 @@ class SapoConfig(StrictModel):
     costs neither (it joins the trace step's fixed batch, ``learner.trace_batch``), so the verified working a node
     can take a step grows with the swarm while its RL batch stays the same. Drawn from established senders only, at
     most ``max_per_peer`` from one (``SapoSampler.choose_traces``)."""
+    trace_families: list[str] = Field(default_factory=list)
+    """``trace_groups`` only: take trace groups of these task families only (empty: every family). A node that
+    knows some of its families takes peers' working where it lacks it, and leaves the trace step's batch to it."""
     trace_credit: bool = False
     """``trace_groups`` only: each distinct verified text of a trace group also becomes one RL row, credited
     ``1 - b`` (``b`` this node's recent solve rate of the family) with no importance weight, exactly as the
@@ -457,6 +460,8 @@ class SapoConfig(StrictModel):
             raise ValueError("local_groups + external_groups must be at least 1 (set sapo.local_groups)")
         if self.trace_groups and self.peer_advantage != "guided":
             raise ValueError("sapo.trace_groups needs sapo.peer_advantage: guided (the guided batch takes them)")
+        if self.trace_families and not self.trace_groups:
+            raise ValueError("sapo.trace_families needs sapo.trace_groups (the trace groups it selects)")
         if self.trace_credit and not self.trace_groups:
             raise ValueError("sapo.trace_credit needs sapo.trace_groups (the trace groups it credits)")
         if self.peer_groups == "stronger" and self.peer_advantage == "group":

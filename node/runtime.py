@@ -585,7 +585,8 @@ class Node:
         share): on the event loop, before :meth:`generate` rolls out on their prompts."""
         if self._guides is None or self._guides.step != self.step:
             self._guides = self.sampler.choose_external(self.pool, self.step)
-            self.sampler.choose_traces(self.pool, self.step, self._guides, self.cfg.sapo.trace_groups)
+            sapo = self.cfg.sapo
+            self.sampler.choose_traces(self.pool, self.step, self._guides, sapo.trace_groups, sapo.trace_families)
         return self._guides
 
     def make_batch(self, own: OwnRollouts) -> TrainBatch:

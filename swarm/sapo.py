@@ -16,7 +16,7 @@ import logging
 import math
 import random
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -359,19 +359,24 @@ class SapoSampler:
             g.uses += 1
         return batch
 
-    def choose_traces(self, pool: RolloutPool, step: int, batch: SapoBatch, limit: int) -> None:
+    def choose_traces(
+        self, pool: RolloutPool, step: int, batch: SapoBatch, limit: int, families: Collection[str] = ()
+    ) -> None:
         """``sapo.trace_groups``: up to ``limit`` more peers' groups into ``batch.traces``, for the trace step only
         (their completions this node's verifier scored right; no RL row, so no rollout of this node on their
         prompts). Drawn after :meth:`choose_external` from the fresh unused groups that hold a solved completion,
         uniformly (its own random stream: the RL draws stay what they were), at most ``max_per_peer`` from one
         sender, and from **established** senders only: a newcomer's groups wait for the RL slots and their sybil
-        budget, so minting identities buys no trace. Marked used, like every group trained on."""
+        budget, so minting identities buys no trace. Marked used, like every group trained on. ``families``
+        (``sapo.trace_families``; empty: all) keeps the groups of those task families only."""
         if limit <= 0:
             return
         candidates = [
             g
             for g in pool.fresh(step, local=False, unused_only=True)
-            if any_solved(g.rewards) and pool.active_steps(g.source) >= self.establish_steps
+            if any_solved(g.rewards)
+            and pool.active_steps(g.source) >= self.establish_steps
+            and (not families or g.group.task.family in families)
         ]
         self.trace_rng.shuffle(candidates)
         per_peer: Counter[str] = Counter()

@@ -512,3 +512,5 @@ def test_trace_credit_makes_each_distinct_verified_trace_one_credited_rl_row(tmp
     assert credited > 0
     with pytest.raises(ValueError, match="trace_credit needs sapo.trace_groups"):
         NodeConfig.model_validate({"sapo": {"peer_advantage": "guided", "trace_credit": True}})
+    with pytest.raises(ValueError, match="trace_families needs sapo.trace_groups"):
+        NodeConfig.model_validate({"sapo": {"peer_advantage": "guided", "trace_families": ["lab_sub"]}})

@@ -1,5 +1,6 @@
 """SAPO sampling and ingestion: re-scoring by the receiver, zero-advantage drops, per-peer caps, dedup."""
 
+import dataclasses
 from collections import Counter
 
 import pytest
@@ -406,3 +407,24 @@ def test_trace_groups_come_after_the_rl_draw_from_established_senders_with_a_sol
     assert {g.key for g in pool.fresh(3, local=False, unused_only=True) if g.source in "abc"} == {
         "a-unsolved", "b-unsolved", "c-unsolved"
     }  # fmt: skip
+
+
+def test_trace_families_keep_the_trace_groups_of_those_families_only():
+    """``sapo.trace_families``: a node takes peers' working for the families it names (where it lacks them); the
+    other families' solved groups stay in the pool, unused."""
+    pool = RolloutPool(10_000, 10)
+    for step in range(3):
+        for i, family in enumerate(["lab_add", "lab_sub"] * 3):
+            g = _pooled(f"a{step}:{i}", "a", (0.0, 1.0), step=step)
+            task = dataclasses.replace(g.group.task, family=family)
+            pool.add(dataclasses.replace(g, group=dataclasses.replace(g.group, task=task)))
+    sampler = SapoSampler(0, 4, fill_local=False, seed=7, max_per_peer=100)
+    batch = sampler.choose_external(pool, 2)
+    sampler.choose_traces(pool, 2, batch, 100, families=["lab_sub"])
+    assert batch.traces and {g.group.task.family for g in batch.traces} == {"lab_sub"}
+    left = {g.group.task.family for g in pool.fresh(2, local=False, unused_only=True)}
+    assert left == {"lab_add"}
+    every = SapoSampler(0, 4, fill_local=False, seed=7, max_per_peer=100)
+    rest = SapoBatch(step=2)
+    every.choose_traces(pool, 2, rest, 100)
+    assert {g.group.task.family for g in rest.traces} == {"lab_add"}  # without the filter: what was left
