@@ -440,6 +440,13 @@ class SapoConfig(StrictModel):
     trace_families: list[str] = Field(default_factory=list)
     """``trace_groups`` only: take trace groups of these task families only (empty: every family). A node that
     knows some of its families takes peers' working where it lacks it, and leaves the trace step's batch to it."""
+    trace_texts: Literal["all", "mode", "generator"] = "all"
+    """``trace_groups`` only: which of a trace group's right texts the trace step takes. ``all``: every one (the
+    step keeps distinct texts). ``mode``: only the text the peer wrote most often among its right completions of the
+    prompt: a specialist writes its working the same way each time, and a right answer it reached once by other
+    working is often wrong working (about 2-4% of a laboratory peer's right completions, but after deduplication
+    about a tenth of the distinct traces). ``generator``: a diagnostic for families whose generator writes the
+    working (the laboratory families): only texts equal to it; no real task has it."""
     trace_credit: bool = False
     """``trace_groups`` only: each distinct verified text of a trace group also becomes one RL row, credited
     ``1 - b`` (``b`` this node's recent solve rate of the family) with no importance weight, exactly as the
@@ -462,6 +469,8 @@ class SapoConfig(StrictModel):
             raise ValueError("sapo.trace_groups needs sapo.peer_advantage: guided (the guided batch takes them)")
         if self.trace_families and not self.trace_groups:
             raise ValueError("sapo.trace_families needs sapo.trace_groups (the trace groups it selects)")
+        if self.trace_texts != "all" and not self.trace_groups:
+            raise ValueError("sapo.trace_texts needs sapo.trace_groups (the trace groups whose texts it picks)")
         if self.trace_credit and not self.trace_groups:
             raise ValueError("sapo.trace_credit needs sapo.trace_groups (the trace groups it credits)")
         if self.peer_groups == "stronger" and self.peer_advantage == "group":

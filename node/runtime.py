@@ -166,6 +166,7 @@ class Node:
             peer_text=cfg.sapo.peer_text,
             guided_negatives=cfg.sapo.guided_negatives,
             trace_own=cfg.learner.trace_own,
+            trace_texts=cfg.sapo.trace_texts,
         )
         #: ``labels``: a task source over the families this node adds its own gold labels for (a control).
         self._label_tasks = None

@@ -14,6 +14,7 @@ Knows nothing about how groups were chosen (``swarm.sapo``), the network, or ten
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -58,6 +59,7 @@ class SampleBuilder:
         peer_text: str = "full",
         guided_negatives: str = "keep",
         trace_own: bool = False,
+        trace_texts: str = "all",
     ) -> None:
         self.policy = policy
         self.tasks = tasks
@@ -74,6 +76,9 @@ class SampleBuilder:
         #: ``learner.trace_own``: this node's own right completions are marked ``trace`` too (the trace step's
         #: rehearsal of what the node knows).
         self.trace_own = trace_own
+        #: ``sapo.trace_texts``: which of a trace group's right texts become trace rows (``all``, ``mode``, or the
+        #: ``generator`` diagnostic).
+        self.trace_texts = trace_texts
 
     def prompt_ids(self, task: TaskRef) -> list[int]:
         """The local prompt tokens of ``task`` (regenerated from its ref, formatted as this policy prompts)."""
@@ -153,7 +158,7 @@ class SampleBuilder:
         row of both the RL update, at advantage ``credit`` with no importance weight (as ``labels`` credits a gold
         trace), and the trace step; its repeats are left out (the trace step keeps distinct texts only)."""
         prompt_ids = self.prompt_ids(guide.group.task)
-        rows = self._right_peer_ids(guide)
+        rows = self._trace_texts(guide, self._right_peer_ids(guide))
         if credit is not None:
             rows = list({tuple(r): r for r in rows}.values())
         return [
@@ -161,6 +166,22 @@ class SampleBuilder:
                         family=guide.group.task.family, trace=True, trace_only=credit is None, source=guide.source)
             for row in rows
         ]  # fmt: skip
+
+    def _trace_texts(self, guide: PooledGroup, rows: list[list[int]]) -> list[list[int]]:
+        """``sapo.trace_texts`` on a trace group's right rows: ``all`` keeps them; ``mode`` keeps the copies of the
+        text the peer wrote most often among them (the first of equals), the working it writes with confidence, not
+        a right answer reached once by other working; ``generator`` (a diagnostic of the laboratory families, whose
+        generator writes the working) keeps the texts equal to the generator's own completion."""
+        if self.trace_texts == "mode" and rows:
+            counts = Counter(tuple(r) for r in rows)
+            top = max(counts.values())
+            mode = next(r for r in rows if counts[tuple(r)] == top)
+            return [r for r in rows if r == mode]
+        if self.trace_texts == "generator" and rows:
+            written = self.tasks.trace(self.tasks.materialize(guide.group.task))
+            want = self.completion_ids(written, "stop") if written else None
+            return [r for r in rows if r == want]
+        return rows
 
     def _right_peer_ids(self, guide: PooledGroup) -> list[list[int]]:
         """The token ids of the peer's completions this node's verifier scored right (``guide.rewards``), as

@@ -514,3 +514,45 @@ def test_trace_credit_makes_each_distinct_verified_trace_one_credited_rl_row(tmp
         NodeConfig.model_validate({"sapo": {"peer_advantage": "guided", "trace_credit": True}})
     with pytest.raises(ValueError, match="trace_families needs sapo.trace_groups"):
         NodeConfig.model_validate({"sapo": {"peer_advantage": "guided", "trace_families": ["lab_sub"]}})
+
+
+def test_trace_texts_pick_the_modal_right_text_or_the_generators() -> None:
+    """``sapo.trace_texts``: ``mode`` keeps the copies of the text the peer wrote most often among its right
+    completions (the first of equals); ``generator`` keeps the texts equal to the family's own written completion,
+    none where the family writes none; ``all`` keeps every right text."""
+    from types import SimpleNamespace
+
+    from node.learn.batch import SampleBuilder
+
+    class Policy:
+        tokenizer = SimpleNamespace(eos_token_id=0)
+
+        def encode(self, text: str) -> list[int]:
+            return [ord(c) for c in text]
+
+    class Tasks:
+        def materialize(self, ref: TaskRef) -> SimpleNamespace:
+            return SimpleNamespace(ref=ref)
+
+        def trace(self, item: SimpleNamespace) -> str | None:
+            return "gold" if item.ref.index == 1 else None
+
+    def guide(index: int, texts: list[str], rewards: list[float]) -> PooledGroup:
+        comps = tuple(Completion(text=t, n_tokens=3, finish_reason="stop") for t in texts)
+        task = TaskRef("lab_sub", {}, seed=0, index=index)
+        return PooledGroup(key=f"k{index}", source="p", group=Group(task=task, completions=comps),
+                           rewards=tuple(rewards), step=0)  # fmt: skip
+
+    def texts(mode: str, g: PooledGroup) -> list[str]:
+        builder = SampleBuilder(Policy(), Tasks(), max_new_tokens=64, advantages=list, trace_texts=mode)
+        return ["".join(map(chr, r[:-1])) for r in builder._trace_texts(g, builder._right_peer_ids(g))]
+
+    g = guide(1, ["lucky", "gold", "wrong", "gold", "gold", "other"], [1.0, 1.0, 0.0, 1.0, 1.0, 1.0])
+    assert texts("all", g) == ["lucky", "gold", "gold", "gold", "other"]
+    assert texts("mode", g) == ["gold", "gold", "gold"]
+    assert texts("generator", g) == ["gold", "gold", "gold"]
+    tie = guide(2, ["a", "b", "b", "a"], [1.0, 1.0, 1.0, 1.0])
+    assert texts("mode", tie) == ["a", "a"]  # the first of equals
+    assert texts("generator", tie) == []  # item 2's family writes no working
+    with pytest.raises(ValueError, match="trace_texts needs sapo.trace_groups"):
+        NodeConfig.model_validate({"sapo": {"peer_advantage": "guided", "trace_texts": "mode"}})
