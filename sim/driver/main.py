@@ -104,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.quick and prov["registered"] is None:
             raise SystemExit(f"{args.config}: no commit holds this registration; commit it before its first run")
         work.mkdir(parents=True, exist_ok=True)
+        if seed_starts is not None:  # starts an interrupted run left on disk: its finished pairs' step 0 in reports
+            seed_starts.update(seed_starts_on_disk(sim, work, seed_starts))
         arms = [a for a in reg.arms if not args.only or a in args.only.split(",")]
         t0 = time.perf_counter()
         arm_sets = (keys, settings)

@@ -110,6 +110,10 @@ def collect(work: Path, sim: SimConfig, saved: Data, start: dict[str, Any] | Non
                     rec = {**rec, "steps": {"0": first["record"], **rec["steps"]}}
                     if "per_node" in rec and "per_node" in first:
                         rec["per_node"] = {"0": first["per_node"], **rec["per_node"]}
+                if "0" not in rec["steps"]:  # finished, but its seed's start is not evaluated (yet): no gap to read
+                    print(f"{arm} seed {seed}: finished, but its start is not evaluated yet; left out of this report",
+                          file=sys.stderr)  # fmt: skip
+                    continue
                 data.setdefault(arm, {})[seed] = rec
     return data
 

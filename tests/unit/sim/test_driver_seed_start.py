@@ -88,3 +88,23 @@ def test_per_seed_start_gives_the_numbers_of_per_pair_starts_and_resumes(tmp_pat
     again = json.loads((out / "controls_het_quick.json").read_text())
     assert again["seed_starts"] == starts and again["pairs"]["alone"] == data["pairs"]["alone"]
     assert again["pairs"]["labels"]["1"]["per_node"]["0"] == starts["1"]["per_node"]
+
+
+def test_a_finished_pair_whose_seeds_start_is_not_evaluated_is_left_out_not_a_crash(tmp_path: Path, capsys) -> None:
+    """A run interrupted after some pairs of a seed finished, resumed with other arms (``--only``): the report written
+    before that seed's start is known leaves those pairs out (and says so) instead of failing the run; with the start
+    (from disk, ``seed_starts_on_disk``) they are in."""
+    from sim.driver.pairs import collect
+    from sim.driver.start import seed_starts_on_disk
+
+    sim = load_sim_config(str(CONFIG), PER_SEED, quick=True).model_copy(update={"seeds": [4]})
+    ev = {"families": {f: {"accuracy": 0.5, "pass_at_8": 0.75} for f in ("lab_add", "lab_sub")}}
+    for i in range(sim.nodes):
+        for where, step in ((tmp_path / "alone" / "seed4", sim.steps), (tmp_path / "start" / "seed4", 0)):
+            (where / f"node{i}").mkdir(parents=True, exist_ok=True)
+            (where / f"node{i}" / "eval.jsonl").write_text(json.dumps({**ev, "step": step}) + "\n")
+    assert collect(tmp_path, sim, {}, None, {}) == {}
+    assert "alone seed 4: finished, but its start is not evaluated yet" in capsys.readouterr().err
+    starts = seed_starts_on_disk(sim, tmp_path, {})
+    data = collect(tmp_path, sim, {}, None, starts)
+    assert set(data) == {"alone"} and set(data["alone"][4]["steps"]) == {"0", str(sim.steps)}
