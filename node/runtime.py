@@ -617,8 +617,7 @@ class Node:
             samples += self.samples.guided(mine, own.generations[mine.key], guide)
         credit = self.cfg.sapo.trace_credit
         for guide in chosen.traces:  # sapo.trace_groups: the trace step's (and, credited, the RL update's)
-            family = guide.group.task.family
-            samples += self.samples.traces(guide, 1.0 - self.solve_rates.rate(family) if credit else None)
+            samples += self.samples.traces(guide, self._need(guide.group.task.family) if credit else None)
         return TrainBatch(sapo, samples + self._label_samples())
 
     def _label_samples(self) -> list[TrainSample]:
@@ -627,10 +626,13 @@ class Node:
             return []
         refs = self._label_tasks.sample(self._step_rng("labels"), self.cfg.labels.per_step)
         items = [self._label_tasks.materialize(r) for r in refs]
-        return self.samples.labels(
-            items, lambda fam: 1.0 - self.solve_rates.rate(fam), trace=self.cfg.labels.trace,
-            trace_only=self.cfg.labels.trace_only,
-        )  # fmt: skip
+        labels = self.cfg.labels
+        return self.samples.labels(items, self._need, trace=labels.trace, trace_only=labels.trace_only)
+
+    def _need(self, family: str) -> float:
+        """``1 - b``, ``b`` this node's recent solve rate of ``family``: the credit of a gold label or a credited
+        trace (``labels``, ``sapo.trace_credit``)."""
+        return 1.0 - self.solve_rates.rate(family)
 
     def learn(self, batch: TrainBatch) -> dict[str, float]:
         """One learner update (blocking), then the side phase's (MNPO); no update when nothing is informative."""
