@@ -56,7 +56,7 @@ def run(
     except SwarmError as e:
         fail(str(e))
     from protocol.config import write_resolved
-    from sim.report.summary import markdown_table, write_report
+    from sim.report.summary import collect, glance_table, markdown_table, write_report
     from sim.runner import run_experiment
 
     try:
@@ -64,8 +64,14 @@ def run(
         run_experiment(cfg, out, progress=lambda line: typer.echo(line, err=True))
     except SwarmError as e:
         fail(str(e))
-    rows = write_report(out, title=cfg.name, order=[v.name for v in cfg.configurations])
+    order = [v.name for v in cfg.configurations]
+    rows = write_report(out, title=cfg.name, order=order)
     typer.echo(markdown_table(rows), nl=False)
+    glance = glance_table(collect(out, order))
+    if glance:  # the nodes half-know their families: what each learned of the one it lacks, and kept of its own
+        typer.echo(
+            "\nHeld-out exact, first -> last evaluation, ± one standard error of the change:\n\n" + glance, nl=False
+        )
     plots = ", ".join(f"{out}/{p.name}" for p in sorted(Path(out).glob("*.png")))
     typer.echo(f"results in {out}/results.md and {out}/report.html, plots in {plots}")
 

@@ -83,15 +83,19 @@ def run_experiment(
 
 def pair_cost(sim: SimConfig, name: str, seed: int) -> int:
     """A (configuration, seed) pair's work, in completions a run generates or trains on: per node and step, its own
-    and its peers' groups' rows (a guided node also rolls out on its peers' prompts) and its label rows. Only the
-    order matters: the parallel runner starts the heaviest pairs first (longest-processing-time scheduling)."""
+    and its peers' groups' rows (a guided node also rolls out on its peers' prompts), its label rows and its trace
+    step's rows. Only the order matters: the parallel runner starts the heaviest pairs first (longest-processing-time
+    scheduling)."""
     total = 0
     for i in range(sim.nodes):
         cfg = sim.node_config(name, i, seed)
         g, sapo = cfg.rollout.group_size, cfg.sapo
         rolled = sapo.local_groups + (sapo.external_groups if sapo.peer_advantage == "guided" else 0)
         labels = cfg.labels.per_step if cfg.labels.families else 0
-        total += sim.steps * (g * (rolled + sapo.local_groups + sapo.external_groups) + labels)
+        # the trace step's rows (learner.trace_batch, else this step's traces): full written working in a second
+        # pass with its own optimiser, counted twice against a bare label row
+        traces = 2 * (cfg.learner.trace_batch or g * sapo.trace_groups) if cfg.learner.trace_lr else 0
+        total += sim.steps * (g * (rolled + sapo.local_groups + sapo.external_groups) + labels + traces)
     return total
 
 

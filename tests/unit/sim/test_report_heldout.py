@@ -172,3 +172,27 @@ def test_the_errors_pair_the_same_problems_and_count_each_problem_once_over_seed
     assert change_se(two, "f", 0) == (0.0, "seeds")
     # each problem once (its mean over the two seeds), not each seed's copy of it: sd([0, 0, 1, 1]) / 2
     assert level_se(two, "f", 0)[0] == statistics.stdev([0, 0, 1, 1]) / 2
+
+
+def test_swarm_sim_run_prints_the_glance_after_its_table(tmp_path: Path, monkeypatch) -> None:
+    """``swarm-sim run`` of two half-knowing nodes prints, after the per-configuration table, what each node
+    learned of the family it lacks and kept of its own (the README's demo numbers are this output)."""
+    from typer.testing import CliRunner
+
+    import sim.runner
+    from sim.cli import app
+
+    def fake_run(cfg, out, progress=None, pairs=None):  # the runner's output files, as a finished demo leaves them
+        for node in (0, 1):
+            _specialist(out, "alone", node, (0.1, 0.1), (0.8, 0.8))
+            _specialist(out, "own-labels", node, (0.1, 0.0), (0.8, 0.2))
+            _specialist(out, "peer-trace", node, (0.1, 0.35), (0.8, 0.8))
+
+    monkeypatch.setattr(sim.runner, "run_experiment", fake_run)
+    root = Path(__file__).resolve().parents[3]
+    res = CliRunner().invoke(app, ["run", str(root / "configs/sim/demo.yaml"), "--quick", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 0, res.output
+    table, glance = res.output.split("Held-out exact, first -> last evaluation", 1)
+    assert "| peer-trace | 1 | 2 |" in table
+    assert "| peer-trace | node 0 | lab_sub: 0.100 -> 0.350, up 0.250 | lab_add: 0.800 -> 0.800, no change |" in glance
+    assert "| own-labels | node 1 | lab_add: 0.100 -> 0.000, down 0.100 |" in glance
