@@ -56,8 +56,9 @@ def test_pairs_start_seed_by_seed_and_heaviest_first() -> None:
     sim = load_sim_config("configs/sim/transfer-het.yaml")
     cost = {name: pair_cost(sim, name, 0) for name in ("alone", "labels", "receiver", "guided")}
     assert cost["alone"] < cost["labels"] < cost["receiver"] < cost["guided"]
+    assert cost["labels"] < pair_cost(sim, "peer-trace", 0)  # its trace step's 32 rows of working a step
     demo = load_sim_config("configs/sim/demo.yaml")
-    assert pair_order(demo, [(v.name, 0) for v in demo.configurations])[0] == ("receiver-stronger", 0)
+    assert pair_order(demo, [(v.name, 0) for v in demo.configurations])[0] == ("peer-trace", 0)
     # several seeds: whole seeds first, so an interrupted run leaves complete seeds to analyse paired
     two = pair_order(sim, [(name, seed) for name in ("alone", "guided") for seed in (1, 0)])
     assert two == [("guided", 0), ("alone", 0), ("guided", 1), ("alone", 1)]
