@@ -130,24 +130,22 @@ def lines(rows: list[NodeGain], arm: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from sim.config import load_sim_config
+    import yaml  # the experiment's YAML is read as data: its registration's lacking part, results name and steps
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("config", type=str, help="the experiment's YAML (its registration names the lacking families)")
+    ap.add_argument("config", type=Path, help="the experiment's YAML (its registration names the lacking families)")
     ap.add_argument("--arm", action="append", required=True, help="an arm (repeat for more)")
-    ap.add_argument(
-        "--work", type=Path, help="the run directory (default runs/<registered results name>, as the driver)"
-    )
+    ap.add_argument("--work", type=Path, help="the run directory (default runs/<registered results name>)")
     ap.add_argument("--results", type=Path, help="the results JSON (default benchmarks/results/<registered name>)")
     args = ap.parse_args(argv)
-    sim = load_sim_config(args.config)
-    reg = sim.registration
-    lacking = (reg.parts or {}).get("lacking") if reg else None
-    if not lacking:
-        raise SystemExit(f"{args.config}: its registration names no 'lacking' part")
-    results = json.loads((args.results or Path("benchmarks/results") / f"{reg.results}.json").read_text())
-    work = args.work or Path("runs") / reg.results  # the driver's default
+    raw = yaml.safe_load(args.config.read_text()) or {}
+    reg = raw.get("registration") or {}
+    lacking = (reg.get("parts") or {}).get("lacking")
+    if not lacking or not reg.get("results"):
+        raise SystemExit(f"{args.config}: its registration names no results or no 'lacking' part")
+    results = json.loads((args.results or Path("benchmarks/results") / f"{reg['results']}.json").read_text())
+    work = args.work or Path("runs") / reg["results"]  # the driver's default
     for arm in args.arm:
-        rows = node_gains(results, work, arm, {int(k): v for k, v in lacking.items()}, sim.steps)
+        rows = node_gains(results, work, arm, {int(k): v for k, v in lacking.items()}, int(raw["steps"]))
         print("\n".join(lines(rows, arm) if rows else [f"{arm}: no node with a start and an evaluation on disk"]))
         print()

@@ -51,9 +51,16 @@ def test_the_readme_leads_with_the_gap_closed_the_result_json_writes() -> None:
     assert tables.GAP_BEGIN in text and text.index(tables.GAP_BEGIN) < text.index("## Set-up")
     lines = tables.gap_table()
     assert any(line.startswith("[transfer-het]") for line in lines)
-    rows = [line for line in lines if line.startswith("| ") and not line.startswith("| arm")]
-    means = [float(row.split("**")[1]) for row in rows]
-    assert rows and means == sorted(means, reverse=True)
-    first = rows[0]
+    tables_rows: list[list[str]] = []  # one table per experiment, each best first
+    for line in lines:
+        if line.startswith("["):
+            tables_rows.append([])
+        elif line.startswith("| ") and not line.startswith("| arm"):
+            tables_rows[-1].append(line)
+    assert tables_rows and all(tables_rows)
+    for rows in tables_rows:
+        means = [float(row.split("**")[1]) for row in rows]
+        assert means == sorted(means, reverse=True)
+    first = tables_rows[0][0]
     edited = text.replace(first, first.replace("**", "**0", 1))
     assert edited != text and tables.render_readme(edited) == text
