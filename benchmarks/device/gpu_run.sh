@@ -32,5 +32,5 @@ for cmd in "$@"; do
 done
 grep -v INFO $OUT/run.log | tail -40
 for d in ~/.cache/rl-swarm/warm-*/; do [ -d "$d" ] || continue; mkdir -p /tmp/w/models; cp $d/rl_swarm_warm.json /tmp/w/models/$(basename $d).recipe.json; cp $d/warm_stats.json /tmp/w/models/$(basename $d).stats.json; done
-cd /tmp/w && tar czf $OUT/runs.tgz $(find . -name experiment.yaml -o -name roles.json -o -name '*.recipe.json' -o -name '*.stats.json' -o -name metrics.jsonl -o -name eval.jsonl -o -name identity.key -o -name stdout.log -o -name '*.json' -path '*results*')
+cd /tmp/w && tar czf $OUT/runs.tgz $(find . -name experiment.yaml -o -name roles.json -o -name '*.recipe.json' -o -name '*.stats.json' -o -name metrics.jsonl -o -name eval.jsonl -o -name identity.key -o -name stdout.log -o -name '*.pair.json' -o -name '*.json' -path '*results*')
 ls -la $OUT
