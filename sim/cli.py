@@ -65,9 +65,10 @@ def run(
     except SwarmError as e:
         fail(str(e))
     order = [v.name for v in cfg.configurations]
-    rows = write_report(out, title=cfg.name, order=order)
+    results = collect(out, order)
+    rows = write_report(out, title=cfg.name, order=order, results=results)
     typer.echo(markdown_table(rows), nl=False)
-    glance = glance_table(collect(out, order))
+    glance = glance_table(results)
     if glance:  # the nodes half-know their families: what each learned of the one it lacks, and kept of its own
         typer.echo(
             "\nHeld-out exact, first -> last evaluation, ± one standard error of the change:\n\n" + glance, nl=False

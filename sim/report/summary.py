@@ -593,11 +593,13 @@ def lacking_panels_figure(results: list[ConfigResult], title: str) -> Any:
     return fig
 
 
-def write_report(out: str | Path, *, title: str = "experiment", order: list[str] | None = None) -> list[dict[str, Any]]:
+def write_report(out: str | Path, *, title: str = "experiment", order: list[str] | None = None,
+                 results: list[ConfigResult] | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """Write ``results.csv``, ``results.md``, ``report.html`` and the plots (``rewards.png``; with per-family
-    evaluations ``families.png``, and ``lacking.png`` where nodes lack a family) into ``out``; return the table rows."""
+    evaluations ``families.png``, and ``lacking.png`` where nodes lack a family) into ``out``; return the table rows.
+    ``results``: what :func:`collect` read of ``out`` already (a caller that shows it too reads the run once)."""
     out = Path(out)
-    results = collect(out, order)
+    results = collect(out, order) if results is None else results
     rows: list[dict[str, Any]] = []
     baseline = None
     for res in results:
