@@ -14,6 +14,7 @@ import platform
 import shutil
 import subprocess
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def _ram() -> str:
@@ -30,6 +31,23 @@ def _nvidia_smi_gpu() -> str:
             query = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
             return subprocess.run(query, capture_output=True, text=True, timeout=10).stdout.strip() or "none"
     return "none"
+
+
+def cpu_model() -> str:
+    """The processor's model name and the vector instructions torch uses on it (e.g. "AMD EPYC, AVX2"): what decides
+    a model built here to the last bit (another processor rounds another way, so a warm start built from the same
+    recipe on it differs)."""
+    name = platform.processor() or "unknown"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    with contextlib.suppress(ImportError, AttributeError):
+        import torch
+
+        name += f", {torch.backends.cpu.get_cpu_capability()}"
+    return name
 
 
 def machine_info(packages: Sequence[str] = (), *, with_torch: bool = True) -> str:

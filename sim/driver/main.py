@@ -33,6 +33,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--set", action="append", default=[], help="experiment override, e.g. steps=20")
     ap.add_argument("--quick", action="store_true", help="the YAML's quick overrides (seconds; a test)")
     ap.add_argument("--analyze", action="store_true", help="only re-read the runs and the result JSON")
+    rebuilt = ("per-seed starts: where this machine builds another warm start than a seed's saved one, retire that "
+               "seed's finished pairs (kept in the JSON's 'retired') and run every arm of it again")  # fmt: skip
+    ap.add_argument("--restart-rebuilt", action="store_true", help=rebuilt)
     ap.add_argument("--legacy", type=Path, default=None, help="with --analyze: a pre-driver result JSON to read in")
     args = ap.parse_args(argv)
     args.command = "swarm-sim experiment " + " ".join(sys.argv[1:] if argv is None else argv)
@@ -99,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     start = start if start and (args.analyze or start.get("key") == start_key(sim)) else None
     # per-seed starts: seed -> its start; a run checks each against the models it builds before reusing it
     seed_starts = {int(k): v for k, v in (old or {}).get("seed_starts", {}).items()} if seed_start(sim) else None
+    retired: dict[str, list[dict[str, Any]]] = dict((old or {}).get("retired", {}))  # seed -> retirements
     work = args.work or Path("runs") / stem
     if not args.analyze:
         if not args.quick and prov["registered"] is None:
@@ -109,24 +113,26 @@ def main(argv: list[str] | None = None) -> int:
         arms = [a for a in reg.arms if not args.only or a in args.only.split(",")]
         t0 = time.perf_counter()
         arm_sets = (keys, settings)
-        report_now = lambda: write(work, sim, args, prov, arm_sets, saved, start, stem, seed_starts)  # noqa: E731
+        report_now = lambda: write(work, sim, args, prov, arm_sets, saved, start, stem, seed_starts, retired)  # noqa: E731
         if shared_start(sim):
             start = run_start(sim, work, start)
             report_now()  # the start (its digests) is kept from now on
         have = {(a, k) for a, seeds in saved.items() for k in seeds}
         meta = {"commit": provenance.head(root), "registration": h}
-        pairs.run_pending(sim, work, arms, have, meta, after_each=report_now, seed_starts=seed_starts)
+        retire = pairs.Retire(saved, retired) if args.restart_rebuilt else None
+        pairs.run_pending(sim, work, arms, have, meta, after_each=report_now, seed_starts=seed_starts, retire=retire)
         print(f"ran in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
     elif start is None and shared_start(sim) and (work / "stock" / "node0" / "eval.jsonl").is_file():
         start = run_start(sim, work, None, digests=False)  # finished evaluations on disk: read them
     elif seed_starts is not None:  # per-seed starts a run finished but has not kept in the JSON yet (--workers N)
         seed_starts.update(seed_starts_on_disk(sim, work, seed_starts))
-    return write(work, sim, args, prov, (keys, settings), saved, start, stem, seed_starts)
+    return write(work, sim, args, prov, (keys, settings), saved, start, stem, seed_starts, retired)
 
 
 def write(work: Path, sim: Any, args: argparse.Namespace, prov: dict[str, Any],
           arms: tuple[dict[str, str], dict[str, Any]], saved: pairs.Data, start: dict[str, Any] | None,
-          stem: str, seed_starts: dict[int, dict[str, Any]] | None = None) -> int:  # fmt: skip
+          stem: str, seed_starts: dict[int, dict[str, Any]] | None = None,
+          retired: dict[str, list[dict[str, Any]]] | None = None) -> int:  # fmt: skip
     """Read every finished pair (on disk, else saved), analyse, and write the report; 1 when there is nothing."""
     from sim.driver.machine import machine_info
 
@@ -143,6 +149,7 @@ def write(work: Path, sim: Any, args: argparse.Namespace, prov: dict[str, Any],
     lines = report.header(sim, reg, prov, machine_info(), args.command)
     lines += report.stock_lines(start, sim) if start else []
     lines += report.tables(result, reg) if data else ["No (arm, seed) pair has finished yet.", ""]
+    lines += report.retired_lines(retired) if retired else []
     text = "\n".join(lines)
     args.out.mkdir(parents=True, exist_ok=True)
     if data:
@@ -161,6 +168,8 @@ def write(work: Path, sim: Any, args: argparse.Namespace, prov: dict[str, Any],
         result["shared_start"] = start
     if seed_starts:  # each seed's start (per-seed warm starts), evaluated once for its arms
         result["seed_starts"] = {str(k): v for k, v in sorted(seed_starts.items())}
+    if retired:  # pairs whose seed's start another machine could not rebuild (--restart-rebuilt): history, not data
+        result["retired"] = retired
     print(text)
     (args.out / f"{stem}.md").write_text(text)
     out_json.write_text(json.dumps(result, indent=1))

@@ -131,32 +131,57 @@ def seed_sim(sim: SimConfig, seed: int) -> SimConfig:
     return SimConfig.model_validate(mapping)
 
 
+class Retire:
+    """Pairs retired because their seed's start could not be rebuilt (``--restart-rebuilt``): taken out of
+    ``saved`` (so they neither pair with new ones nor count) and kept, with the start they ran from and why, in
+    ``retired`` (the result JSON's ``retired``: seed -> list of retirements)."""
+
+    def __init__(self, saved: Data, retired: dict[str, list[dict[str, Any]]]):
+        self.saved, self.retired = saved, retired
+
+    def seed(self, seed: int, start: dict[str, Any] | None, reason: str) -> list[str]:
+        """Retire every saved pair of ``seed``; the arms retired."""
+        gone = {arm: pairs.pop(seed) for arm, pairs in self.saved.items() if seed in pairs}
+        when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M")
+        entry = {"when": when, "reason": reason, "start": start, "pairs": gone}
+        self.retired.setdefault(str(seed), []).append(entry)
+        return sorted(gone)
+
+
 def run_pending(sim: SimConfig, work: Path, arms: list[str], have: set[tuple[str, int]], meta: dict[str, Any],
                 after_each: Callable[[], object] | None = None,
-                seed_starts: dict[int, dict[str, Any]] | None = None) -> None:  # fmt: skip
+                seed_starts: dict[int, dict[str, Any]] | None = None,
+                retire: Retire | None = None) -> None:  # fmt: skip
     """Run every (arm, seed) pair not finished (on disk or in ``have``), seed by seed, writing a marker with
     ``meta`` (the commit and registration hash) beside each pair as it starts. With one worker ``after_each`` runs
     after each pair (the report is rewritten, so a session that ends mid-run keeps every finished pair).
 
     ``seed_starts`` (per-seed experiments: seed -> its start, updated here) makes each seed with pairs to run
     evaluate its start once, or reuse the one saved, before its pairs; ``after_each`` then runs, so the start is
-    kept, and the pairs of arms that share it run with their own start evaluation off."""
-    from sim.driver.start import run_seed_start, sharing_arms
+    kept, and the pairs of arms that share it run with their own start evaluation off. A saved start the models
+    built here do not reproduce stops the run (:class:`sim.driver.start.StartMismatch`), unless ``retire`` is given
+    (``--restart-rebuilt``): then the seed's finished pairs are retired (:meth:`Retire.seed`), its start is evaluated
+    anew and every arm of ``arms`` runs at that seed."""
+    from sim.driver.start import StartMismatch, run_seed_start, sharing_arms
     from sim.initial import without_start_eval
     from sim.runner import run_experiment
 
     per_seed = bool(sim.registration and sim.registration.per_seed)
+
+    def prepare(arm: str, seed: int) -> None:
+        run_dir = work / arm / f"seed{seed}"
+        if sim.mode == "inprocess":
+            shutil.rmtree(run_dir, ignore_errors=True)
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        stamp = {**meta, "ran": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M")}
+        run_dir.with_suffix(".pair.json").write_text(json.dumps(stamp))
+
     by_seed: dict[int, list[tuple[str, int]]] = {}  # one group unless the experiment is rebuilt per seed
     for seed in sim.seeds:
         for arm in arms:
-            run_dir = work / arm / f"seed{seed}"
-            if (arm, seed) in have or pair_done(run_dir, sim.nodes, sim.steps):
+            if (arm, seed) in have or pair_done(work / arm / f"seed{seed}", sim.nodes, sim.steps):
                 continue
-            if sim.mode == "inprocess":
-                shutil.rmtree(run_dir, ignore_errors=True)
-            run_dir.parent.mkdir(parents=True, exist_ok=True)
-            stamp = {**meta, "ran": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M")}
-            run_dir.with_suffix(".pair.json").write_text(json.dumps(stamp))
+            prepare(arm, seed)
             by_seed.setdefault(seed if per_seed else 0, []).append((arm, seed))
     print(f"{sum(map(len, by_seed.values()))} pairs to run", file=sys.stderr, flush=True)
 
@@ -166,7 +191,19 @@ def run_pending(sim: SimConfig, work: Path, arms: list[str], have: set[tuple[str
     for seed, pending in by_seed.items():
         s = seed_sim(sim, seed)
         if per_seed and seed_starts is not None:
-            seed_starts[seed] = run_seed_start(s, seed, work, seed_starts.get(seed))
+            try:
+                seed_starts[seed] = run_seed_start(s, seed, work, seed_starts.get(seed))
+            except StartMismatch as e:
+                if retire is None:
+                    raise
+                gone = retire.seed(seed, seed_starts.pop(seed, None), str(e))
+                line = f"seed {seed}: its saved start is not what this machine builds; retired its finished pairs"
+                print(f"{line} ({', '.join(gone) or 'none'}); every arm of it runs again", file=sys.stderr, flush=True)
+                seed_starts[seed] = run_seed_start(s, seed, work, None)
+                for arm in arms:
+                    if (arm, seed) not in pending:
+                        prepare(arm, seed)
+                        pending.append((arm, seed))
             if after_each is not None:
                 after_each()
             shared = sharing_arms(s, seed, sorted({a for a, _ in pending}))

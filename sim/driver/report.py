@@ -75,6 +75,21 @@ def stock_lines(start: dict[str, Any], sim: SimConfig) -> list[str]:
     return [*lines, "", f"Warm-started start, averaged over nodes: {at_start}", ""]
 
 
+def retired_lines(retired: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """The pairs retired because their seed's start could not be rebuilt (``--restart-rebuilt``): named, never read."""
+    lines = ["## Retired pairs (not in any number above)", ""]
+    lines.append("A seed's finished pairs are retired when a later machine builds another warm start from the same "
+                 "recipe (floating point differs between machines): pairs run from it would not pair with them, so "
+                 "every arm of that seed ran again from the new start. The retired pairs stay in the JSON "
+                 "(`retired`), with the start they ran from.")  # fmt: skip
+    lines.append("")
+    for seed, entries in sorted(retired.items(), key=lambda kv: int(kv[0])):
+        for e in entries:
+            arms = ", ".join(sorted(e.get("pairs", {}))) or "none"
+            lines.append(f"- seed {seed}, {e.get('when', '?')}: {arms}")
+    return [*lines, ""]
+
+
 def interval(r: dict[str, float]) -> str:
     """``+mean | [lo, hi]`` of one paired comparison (the cells of the differences table)."""
     return f"{r['mean']:+.3f} | [{r['lo']:+.3f}, {r['hi']:+.3f}]"

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.config import SimConfig
+from sim.driver.machine import cpu_model
 from sim.driver.records import pair_record, read_evals
 from sim.initial import eval_key, evaluate_initial
 
@@ -73,25 +74,35 @@ def _start_record(run_dir: Path, sim: SimConfig) -> dict[str, Any]:
     return {"record": rec["steps"]["0"], "per_node": rec["per_node"]["0"]}
 
 
+class StartMismatch(SystemExit):
+    """The initial models built here are not the ones a saved start was evaluated on (another machine's floating
+    point builds another warm start from the same recipe): pairs run from them would not pair with the finished ones.
+    Uncaught it stops the run with its message; ``--restart-rebuilt`` retires the seed's finished pairs instead."""
+
+
 def checked_start(
     saved: dict[str, Any], nodes: list[Any], work: Path, sim: SimConfig, check_dir: str = "start-check"
 ) -> dict[str, Any]:
     """The saved shared start, once the initial models built here are known to be the ones it was evaluated on: the
     same weight digests, or (a start saved before digests were kept) the same step-0 evaluation, run again here.
-    A different start would unpair every pair still to run from the finished ones, so it stops the run."""
+    A different start would unpair every pair still to run from the finished ones, so it stops the run
+    (:class:`StartMismatch`)."""
     digests = initial_digests(nodes)
     if saved.get("digests") == digests:
         return saved
-    again = "Run on the saved start's machine, or start the experiment afresh (remove its result JSON)."
+    again = (
+        "Run on the saved start's machine, start the experiment afresh (remove its result JSON), or, with per-seed "
+        "starts, --restart-rebuilt (the seed's finished pairs are retired and every arm of it runs again)."
+    )
     if saved.get("digests") is not None:
-        raise SystemExit(
+        raise StartMismatch(
             f"the initial models built here (weights {digests}) are not the ones the saved shared start was "
             f"evaluated on ({saved['digests']}): pairs run now would not pair with the finished ones. {again}"
         )
     _evaluate_nodes(nodes, work / check_dir, {})
     record = _start_record(work / check_dir, sim)["record"]
     if record != saved["record"]:
-        raise SystemExit(
+        raise StartMismatch(
             f"the initial models built here evaluate to {record}, not the saved start's {saved['record']}: pairs run "
             f"now would not pair with the finished ones. {again}"
         )
@@ -120,6 +131,7 @@ def run_start(sim: SimConfig, work: Path, saved: dict[str, Any] | None, digests:
     return {
         "key": start_key(sim),
         "digests": initial_digests(nodes) if digests else None,
+        "built_on": cpu_model() if digests else None,
         **_start_record(work / "start", sim),
         "stock": {fam: {k: f[k] for k in ("accuracy", "pass_at_8")} for fam, f in stock["families"].items()},
         "stock_model": nodes[0].model.name,
@@ -143,7 +155,8 @@ def run_seed_start(sim: SimConfig, seed: int, work: Path, saved: dict[str, Any] 
     t0 = time.perf_counter()
     _evaluate_nodes(nodes, work / "start" / f"seed{seed}", {})
     print(f"seed {seed}'s start evaluated in {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
-    return {"key": key, "digests": initial_digests(nodes), **_start_record(work / "start" / f"seed{seed}", sim)}
+    built = {"digests": initial_digests(nodes), "built_on": cpu_model()}  # the digests hold on that processor only
+    return {"key": key, **built, **_start_record(work / "start" / f"seed{seed}", sim)}
 
 
 def seed_starts_on_disk(sim: SimConfig, work: Path, have: dict[int, Any]) -> dict[int, dict[str, Any]]:

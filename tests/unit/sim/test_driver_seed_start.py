@@ -108,3 +108,43 @@ def test_a_finished_pair_whose_seeds_start_is_not_evaluated_is_left_out_not_a_cr
     starts = seed_starts_on_disk(sim, tmp_path, {})
     data = collect(tmp_path, sim, {}, None, starts)
     assert set(data) == {"alone"} and set(data["alone"][4]["steps"]) == {"0", str(sim.steps)}
+
+
+@pytest.mark.timeout(1200)
+def test_a_seed_whose_start_this_machine_does_not_rebuild_stops_the_run_or_is_run_again_whole(tmp_path: Path) -> None:
+    """Another machine builds another warm start from the same recipe (its floating point differs): a pair run from
+    it would not pair with the seed's finished ones. The run stops and says so; with ``--restart-rebuilt`` the seed's
+    finished pairs are retired (kept in the JSON, out of every number) and every arm of it runs from the new start."""
+    from sim.driver.machine import cpu_model
+    from sim.driver.start import StartMismatch
+
+    cache = f"node.model.cache_dir={tmp_path / 'cache'}"
+    work, out = tmp_path / "work", tmp_path / "out"
+    where = [str(CONFIG), "--quick", "--work", str(work), "--out", str(out)]
+    where += [x for o in [cache, *PER_SEED] for x in ("--set", o)]
+    common = [*where, "--workers", "1", "--seeds", "0"]
+    assert main([*common, "--only", "alone"]) == 0
+    path = out / "controls_het_quick.json"
+    first = json.loads(path.read_text())
+    built = first["seed_starts"]["0"]["digests"]
+    other = {**first, "seed_starts": {"0": {**first["seed_starts"]["0"], "digests": ["0" * 16, "1" * 16]}}}
+    path.write_text(json.dumps(other))  # as if the saved start had been built on another machine
+
+    with pytest.raises(StartMismatch, match="not the ones the saved shared start was evaluated on"):
+        main([*common, "--only", "receiver"])
+    assert not (work / "receiver" / "seed0" / "node0").exists()  # nothing ran from the unpaired start
+
+    assert main([*common, "--only", "alone,receiver", "--restart-rebuilt"]) == 0
+    again = json.loads(path.read_text())
+    assert again["seed_starts"]["0"]["digests"] == built  # the start this machine builds, evaluated anew
+    assert again["seed_starts"]["0"]["built_on"] == cpu_model()  # the processor those digests hold on
+    (entry,) = again["retired"]["0"]
+    assert set(entry["pairs"]) == {"alone"} and entry["start"]["digests"] == ["0" * 16, "1" * 16]
+    assert "not the ones" in entry["reason"]
+    assert set(again["pairs"]) == {"alone", "receiver"} and set(again["pairs"]["alone"]) == {"0"}
+    # one machine, one build: the re-run pair reproduces the retired one to the last digit
+    assert again["pairs"]["alone"]["0"]["per_node"] == entry["pairs"]["alone"]["per_node"]
+    assert "## Retired pairs" in (out / "controls_het_quick.md").read_text()
+    # a re-read keeps the retired pairs as history and out of the numbers
+    assert main([*where, "--analyze"]) == 0
+    assert json.loads(path.read_text())["retired"] == again["retired"]
