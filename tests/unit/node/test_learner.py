@@ -111,15 +111,22 @@ def test_micro_batches_are_cut_from_rows_sorted_by_length_and_the_order_does_not
     lrn.accumulate_gradients(batch)
     flat = [n for mb in shapes for n in mb]
     assert flat == sorted(len(s.prompt_ids) + len(s.completion_ids) for s in batch)  # shortest first
-    params = []
+    grads, params = [], []
     for sort in (True, False):  # sorted against the rows as they come
         model = tiny_model()
         lrn = learner(model, micro_batch_size=3, lr=1e-3, beta=0.1)
         with mock.patch("node.learn.learner.by_length", side_effect=by_length if sort else list) as spy:
+            lrn.accumulate_gradients(list(batch))
+            grads.append(torch.cat([p.grad.flatten() for p in lrn.params]))
+            lrn.optimizer.zero_grad()
             lrn.step(list(batch))
         assert spy.called
         params.append(_flat(model))
-    assert (params[0] - params[1]).abs().max().item() < 1e-6
+    # the same gradient up to the order of float sums (as micro-batching, above); Adam's step divides by the
+    # gradient's own scale, so a parameter with a near-zero gradient moves by up to lr on rounding alone: the
+    # parameters are held to the same bound as micro-batching's, not to the last bit
+    assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4)
+    assert (params[0] - params[1]).abs().max().item() < 1e-5
 
 
 def test_kl_reference_only_with_beta():
