@@ -131,6 +131,11 @@ def seed_sim(sim: SimConfig, seed: int) -> SimConfig:
     return SimConfig.model_validate(mapping)
 
 
+def _minute() -> str:
+    """Now (UTC) to the minute: when a pair was started or retired."""
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M")
+
+
 class Retire:
     """Pairs retired because their seed's start could not be rebuilt (``--restart-rebuilt``): taken out of
     ``saved`` (so they neither pair with new ones nor count) and kept, with the start they ran from and why, in
@@ -142,8 +147,7 @@ class Retire:
     def seed(self, seed: int, start: dict[str, Any] | None, reason: str) -> list[str]:
         """Retire every saved pair of ``seed``; the arms retired."""
         gone = {arm: pairs.pop(seed) for arm, pairs in self.saved.items() if seed in pairs}
-        when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M")
-        entry = {"when": when, "reason": reason, "start": start, "pairs": gone}
+        entry = {"when": _minute(), "reason": reason, "start": start, "pairs": gone}
         self.retired.setdefault(str(seed), []).append(entry)
         return sorted(gone)
 
@@ -173,7 +177,7 @@ def run_pending(sim: SimConfig, work: Path, arms: list[str], have: set[tuple[str
         if sim.mode == "inprocess":
             shutil.rmtree(run_dir, ignore_errors=True)
         run_dir.parent.mkdir(parents=True, exist_ok=True)
-        stamp = {**meta, "ran": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M")}
+        stamp = {**meta, "ran": _minute()}
         run_dir.with_suffix(".pair.json").write_text(json.dumps(stamp))
 
     by_seed: dict[int, list[tuple[str, int]]] = {}  # one group unless the experiment is rebuilt per seed
