@@ -140,7 +140,8 @@ def run_start(sim: SimConfig, work: Path, saved: dict[str, Any] | None, digests:
 
 def run_seed_start(sim: SimConfig, seed: int, work: Path, saved: dict[str, Any] | None) -> dict[str, Any]:
     """Evaluate run ``seed``'s start once for all its arms (``sim`` as run for the seed, its warm start drawn from
-    it), or reuse the saved one when its key matches and the models built here have its weights."""
+    it), or reuse the saved one when its key matches (or it has none: read from disk) and the models built here have
+    its weights (or, saved without digests, evaluate to its record): otherwise :class:`StartMismatch`."""
     import torch
 
     from node.cli.logs import setup_cli_logging
@@ -150,8 +151,10 @@ def run_seed_start(sim: SimConfig, seed: int, work: Path, saved: dict[str, Any] 
     arm = sim.configurations[0].name
     nodes = [sim.node_config(arm, i, seed) for i in range(sim.nodes)]
     key = start_key(sim, arm, seed)
-    if saved and saved.get("key") == key:
-        return checked_start(saved, nodes, work, sim, f"start-check/seed{seed}")
+    # a start read from disk (seed_starts_on_disk) has no key: it is this seed's, and finished pairs may have run
+    # from it, so it is checked like a keyed one, never evaluated afresh over them
+    if saved and saved.get("key", key) == key:
+        return {**checked_start(saved, nodes, work, sim, f"start-check/seed{seed}"), "key": key}
     t0 = time.perf_counter()
     _evaluate_nodes(nodes, work / "start" / f"seed{seed}", {})
     print(f"seed {seed}'s start evaluated in {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
@@ -162,7 +165,8 @@ def run_seed_start(sim: SimConfig, seed: int, work: Path, saved: dict[str, Any] 
 def seed_starts_on_disk(sim: SimConfig, work: Path, have: dict[int, Any]) -> dict[int, dict[str, Any]]:
     """The per-seed starts finished on disk (every node's step-0 evaluation under ``work/start/seed<k>``) that
     ``have`` does not hold: what ``--analyze`` pairs a seed's pairs with before a run has kept them in the JSON
-    (read as recorded, without a key: a later run that reaches the seed evaluates or checks its start again)."""
+    (read as recorded, without a key or digests: a later run that reaches the seed checks the models it builds against
+    that record, :func:`run_seed_start`)."""
     out: dict[int, dict[str, Any]] = {}
     for d in sorted((work / "start").glob("seed*")):
         if not d.name[4:].isdigit() or int(d.name[4:]) in have:

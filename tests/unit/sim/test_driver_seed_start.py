@@ -148,3 +148,27 @@ def test_a_seed_whose_start_this_machine_does_not_rebuild_stops_the_run_or_is_ru
     # a re-read keeps the retired pairs as history and out of the numbers
     assert main([*where, "--analyze"]) == 0
     assert json.loads(path.read_text())["retired"] == again["retired"]
+
+
+@pytest.mark.timeout(600)
+def test_a_seed_start_read_from_disk_is_checked_against_what_is_built_not_replaced(tmp_path: Path) -> None:
+    """A seed's start kept from disk (``seed_starts_on_disk``: its record, no key, no digests) may be the start its
+    finished pairs ran from. A later run that reaches the seed checks the models it builds against that record: the
+    same evaluation keeps it (now with its key and digests); another one stops the run (``StartMismatch``) instead of
+    evaluating the seed afresh and pairing new pairs from one start with finished ones from another."""
+    from sim.driver.start import StartMismatch, run_seed_start
+
+    cache = f"node.model.cache_dir={tmp_path / 'cache'}"
+    sim = load_sim_config(str(CONFIG), [cache, *PER_SEED], quick=True).model_copy(update={"workers": 1})
+    sim = seed_sim(sim, 2)
+    first = run_seed_start(sim, 2, tmp_path / "first", None)
+    from_disk = {k: first[k] for k in ("record", "per_node")}
+    kept = run_seed_start(sim, 2, tmp_path / "again", from_disk)
+    assert kept == {**from_disk, "key": first["key"], "digests": first["digests"]}
+    assert (tmp_path / "again" / "start-check" / "seed2" / "node0" / "eval.jsonl").is_file()  # evaluated to compare
+    assert not (tmp_path / "again" / "start").exists()  # not evaluated as a new start
+
+    acc = from_disk["record"]["accuracy"]
+    other = {**from_disk, "record": {**from_disk["record"], "accuracy": {**acc, "all": acc["all"] + 0.01}}}
+    with pytest.raises(StartMismatch, match="evaluate to"):
+        run_seed_start(sim, 2, tmp_path / "other", other)
