@@ -106,7 +106,7 @@ def checked_start(
             f"the initial models built here evaluate to {record}, not the saved start's {saved['record']}: pairs run "
             f"now would not pair with the finished ones. {again}"
         )
-    return {**saved, "digests": digests}
+    return {**saved, "digests": digests, "built_on": cpu_model()}  # the digests of this build, on this processor
 
 
 def run_start(sim: SimConfig, work: Path, saved: dict[str, Any] | None, digests: bool = True) -> dict[str, Any]:

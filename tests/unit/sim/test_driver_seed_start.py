@@ -164,7 +164,7 @@ def test_a_seed_start_read_from_disk_is_checked_against_what_is_built_not_replac
     first = run_seed_start(sim, 2, tmp_path / "first", None)
     from_disk = {k: first[k] for k in ("record", "per_node")}
     kept = run_seed_start(sim, 2, tmp_path / "again", from_disk)
-    assert kept == {**from_disk, "key": first["key"], "digests": first["digests"]}
+    assert kept == {**from_disk, "key": first["key"], "digests": first["digests"], "built_on": first["built_on"]}
     assert (tmp_path / "again" / "start-check" / "seed2" / "node0" / "eval.jsonl").is_file()  # evaluated to compare
     assert not (tmp_path / "again" / "start").exists()  # not evaluated as a new start
 
