@@ -90,13 +90,14 @@ def anchor(text: str) -> str:
 
 
 def answer(reg: Any, res: dict[str, Any]) -> tuple[str, str]:
-    """(yes / partly / no, the arm it is about): the registered verdict, read off the JSON; ``interim (k of n
-    seeds)`` while not every arm has every registered seed, whatever the partial verdict says."""
+    """(yes / partly / no, the arm it is about): the registered verdict, read off the JSON; ``interim (arms at
+    k-m of n seeds)`` while not every arm has every registered seed, whatever the partial verdict says."""
     v = res["verdict"]
     arm0 = v["by"][0] if v["met"] else reg.target.arms[0]
     if not v.get("complete", True):
-        done = min((len(a.get("seeds", [])) for a in res["arms"].values()), default=0)
-        return f"interim ({done} of {len(reg.seeds)} seeds)", arm0
+        done = sorted(len(a.get("seeds", [])) for a in res["arms"].values()) or [0]
+        span = str(done[0]) if done[0] == done[-1] else f"{done[0]}-{done[-1]}"
+        return f"interim (arms at {span} of {len(reg.seeds)} seeds)", arm0
     if v["met"]:
         return "yes", v["by"][0]
     arm = max(v["checks"], key=lambda a: sum(c["ok"] for c in v["checks"][a]), default=reg.target.arms[0])

@@ -64,3 +64,14 @@ def test_the_readme_leads_with_the_gap_closed_the_result_json_writes() -> None:
     first = tables_rows[0][0]
     edited = text.replace(first, first.replace("**", "**0", 1))
     assert edited != text and tables.render_readme(edited) == text
+
+
+def test_an_interim_answer_says_how_many_seeds_its_arms_have() -> None:
+    """An unfinished registration's answer gives the fewest and the most seeds of any arm, so an arm added late
+    (one seed) does not read as if the whole experiment had one."""
+    reg = next(r for _, r, res in tables.registered() if res["name"] == "transfer-het")
+    verdict = {"met": False, "complete": False, "by": [], "checks": {}}
+    arms = {"a": {"seeds": [0]}, "b": {"seeds": list(range(10))}}
+    assert tables.answer(reg, {"verdict": verdict, "arms": arms})[0] == "interim (arms at 1-10 of 10 seeds)"
+    arms = {"a": {"seeds": [0, 1]}, "b": {"seeds": [0, 1]}}
+    assert tables.answer(reg, {"verdict": verdict, "arms": arms})[0] == "interim (arms at 2 of 10 seeds)"
