@@ -104,7 +104,8 @@ def test_nat_peers_switch_to_client_mode_and_reach_each_other(tmp_path):
         assert [h.stats()["client_mode"] for h in homes] == [1.0, 1.0]
         assert [h.stats()["reachable"] for h in homes] == [0.0, 0.0]
         assert pub.stats()["client_mode"] == 0.0 and pub.stats()["reachable"] == 1.0
-        assert {"home0-0", "home1-0"} <= pub.heads()
+        # The public peer polls on its own clock: the homes seeing each other does not mean it has polled both yet.
+        wait_until(lambda: {"home0-0", "home1-0"} <= pub.heads(), 30, "the public peer to receive both", peers)
         for h in homes:
             assert "peers cannot dial this node" in h.tail()
         out, err = doctor.communicate(timeout=60)
