@@ -359,12 +359,44 @@ class LearnerConfig(StrictModel):
         return self
 
 
+#: What a node takes from its peers when its config leaves ``sapo.peer_advantage`` unset: **peer-trace**. RL on its
+#: own groups only (``external_groups: 0``); 16 peers' groups a step whose completions its own verifier scores
+#: right go to the trace step (``trace_groups``), each group's most often written right text (``trace_texts:
+#: mode``); the trace step (``learner.trace_lr``, left unset: the node's RL rate) trains on 32 distinct verified
+#: traces a step, replayed (``learner.trace_batch``). Why: the registered transfer comparison's rule for the
+#: defaults (docs/transfer.md, "The defaults (item 8)"), read at ten paired seeds on the laboratory model, test side,
+#: step 150 (benchmarks/results/transfer_het.md, transfer_homo.md). A config that names ``peer_advantage``,
+#: ``external_groups`` or ``external_fraction`` gets the fields' own defaults (I/J = 8/8, no trace groups, and
+#: ``receiver`` credit unless it names another), so every config written before keeps its meaning: ``sapo:
+#: {external_groups: 0}`` is a node alone, as it was.
+PEER_TRACE_DEFAULTS: dict[str, Any] = {
+    "peer_advantage": "guided",
+    "external_groups": 0,
+    "trace_groups": 16,
+    "trace_texts": "mode",
+}
+#: ``learner.trace_batch`` under :data:`PEER_TRACE_DEFAULTS` when the config leaves it unset.
+PEER_TRACE_BATCH = 32
+
+
+def default_lr(model_name: str) -> float:
+    """``learner.lr`` left unset: the learner's default for the built-in models, :data:`PRETRAINED_LR` for any
+    other (by the model's name, as ``NodeConfig`` resolves it)."""
+    if model_name.startswith("builtin:"):
+        return float(LearnerConfig.model_fields["lr"].default)
+    return PRETRAINED_LR
+
+
 class SapoConfig(StrictModel):
-    """SAPO mixing of own and peers' groups (arXiv 2509.08721)."""
+    """SAPO mixing of own and peers' groups (arXiv 2509.08721).
+
+    Left unset, ``peer_advantage`` and what goes with it are :data:`PEER_TRACE_DEFAULTS` (peer-trace): the fields'
+    own defaults below are what a config that names a credit gets."""
 
     local_groups: int = Field(default=8, ge=0)
     """I: own groups per training batch. Left unset, it is at most ``rollout.prompts_per_step`` (a node asked for
-    4 prompts a step trains on those 4 groups); set explicitly, it must not exceed it."""
+    4 prompts a step trains on those 4 groups), and with no RL slots for peers (``external_groups: 0``, as under
+    peer-trace) it is ``prompts_per_step``: every group the node generates; set explicitly, it must not exceed it."""
     external_groups: int = Field(default=8, ge=0)
     """J: peers' groups per training batch (re-scored locally). The default I/J = 8/8 is SAPO's best split
     (4/4 of 8 in the paper); with ``fill_local`` a node without peers trains on I + J own groups."""
@@ -373,7 +405,10 @@ class SapoConfig(StrictModel):
     fill_local: bool = True
     """When peers supply fewer than J groups, train on more own groups instead (a lone node keeps its batch)."""
     max_per_peer: int | None = Field(default=None, ge=1)
-    """Cap on groups from one peer per batch (default: ceil(J/2) so no single peer fills it)."""
+    """Cap on groups from one peer per batch, in the RL slots and in the trace groups each (default: ceil(J/2) of
+    the J slots and ceil(trace_groups/2) of the trace groups, so no single peer fills either). A swarm of two nodes
+    under peer-trace gets half the trace groups from its one peer unless this is raised (the registered het
+    comparison set 16)."""
     newcomer_share: float = Field(default=0.25, ge=0, le=1)
     """Sybil budget: all newcomers together take at most s = max(1, floor(J * newcomer_share)) of the J external slots
     a step, and over any run of steps at most s + E * share / (1 - share) groups, E the established senders' groups
@@ -394,25 +429,26 @@ class SapoConfig(StrictModel):
     """Weight peers' completions by the truncated importance ratio min(pi_old / pi_behaviour, C) from the
     sender's behaviour-logprob hint; ``false`` trains on them with weight 1 (an ablation)."""
     peer_advantage: Literal["group", "receiver", "guided"] = "receiver"
-    """How peers' completions are credited. ``receiver`` (the default): a peer's completion that this node's
-    verifier scores 1.0 gets advantage ``1 - b``, ``b`` this node's own recent solve rate on the task's family, and
-    every other peer completion none; peers' groups without a solved completion are not pooled. A stronger peer's
-    all-right groups, which carry nothing group-relative, then teach a node that does not solve the task, and a
-    weaker peer's wrong answers never push this node's policy (``swarm.sapo.SolveRates``). ``group`` (SAPO as
-    written): group-relative, like own groups; peers' groups with equal rewards are not pooled.
-    ``guided`` (off-policy guidance, LUFFY's Mixed-Policy GRPO, Yan et al. 2025, arXiv 2504.14945): the J peers'
-    groups are drawn before the node generates, the node also rolls out G completions on each of their prompts,
-    and the peer's completions its own verifier scores right join that group under one group baseline; they train
-    with the shaped term ``-A * f(p)``, ``f(p) = p / (p + learner.guidance_gamma)``, with no clip and no
-    importance weight, so a trace far from this node's policy still teaches (``node.learn.losses``). Pooling,
-    quotas and the sybil budget are ``receiver``'s.
+    """How peers' completions are credited. Left unset with SAPO's split (``external_groups``) unset too: ``guided``
+    with :data:`PEER_TRACE_DEFAULTS` (peer-trace, the node's default since the registered transfer comparison; see
+    there); left unset with the split set: ``receiver``. ``receiver``: a peer's completion that this node's verifier
+    scores 1.0 gets advantage ``1 - b``, ``b`` this node's own recent solve rate on the task's family, and every other
+    peer completion none; peers' groups without a solved completion are not pooled. A stronger peer's all-right groups,
+    which carry nothing group-relative, then teach a node that does not solve the task, and a weaker peer's wrong
+    answers never push this node's policy (``swarm.sapo.SolveRates``). ``group`` (SAPO as written): group-relative, like
+    own groups; peers' groups with equal rewards are not pooled. ``guided`` (off-policy guidance, LUFFY's Mixed-Policy
+    GRPO, Yan et al. 2025, arXiv 2504.14945): the J peers' groups are drawn before the node generates, the node also
+    rolls out G completions on each of their prompts, and the peer's completions its own verifier scores right join that
+    group under one group baseline; they train with the shaped term ``-A * f(p)``, ``f(p) = p / (p +
+    learner.guidance_gamma)``, with no clip and no importance weight, so a trace far from this node's policy still
+    teaches (``node.learn.losses``). Pooling, quotas and the sybil budget are ``receiver``'s.
 
-    Why ``receiver`` is the default (the controls comparison, ``benchmarks/controls.py``, by a rule written before
-    its homogeneous run was read): on the laboratory model, 10 seeds each, test side, final step, paired by seed,
-    receiver credit beat a node alone among equal nodes (+0.009 [+0.003, +0.015] exact, 8 of 10 seeds), peers'
-    bare answers (+0.011 [+0.003, +0.019]) and own gold labels (+0.256), and beat every control between
-    specialised nodes on the family a node lacks; SAPO's group credit was no better than alone among equals
-    (+0.002 [-0.005, +0.009]) and hurt a weak node beside a strong peer in B10 (0.59x alone, one collapse in three
+    Why ``receiver`` was the default until the transfer comparison (the controls comparison, ``benchmarks/controls.py``,
+    by a rule written before its homogeneous run was read): on the laboratory model, 10 seeds each, test side, final
+    step, paired by seed, receiver credit beat a node alone among equal nodes (+0.009 [+0.003, +0.015] exact, 8 of 10
+    seeds), peers' bare answers (+0.011 [+0.003, +0.019]) and own gold labels (+0.256), and beat every control between
+    specialised nodes on the family a node lacks; SAPO's group credit was no better than alone among equals (+0.002
+    [-0.005, +0.009]) and hurt a weak node beside a strong peer in B10 (0.59x alone, one collapse in three
     seeds): ``benchmarks/results/controls_homo.md``, ``controls_het.md``."""
     publish_solved: bool = True
     """Also publish own groups whose every completion scored 1.0. They carry no group-relative advantage (``group``
@@ -455,6 +491,15 @@ class SapoConfig(StrictModel):
     """What of a peer's completion this node trains on. ``full``: the text as sent (working and answer). ``answer``:
     only its answer, re-written as ``<answer>x</answer>`` (the labels-only control of the sharing comparison:
     what a peer's completion carries beyond its label is the difference between the two)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _peer_trace_by_default(cls, data: Any) -> Any:
+        # A config that names the credit or SAPO's RL split (external_groups 0 is how a node alone is written)
+        # keeps the fields' own defaults; one that names neither takes peer-trace.
+        if isinstance(data, dict) and not {"peer_advantage", "external_groups", "external_fraction"} & data.keys():
+            data = {**PEER_TRACE_DEFAULTS, **data}
+        return data
 
     @model_validator(mode="after")
     def _some_groups(self) -> SapoConfig:
@@ -856,6 +901,30 @@ class NodeConfig(StrictModel):
             data = {**data, "transport": {"type": "hivemind", **data["transport"]}}
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _peer_trace_step(cls, data: Any) -> Any:
+        # Peer-trace by default (PEER_TRACE_DEFAULTS says why): with no credit named and trace groups on, the trace
+        # step left unset runs at the node's RL rate on 32 distinct traces a step. Set here, before the learner's
+        # own checks, so ``trace_batch`` and the other trace options may be set without naming ``trace_lr``.
+        if not isinstance(data, dict):
+            return data
+        sapo, learner = data.get("sapo") or {}, data.get("learner") or {}
+        if isinstance(learner, LearnerConfig):  # a caller's object: its fields as set, a copy
+            learner = learner.model_dump(exclude_unset=True)
+        if not isinstance(sapo, dict) or not isinstance(learner, dict) or "trace_lr" in learner:
+            return data
+        if {"peer_advantage", "external_groups", "external_fraction"} & sapo.keys():
+            return data  # a credit or a split named: the fields' own defaults, no trace groups unless set
+        if not sapo.get("trace_groups", PEER_TRACE_DEFAULTS["trace_groups"]):
+            return data
+        model, name = data.get("model") or {}, ModelConfig.model_fields["name"].default
+        name = model.get("name", name) if isinstance(model, dict) else getattr(model, "name", model)  # or a bare name
+        lr = learner.get("lr", default_lr(str(name)))
+        buffer = learner.get("trace_buffer_rows", LearnerConfig.model_fields["trace_buffer_rows"].default)
+        learner = {"trace_lr": lr, "trace_batch": min(PEER_TRACE_BATCH, buffer), **learner}
+        return {**data, "learner": learner}
+
     @model_validator(mode="after")
     def _pretrained_learner(self) -> NodeConfig:
         # A copy: the LearnerConfig may be a caller's object, shared with other configs. (By the model's *name*: a
@@ -873,7 +942,11 @@ class NodeConfig(StrictModel):
     @model_validator(mode="after")
     def _trace_groups_need_a_trace_step(self) -> NodeConfig:
         if self.sapo.trace_groups and self.learner.trace_lr == 0:
-            raise ValueError("sapo.trace_groups needs the trace step: set learner.trace_lr (e.g. 1e-4)")
+            raise ValueError(
+                f"sapo.trace_groups ({self.sapo.trace_groups}) needs the trace step: set learner.trace_lr (e.g. 1e-4), "
+                "or leave it unset under the default credit (peer-trace), or name a credit without trace groups "
+                "(sapo.peer_advantage: receiver, the former default)"
+            )
         if self.labels.trace_only and self.learner.trace_lr == 0:
             raise ValueError("labels.trace_only needs the trace step: set learner.trace_lr (e.g. 1e-4)")
         return self
@@ -941,8 +1014,11 @@ class NodeConfig(StrictModel):
 
     @model_validator(mode="after")
     def _enough_prompts(self) -> NodeConfig:
-        if "local_groups" not in self.sapo.model_fields_set:  # left at its default: follows a smaller batch
-            self.sapo.local_groups = min(self.sapo.local_groups, self.rollout.prompts_per_step)
+        if "local_groups" not in self.sapo.model_fields_set:  # left at its default: follows the batch
+            if self.sapo.external_groups == 0:  # no RL slots for peers: train on every group generated
+                self.sapo.local_groups = self.rollout.prompts_per_step
+            else:
+                self.sapo.local_groups = min(self.sapo.local_groups, self.rollout.prompts_per_step)
         if self.sapo.local_groups > self.rollout.prompts_per_step:
             raise ValueError(
                 f"sapo.local_groups ({self.sapo.local_groups}) exceeds rollout.prompts_per_step "

@@ -263,6 +263,8 @@ class SapoSampler:
         self.local_groups = local_groups
         self.external_groups = external_groups
         self.max_per_peer = max_per_peer if max_per_peer is not None else max(1, math.ceil(external_groups / 2))
+        #: :meth:`choose_traces`' cap on one sender (None: half the step's trace groups, rounded up).
+        self.max_traces_per_peer = max_per_peer
         self.fill_local = fill_local
         self.rng = random.Random(seed)
         #: :meth:`choose_traces`' own stream, so taking trace groups leaves the RL draws as they were.
@@ -366,9 +368,10 @@ class SapoSampler:
         (their completions this node's verifier scored right; no RL row, so no rollout of this node on their
         prompts). Drawn after :meth:`choose_external` from the fresh unused groups that hold a solved completion,
         uniformly (its own random stream: the RL draws stay what they were), at most ``max_per_peer`` from one
-        sender, and from **established** senders only: a newcomer's groups wait for the RL slots and their sybil
-        budget, so minting identities buys no trace. Marked used, like every group trained on. ``families``
-        (``sapo.trace_families``; empty: all) keeps the groups of those task families only."""
+        sender (left unset: half of ``limit``, rounded up, so no single peer fills them), and from **established**
+        senders only: a newcomer's groups wait for the RL slots and their sybil budget, so minting identities buys
+        no trace. Marked used, like every group trained on. ``families`` (``sapo.trace_families``; empty: all)
+        keeps the groups of those task families only."""
         if limit <= 0:
             return
         candidates = [
@@ -379,11 +382,12 @@ class SapoSampler:
             and (not families or g.group.task.family in families)
         ]
         self.trace_rng.shuffle(candidates)
+        cap = self.max_traces_per_peer if self.max_traces_per_peer is not None else math.ceil(limit / 2)
         per_peer: Counter[str] = Counter()
         for g in candidates:
             if len(batch.traces) >= limit:
                 break
-            if per_peer[g.source] >= self.max_per_peer:
+            if per_peer[g.source] >= cap:
                 continue
             per_peer[g.source] += 1
             batch.traces.append(g)

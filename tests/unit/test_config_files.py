@@ -171,19 +171,20 @@ def test_default_local_groups_follow_a_smaller_batch_but_a_set_one_is_checked():
     cfg = NodeConfig.model_validate({"rollout": {"prompts_per_step": 4}})
     assert cfg.sapo.local_groups == 4
     assert NodeConfig.model_validate(cfg.model_dump(mode="json")).sapo.local_groups == 4  # the resolved file
-    assert NodeConfig.model_validate({}).sapo.local_groups == 8
+    assert NodeConfig.model_validate({}).sapo.local_groups == 16  # peer-trace: no RL slots for peers, every group
+    assert NodeConfig.model_validate({"sapo": {"peer_advantage": "receiver"}}).sapo.local_groups == 8  # I/J 8/8
     with pytest.raises(ValidationError, match=r"sapo.local_groups \(8\) exceeds rollout.prompts_per_step \(4\)"):
         NodeConfig.model_validate({"rollout": {"prompts_per_step": 4}, "sapo": {"local_groups": 8}})
 
 
-def test_sapo_benchmarks_pin_sapo_as_written_while_nodes_default_to_receiver_credit():
-    """The node default is receiver credit with all-right groups published (the controls comparison); the
+def test_sapo_benchmarks_pin_sapo_as_written_while_nodes_default_to_peer_trace():
+    """The node default is peer-trace (the transfer comparison's rule), with all-right groups published; the
     experiments that measure SAPO as the paper writes it (B4's configs, the controls' (c) arm) pin group credit,
     so a change of the default cannot silently change what they measure."""
     from sim.config import load_sim_config
 
     default = NodeConfig().sapo
-    assert (default.peer_advantage, default.publish_solved) == ("receiver", True)
+    assert (default.peer_advantage, default.publish_solved, default.trace_groups) == ("guided", True, 16)
     root = Path(__file__).resolve().parents[2] / "configs" / "sim"
     pinned = {
         "sapo.yaml": None,
@@ -200,3 +201,48 @@ def test_sapo_benchmarks_pin_sapo_as_written_while_nodes_default_to_receiver_cre
             for index in range(sim.nodes):
                 sapo = sim.node_config(variant, index, 0).sapo
                 assert (sapo.peer_advantage, sapo.publish_solved) == ("group", False), (name, variant, index)
+
+
+def test_the_default_credit_is_peer_trace_and_a_config_naming_a_credit_or_a_split_keeps_its_meaning():
+    """Left unset, a node takes peer-trace (``PEER_TRACE_DEFAULTS``): no RL slots for peers, 16 peers' groups a step
+    to the trace step, modal text, the trace step at the node's RL rate (whatever sets it) on 32 traces a step. A
+    config that names the credit or SAPO's split gets what it got before: ``external_groups: 0`` is a node alone."""
+    from node.config import PEER_TRACE_DEFAULTS, LearnerConfig, ModelConfig
+
+    cfg = NodeConfig.model_validate({})
+    s, lrn = cfg.sapo, cfg.learner
+    assert {k: getattr(s, k) for k in PEER_TRACE_DEFAULTS} == PEER_TRACE_DEFAULTS
+    assert (lrn.lr, lrn.trace_lr, lrn.trace_batch) == (3e-4, 3e-4, 32)
+    assert NodeConfig.model_validate(cfg.model_dump(mode="json")) == cfg  # the resolved file means the same
+    assert NodeConfig.model_validate({"learner": {"lr": 5e-5}}).learner.trace_lr == 5e-5
+    smol = NodeConfig(model=ModelConfig(name="smollm2-135m"), learner=LearnerConfig(micro_batch_size=4))
+    assert (smol.learner.lr, smol.learner.trace_lr, smol.learner.trace_batch) == (1e-5, 1e-5, 32)
+    smol = NodeConfig.model_validate({"model": {"name": "smollm2-135m"}, "learner": {"trace_batch": 8}})
+    assert (smol.learner.lr, smol.learner.trace_lr, smol.learner.trace_batch) == (1e-5, 1e-5, 8)
+    own = NodeConfig.model_validate({"learner": {"trace_lr": 1e-3, "trace_own": True}, "sapo": {"trace_groups": 4}})
+    assert (own.learner.trace_lr, own.learner.trace_batch, own.sapo.trace_groups) == (1e-3, 0, 4)  # set: kept
+    for named in ({"peer_advantage": "receiver"}, {"external_groups": 8}, {"external_fraction": 0.5}):
+        c = NodeConfig.model_validate({"sapo": named})
+        assert (c.sapo.peer_advantage, c.sapo.trace_groups, c.learner.trace_lr) == ("receiver", 0, 0.0), named
+        assert c.sapo.local_groups + c.sapo.external_groups == 16, named
+    alone = NodeConfig.model_validate({"sapo": {"external_groups": 0}})
+    assert (alone.sapo.peer_advantage, alone.sapo.trace_groups, alone.sapo.local_groups) == ("receiver", 0, 16)
+    with pytest.raises(ValidationError, match=r"trace_groups \(\d+\) needs the trace step"):
+        NodeConfig.model_validate({"learner": {"trace_lr": 0}})  # the default's trace groups need it on
+
+
+def test_registered_transfer_arms_resolve_to_the_settings_their_pairs_ran_with():
+    """A default that changes is caught per arm by the experiment driver (a saved pair is reused only under its arm
+    key); the peer-trace default must leave every registered transfer arm's resolved settings as they ran, so the
+    committed pairs stay the experiment's and a resumed run pairs with them."""
+    import json
+
+    from sim.config import load_sim_config
+    from sim.driver.pairs import arm_keys
+
+    root = Path(__file__).resolve().parents[2]
+    for name in ("transfer-het", "transfer-homo", "transfer-never"):
+        sim = load_sim_config(str(root / "configs" / "sim" / f"{name}.yaml"), [])
+        saved = json.loads((root / "benchmarks" / "results" / f"{name.replace('-', '_')}.json").read_text())
+        keys = arm_keys(sim)
+        assert keys == {a: saved["arm_keys"][a] for a in keys}, name

@@ -257,6 +257,7 @@ def test_gold_labels_add_own_labelled_samples_of_the_named_families(
             "rollout": {"max_new_tokens": 200},  # the built-in tiny tokenizer spends a token a character
             "labels": {"families": ["lab_sub"], "per_step": 5, "trace": trace, "trace_only": trace_only},
             "learner": {"trace_lr": 1e-4 if trace_only else 0.0},
+            "sapo": {"peer_advantage": "receiver"},  # the control: alone + labels, no peers' traces
         }
     )
 
@@ -282,9 +283,11 @@ def test_gold_labels_add_own_labelled_samples_of_the_named_families(
 def test_labels_trace_only_needs_traces_and_the_trace_step() -> None:
     with pytest.raises(ValueError, match="trace_only needs labels.trace"):
         NodeConfig.model_validate({"labels": {"trace_only": True}, "learner": {"trace_lr": 1e-4}})
+    labels = {"families": ["lab_sub"], "trace": True, "trace_only": True}
     with pytest.raises(ValueError, match="trace_only needs the trace step"):
-        NodeConfig.model_validate({"tasks": {"families": _LAB}, "labels": {"families": ["lab_sub"], "trace": True,
-                                                                         "trace_only": True}})  # fmt: skip
+        NodeConfig.model_validate({"tasks": {"families": _LAB}, "labels": labels, "sapo": {"external_groups": 0}})
+    on = NodeConfig.model_validate({"tasks": {"families": _LAB}, "labels": labels})  # peer-trace: the step is on
+    assert on.learner.trace_lr == on.learner.lr
 
 
 def test_labels_must_name_the_nodes_own_families() -> None:
@@ -413,7 +416,8 @@ def test_trace_own_marks_the_nodes_own_right_completions_for_the_trace_step(tmp_
     for s in samples:
         assert s.trace == (trace_own and rewards[tuple(s.completion_ids)] >= 1.0)
     with pytest.raises(ValueError, match="trace_own needs the trace step"):
-        NodeConfig.model_validate({"learner": {"trace_own": True}})
+        NodeConfig.model_validate({"learner": {"trace_own": True}, "sapo": {"peer_advantage": "receiver"}})
+    assert NodeConfig.model_validate({"learner": {"trace_own": True}}).learner.trace_own  # peer-trace: step on
 
 
 def _trace_node(tmp_path: Path, trace_groups: int, *, credit: bool = False) -> Node:
@@ -473,10 +477,58 @@ def test_trace_groups_add_a_peers_verified_completions_to_the_trace_step_only(tm
         for node in (weak, plain, strong):
             node.step += 1
     assert seen >= 1
-    with pytest.raises(ValueError, match="trace_groups needs the trace step"):
+    with pytest.raises(ValueError, match=r"trace_groups \(\d+\) needs the trace step"):
         NodeConfig.model_validate({"sapo": {"peer_advantage": "guided", "trace_groups": 4}})
     with pytest.raises(ValueError, match="trace_groups needs sapo.peer_advantage: guided"):
-        NodeConfig.model_validate({"sapo": {"trace_groups": 4}, "learner": {"trace_lr": 1e-4}})
+        NodeConfig.model_validate(
+            {"sapo": {"trace_groups": 4, "peer_advantage": "receiver"}, "learner": {"trace_lr": 1e-4}}
+        )
+
+
+def test_a_default_node_takes_its_peers_verified_modal_working_to_the_trace_step_and_rl_on_its_own(
+    tmp_path: Path,
+) -> None:
+    """The default credit, peer-trace, end to end in a node whose config names no credit: every RL row is the
+    node's own (no rollout on a peer's prompt), and once the peer is established its groups' right completions reach
+    the trace step only, each group's most often written right text, at most half the 16 trace groups from it."""
+    from node.runtime import Node
+    from protocol.types import Envelope, RolloutBatch
+    from sim.scripted import build_scripted_parts
+
+    cfg = NodeConfig.model_validate(
+        {
+            "seed": 3,
+            "tasks": {"families": [{"name": "chain_sum", "config": {"n": 2}}]},
+            "rollout": {"prompts_per_step": 4, "group_size": 8, "max_new_tokens": 32},
+        }
+    )
+    assert (cfg.sapo.peer_advantage, cfg.sapo.external_groups, cfg.sapo.local_groups) == ("guided", 0, 4)
+    parts = build_scripted_parts(cfg, lr=1.0, init_p=0.05, init_spread=0.0, max_p=0.99, answer_tokens=4)
+    weak = Node(cfg, tmp_path / "default", parts, live=False)
+    strong = _scripted_node(tmp_path, "strong", "receiver", 0.85)
+    took = []
+    for seq in range(8):
+        published = strong.generate().informative(solved=True)
+        batch = RolloutBatch(model="m", policy_version=0, tokenizer="scripted-bytes-v1", groups=tuple(published))
+        weak.ingest(Envelope(1, "rollouts", "swarm", "strong", b"k" * 32, seq, 0, 0.0, batch))
+        guides = weak.choose_guides()
+        own = weak.generate()
+        assert not guides.external and len(own.groups) == 4
+        train = weak.make_batch(own)
+        assert all(not s.external for s in train.samples if not s.trace_only)
+        only = [s for s in train.samples if s.trace_only]
+        assert len(guides.traces) <= 8 and all(s.source == "strong" and s.trace for s in only)
+        for g in guides.traces:  # one text a group: the one written most often among its right completions
+            texts = [
+                tuple(s.completion_ids)
+                for s in only
+                if tuple(s.prompt_ids) == tuple(weak.samples.prompt_ids(g.group.task))
+            ]
+            assert len(set(texts)) <= 1
+        took.append(len(guides.traces))
+        for node in (weak, strong):
+            node.step += 1
+    assert took[0] == 0 and max(took) == 8, took  # a newcomer first; then half the 16 trace groups from one peer
 
 
 def test_trace_credit_makes_each_distinct_verified_trace_one_credited_rl_row(tmp_path: Path) -> None:

@@ -428,3 +428,28 @@ def test_trace_families_keep_the_trace_groups_of_those_families_only():
     rest = SapoBatch(step=2)
     every.choose_traces(pool, 2, rest, 100)
     assert {g.group.task.family for g in rest.traces} == {"lab_add"}  # without the filter: what was left
+
+
+def test_trace_groups_take_at_most_half_of_them_from_one_sender_unless_max_per_peer_is_set():
+    """With ``max_per_peer`` unset (the default, peer-trace), one sender fills at most half the step's trace groups
+    (rounded up), as it fills at most half the J RL slots: with J = 0 the RL slots' cap (1) does not apply. Set, it
+    is the cap (the registered het comparison's two nodes set 16)."""
+
+    def pool(peers: dict[str, int]) -> RolloutPool:
+        p = RolloutPool(10_000, 10)
+        for peer, n in peers.items():
+            for step in range(3):
+                for i in range(n):
+                    p.add(_pooled(f"{peer}{step}:{i}", peer, (0.0, 1.0), step=step))
+        return p
+
+    def traces(sampler: SapoSampler, peers: dict[str, int], limit: int) -> Counter[str]:
+        batch = SapoBatch(step=2)
+        sampler.choose_traces(pool(peers), 2, batch, limit)
+        return Counter(g.source for g in batch.traces)
+
+    assert traces(SapoSampler(8, 0, seed=1), {"a": 12}, 16) == {"a": 8}
+    assert traces(SapoSampler(8, 0, seed=1), {"a": 12}, 5) == {"a": 3}
+    assert traces(SapoSampler(8, 0, seed=1), {"a": 12, "b": 2}, 16) == {"a": 8, "b": 6}
+    assert traces(SapoSampler(8, 0, seed=1, max_per_peer=16), {"a": 12}, 16) == {"a": 16}
+    assert traces(SapoSampler(8, 0, seed=1, max_per_peer=2), {"a": 12}, 16) == {"a": 2}
