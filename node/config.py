@@ -359,15 +359,15 @@ class LearnerConfig(StrictModel):
         return self
 
 
-#: What a node takes from its peers when its config leaves ``sapo.peer_advantage`` unset: **peer-trace**. RL on its
-#: own groups only (``external_groups: 0``); 16 peers' groups a step whose completions its own verifier scores
-#: right go to the trace step (``trace_groups``), each group's most often written right text (``trace_texts:
-#: mode``); the trace step (``learner.trace_lr``, left unset: the node's RL rate) trains on 32 distinct verified
-#: traces a step, replayed (``learner.trace_batch``). Why: the registered transfer comparison's rule for the
-#: defaults (docs/transfer.md, "The defaults (item 8)"), read at ten paired seeds on the laboratory model, test side,
-#: step 150 (benchmarks/results/transfer_het.md, transfer_homo.md). A config that names ``peer_advantage``,
-#: ``external_groups`` or ``external_fraction`` gets the fields' own defaults (I/J = 8/8, no trace groups, and
-#: ``receiver`` credit unless it names another), so every config written before keeps its meaning: ``sapo:
+#: What a node takes from its peers when its config names neither a credit (``sapo.peer_advantage``) nor SAPO's split
+#: (``external_groups``, ``external_fraction``): **peer-trace**. RL on its own groups only (``external_groups: 0``); 16
+#: peers' groups a step whose completions its own verifier scores right go to the trace step (``trace_groups``), each
+#: group's most often written right text (``trace_texts: mode``); the trace step (``learner.trace_lr``, left unset: the
+#: node's RL rate) trains on 32 distinct verified traces a step, replayed (``learner.trace_batch``). Why: the registered
+#: transfer comparison's rule for the defaults (docs/transfer.md, "The defaults (item 8)"), read at ten paired seeds on
+#: the laboratory model, test side, step 150 (benchmarks/results/transfer_het.md, transfer_homo.md). A config that names
+#: ``peer_advantage``, ``external_groups`` or ``external_fraction`` gets the fields' own defaults (I/J = 8/8, no trace
+#: groups, and ``receiver`` credit unless it names another), so every config written before keeps its meaning: ``sapo:
 #: {external_groups: 0}`` is a node alone, as it was.
 PEER_TRACE_DEFAULTS: dict[str, Any] = {
     "peer_advantage": "guided",
@@ -498,7 +498,10 @@ class SapoConfig(StrictModel):
         # A config that names the credit or SAPO's RL split (external_groups 0 is how a node alone is written)
         # keeps the fields' own defaults; one that names neither takes peer-trace.
         if isinstance(data, dict) and not {"peer_advantage", "external_groups", "external_fraction"} & data.keys():
-            data = {**PEER_TRACE_DEFAULTS, **data}
+            defaults = dict(PEER_TRACE_DEFAULTS)
+            if not data.get("trace_groups", defaults["trace_groups"]):  # trace groups turned off: no texts to pick
+                del defaults["trace_texts"]
+            data = {**defaults, **data}
         return data
 
     @model_validator(mode="after")

@@ -225,6 +225,8 @@ def test_the_default_credit_is_peer_trace_and_a_config_naming_a_credit_or_a_spli
         c = NodeConfig.model_validate({"sapo": named})
         assert (c.sapo.peer_advantage, c.sapo.trace_groups, c.learner.trace_lr) == ("receiver", 0, 0.0), named
         assert c.sapo.local_groups + c.sapo.external_groups == 16, named
+    off = NodeConfig.model_validate({"sapo": {"trace_groups": 0}})  # peers' traces turned off: nothing from peers
+    assert (off.sapo.external_groups, off.sapo.trace_groups, off.learner.trace_lr) == (0, 0, 0.0)
     alone = NodeConfig.model_validate({"sapo": {"external_groups": 0}})
     assert (alone.sapo.peer_advantage, alone.sapo.trace_groups, alone.sapo.local_groups) == ("receiver", 0, 16)
     with pytest.raises(ValidationError, match=r"trace_groups \(\d+\) needs the trace step"):
