@@ -382,6 +382,12 @@ PEER_TRACE_DEFAULTS: dict[str, Any] = {
 PEER_TRACE_BATCH = 32
 
 
+def takes_peer_trace_defaults(sapo: dict[str, Any]) -> bool:
+    """Whether a ``sapo`` mapping as written gets :data:`PEER_TRACE_DEFAULTS`: it names neither a credit nor SAPO's
+    split (``external_groups: 0`` is how a node alone is written, so naming the split keeps the fields' defaults)."""
+    return not {"peer_advantage", "external_groups", "external_fraction"} & sapo.keys()
+
+
 def default_lr(model_name: str) -> float:
     """``learner.lr`` left unset: the learner's default for the built-in models, :data:`PRETRAINED_LR` for any
     other (by the model's name, as ``NodeConfig`` resolves it)."""
@@ -498,9 +504,7 @@ class SapoConfig(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _peer_trace_by_default(cls, data: Any) -> Any:
-        # A config that names the credit or SAPO's RL split (external_groups 0 is how a node alone is written)
-        # keeps the fields' own defaults; one that names neither takes peer-trace.
-        if isinstance(data, dict) and not {"peer_advantage", "external_groups", "external_fraction"} & data.keys():
+        if isinstance(data, dict) and takes_peer_trace_defaults(data):
             defaults = dict(PEER_TRACE_DEFAULTS)
             if not data.get("trace_groups", defaults["trace_groups"]):  # trace groups turned off: no texts to pick
                 del defaults["trace_texts"]
@@ -920,9 +924,7 @@ class NodeConfig(StrictModel):
             learner = learner.model_dump(exclude_unset=True)
         if not isinstance(sapo, dict) or not isinstance(learner, dict) or "trace_lr" in learner:
             return data
-        if {"peer_advantage", "external_groups", "external_fraction"} & sapo.keys():
-            return data  # a credit or a split named: the fields' own defaults, no trace groups unless set
-        if not sapo.get("trace_groups", PEER_TRACE_DEFAULTS["trace_groups"]):
+        if not takes_peer_trace_defaults(sapo) or not sapo.get("trace_groups", PEER_TRACE_DEFAULTS["trace_groups"]):
             return data
         model, name = data.get("model") or {}, ModelConfig.model_fields["name"].default
         name = model.get("name", name) if isinstance(model, dict) else getattr(model, "name", model)  # or a bare name
