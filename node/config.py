@@ -388,12 +388,18 @@ def takes_peer_trace_defaults(sapo: dict[str, Any]) -> bool:
     return not {"peer_advantage", "external_groups", "external_fraction"} & sapo.keys()
 
 
-def default_lr(model_name: str) -> float:
-    """``learner.lr`` left unset: the learner's default for the built-in models, :data:`PRETRAINED_LR` for any
-    other (by the model's name, as ``NodeConfig`` resolves it)."""
+def pretrained_learner_defaults(model_name: str) -> dict[str, Any]:
+    """The learner fields a model sets when the config leaves them unset, by the model's *name*: none for the built-in
+    models (the learner's own defaults), :data:`PRETRAINED_LR` and :data:`PRETRAINED_MICRO_BATCH` for any other. (A
+    directory holding the built-in model gets the pretrained rate too; set ``learner.lr`` for it.)"""
     if model_name.startswith("builtin:"):
-        return float(LearnerConfig.model_fields["lr"].default)
-    return PRETRAINED_LR
+        return {}
+    return {"lr": PRETRAINED_LR, "micro_batch_size": PRETRAINED_MICRO_BATCH}
+
+
+def default_lr(model_name: str) -> float:
+    """``learner.lr`` left unset, as ``NodeConfig`` resolves it for a model of this name."""
+    return float(pretrained_learner_defaults(model_name).get("lr", LearnerConfig.model_fields["lr"].default))
 
 
 class SapoConfig(StrictModel):
@@ -935,11 +941,10 @@ class NodeConfig(StrictModel):
 
     @model_validator(mode="after")
     def _pretrained_learner(self) -> NodeConfig:
-        # A copy: the LearnerConfig may be a caller's object, shared with other configs. (By the model's *name*: a
-        # directory holding the built-in model gets the pretrained rate too; set learner.lr for it.)
-        if self.model.name.startswith("builtin:"):
+        # A copy: the LearnerConfig may be a caller's object, shared with other configs.
+        unset = pretrained_learner_defaults(self.model.name)
+        if not unset:
             return self
-        unset = {"lr": PRETRAINED_LR, "micro_batch_size": PRETRAINED_MICRO_BATCH}
         update = {k: v for k, v in unset.items() if k not in self.learner.model_fields_set}
         if update:
             self.learner = self.learner.model_copy(update=update)
