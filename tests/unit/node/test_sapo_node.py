@@ -608,3 +608,36 @@ def test_trace_texts_pick_the_modal_right_text_or_the_generators() -> None:
     assert texts("generator", tie) == []  # item 2's family writes no working
     with pytest.raises(ValueError, match="trace_texts needs sapo.trace_groups"):
         NodeConfig.model_validate({"sapo": {"peer_advantage": "guided", "trace_texts": "mode"}})
+
+
+def test_trace_rows_on_answers_only() -> None:
+    """``sapo.peer_text: answer`` reaches the trace step too (the answers-only control of peer-trace): each right
+    peer completion becomes its ``<answer>`` tag alone before ``trace_texts`` picks among them, a right completion
+    with no answer tag is none, and a wrong one never enters."""
+    from types import SimpleNamespace
+
+    from node.learn.batch import SampleBuilder
+
+    class Policy:
+        tokenizer = SimpleNamespace(eos_token_id=0)
+
+        def encode(self, text: str) -> list[int]:
+            return [ord(c) for c in text]
+
+    working = ["<think>12-5=7</think><answer>7</answer>", "<think>7</think><answer>7</answer>", "seven"]
+    comps = tuple(Completion(text=t, n_tokens=3, finish_reason="stop") for t in [*working, "<answer>8</answer>"])
+    task = TaskRef("lab_sub", {}, seed=0, index=3)
+    g = PooledGroup(key="k3", source="p", group=Group(task=task, completions=comps), rewards=(1.0, 1.0, 1.0, 0.0),
+                    step=0)  # fmt: skip
+
+    def rows(peer_text: str, mode: str) -> list[str]:
+        builder = SampleBuilder(Policy(), None, max_new_tokens=64, advantages=list, trace_texts=mode,
+                                peer_text=peer_text)  # fmt: skip
+        builder.prompt_ids = lambda task: [1]
+        samples = builder.traces(g)
+        assert all(s.trace_only and s.trace and s.external for s in samples)
+        return ["".join(map(chr, s.completion_ids[:-1])) for s in samples]
+
+    assert rows("full", "all") == working
+    assert rows("answer", "all") == ["<answer>7</answer>", "<answer>7</answer>"]
+    assert rows("answer", "mode") == ["<answer>7</answer>", "<answer>7</answer>"]
