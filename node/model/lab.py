@@ -120,6 +120,11 @@ def model_dir(cache_dir: Path | None, recipe: LabRecipe) -> Path:
     return Path(cache_dir or default_cache_root()).expanduser() / f"lab-{recipe.key()}"
 
 
+def is_built(cache_dir: Path | None = None, recipe: LabRecipe | None = None) -> bool:
+    """Whether ``recipe``'s model (default :data:`DEFAULT_LAB_RECIPE`) is built and complete in the cache."""
+    return (model_dir(cache_dir, recipe or DEFAULT_LAB_RECIPE) / _RECIPE_FILE).exists()
+
+
 def ensure_built(cache_dir: Path | None = None, recipe: LabRecipe | None = None) -> Path:
     """The directory of ``recipe``'s model (default :data:`DEFAULT_LAB_RECIPE`), built first if not cached."""
     from node.model import shipped

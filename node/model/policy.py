@@ -151,6 +151,32 @@ def hub_reachable(timeout: float = 3.0) -> bool:
     return bool(result and result[0])
 
 
+def _builtin(cfg: ModelConfig) -> tuple[Any, Any]:
+    """The builder module (``node.model.tiny`` or ``node.model.lab``) and recipe of built-in ``cfg.name``."""
+    from node.model import lab, tiny
+
+    builders = {tiny.BUILTIN_NAME: tiny, lab.LAB_NAME: lab}
+    if cfg.name not in builders:
+        raise ModelLoadError(f"unknown built-in model {cfg.name!r}; the built-in models are {sorted(builders)}")
+    builder: Any = builders[cfg.name]
+    try:
+        return builder, builder.recipe_with(cfg.builtin)
+    except (ValueError, TypeError) as e:
+        raise ModelLoadError(f"model.builtin: {e}") from e
+
+
+def ensure_builtin(cfg: ModelConfig) -> Path:
+    """The cached directory of built-in ``cfg.name`` with ``cfg.builtin``'s recipe, built first if not cached."""
+    builder, recipe = _builtin(cfg)
+    return builder.ensure_built(cfg.cache_dir, recipe)
+
+
+def builtin_cached(cfg: ModelConfig) -> bool:
+    """Whether built-in ``cfg.name``'s recipe is built in the cache already (loading it builds nothing)."""
+    builder, recipe = _builtin(cfg)
+    return builder.is_built(cfg.cache_dir, recipe)
+
+
 def load_policy(cfg: ModelConfig) -> Policy:
     """Load ``cfg.name`` (``builtin:tiny``, a local directory or a hub name) onto the configured device."""
     if cfg.threads:
@@ -162,17 +188,7 @@ def load_policy(cfg: ModelConfig) -> Policy:
     dtype = resolve_dtype(cfg.dtype, device)
     name = cfg.name
     if name.startswith(BUILTIN_PREFIX):
-        from node.model import lab, tiny
-
-        builders = {tiny.BUILTIN_NAME: tiny, lab.LAB_NAME: lab}
-        if name not in builders:
-            raise ModelLoadError(f"unknown built-in model {name!r}; the built-in models are {sorted(builders)}")
-        builder: Any = builders[name]
-        try:
-            recipe = builder.recipe_with(cfg.builtin)
-        except (ValueError, TypeError) as e:
-            raise ModelLoadError(f"model.builtin: {e}") from e
-        path = builder.ensure_built(cfg.cache_dir, recipe)
+        path = ensure_builtin(cfg)
         model, tokenizer = _load_local(path, dtype)
     elif name in _packaged_names():
         from node.model import packaged

@@ -174,6 +174,11 @@ def model_dir(cache_dir: Path | None = None, recipe: TinyRecipe | None = None) -
     return Path(cache_dir or default_cache_root()).expanduser() / f"tiny-{recipe.key()}"
 
 
+def is_built(cache_dir: Path | None = None, recipe: TinyRecipe | None = None) -> bool:
+    """Whether ``recipe``'s model (default :data:`DEFAULT_RECIPE`) is built and complete in the cache."""
+    return (model_dir(cache_dir, recipe or DEFAULT_RECIPE) / _RECIPE_FILE).exists()
+
+
 def ensure_built(cache_dir: Path | None = None, recipe: TinyRecipe | None = None) -> Path:
     """The directory of ``recipe``'s model (default: :data:`DEFAULT_RECIPE`), building it first if it is not
     cached; safe when several processes start at once."""

@@ -50,6 +50,36 @@ def _evaluate_nodes(nodes: list[Any], run_dir: Path, done: dict[str, Path]) -> N
         evaluate_initial(cfg, run_dir / f"node{i}", done)
 
 
+def build_models(nodes: list[Any], procs: int) -> None:
+    """Build the nodes' built-in models that are not cached yet side by side, one process each. A built-in model's
+    build (the laboratory model's warm start, about 3.5 minutes) runs on one torch thread whatever the caller's
+    setting, so it is bitwise the same in any process, and a seed whose nodes draw new warm starts waits for the
+    slowest build instead of their sum. With fewer than two to build, or one process, loading builds them one by one."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    from node.model.policy import BUILTIN_PREFIX, builtin_cached
+
+    todo: dict[str, Any] = {}  # one build a recipe: nodes of the same recipe share it
+    for cfg in nodes:
+        if cfg.model.name.startswith(BUILTIN_PREFIX) and not builtin_cached(cfg.model):
+            todo.setdefault(cfg.model.model_dump_json(include={"name", "builtin", "cache_dir"}), cfg.model)
+    if procs < 2 or len(todo) < 2:
+        return
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(min(procs, len(todo)), mp_context=mp.get_context("spawn")) as pool:
+        list(pool.map(_build_model, todo.values()))
+    print(f"built {len(todo)} models side by side in {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
+
+
+def _build_model(model: Any) -> str:
+    from node.cli.logs import setup_cli_logging
+    from node.model.policy import ensure_builtin
+
+    setup_cli_logging("INFO")
+    return str(ensure_builtin(model))
+
+
 def initial_digests(nodes: list[Any]) -> list[str]:
     """Each node's initial weights as the node loads them (built or warm-started here if not cached), hashed."""
     import torch
@@ -119,6 +149,7 @@ def run_start(sim: SimConfig, work: Path, saved: dict[str, Any] | None, digests:
     torch.set_num_threads(sim.workers * sim.torch_threads)
     arm = sim.configurations[0].name
     nodes = [sim.node_config(arm, i, sim.seeds[0]) for i in range(sim.nodes)]
+    build_models(nodes, sim.workers)
     if saved and saved.get("key") == start_key(sim):
         return checked_start(saved, nodes, work, sim)
     t0 = time.perf_counter()
@@ -150,6 +181,7 @@ def run_seed_start(sim: SimConfig, seed: int, work: Path, saved: dict[str, Any] 
     torch.set_num_threads(sim.workers * sim.torch_threads)
     arm = sim.configurations[0].name
     nodes = [sim.node_config(arm, i, seed) for i in range(sim.nodes)]
+    build_models(nodes, sim.workers)
     key = start_key(sim, arm, seed)
     # a start read from disk (seed_starts_on_disk) has no key: it is this seed's, and finished pairs may have run
     # from it, so it is checked like a keyed one, never evaluated afresh over them

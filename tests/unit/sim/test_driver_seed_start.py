@@ -172,3 +172,31 @@ def test_a_seed_start_read_from_disk_is_checked_against_what_is_built_not_replac
     other = {**from_disk, "record": {**from_disk["record"], "accuracy": {**acc, "all": acc["all"] + 0.01}}}
     with pytest.raises(StartMismatch, match="evaluate to"):
         run_seed_start(sim, 2, tmp_path / "other", other)
+
+
+def test_models_built_side_by_side_are_the_ones_built_one_by_one(tmp_path: Path) -> None:
+    """``build_models``: a seed's uncached built-in models are built in parallel processes, once a recipe, to the
+    same weights loading builds one by one (the build runs on one thread whatever the process); one process, or
+    fewer than two to build, builds nothing ahead."""
+    from node.config import NodeConfig
+    from node.model.policy import builtin_cached
+    from sim.driver.start import build_models, initial_digests
+
+    small = {"sft_steps": 2, "hidden_size": 32, "intermediate_size": 64, "num_layers": 1, "num_heads": 2,
+             "num_kv_heads": 1, "tokenizer_items": 40}  # fmt: skip
+
+    def nodes(cache: Path) -> list[NodeConfig]:
+        model = {"name": "builtin:lab", "device": "cpu", "cache_dir": str(cache)}
+        return [NodeConfig.model_validate({"model": {**model, "builtin": {**small, "seed": s}}}) for s in (1, 2, 1)]
+
+    side = nodes(tmp_path / "side")
+    build_models(side, 1)
+    build_models(side[:1], 2)
+    assert not any(builtin_cached(c.model) for c in side)
+    build_models(side, 2)
+    assert all(builtin_cached(c.model) for c in side)
+    built = [d for d in (tmp_path / "side").glob("lab-*") if d.is_dir()]
+    assert len(built) == 2  # seeds 1 and 2: the repeated recipe built once
+    one_by_one = nodes(tmp_path / "seq")
+    digests = initial_digests(one_by_one)  # loading builds them here, in this process
+    assert digests == initial_digests(side) and digests[0] != digests[1] and digests[0] == digests[2]
