@@ -177,7 +177,7 @@ def _run_pair(sim_json: dict[str, Any], variant: str, seed: int, out: str) -> tu
     return str(result.run_dir), time.perf_counter() - t0
 
 
-def _build_model(model_json: dict[str, Any], threads: int) -> None:
+def build_model(model_json: dict[str, Any], threads: int) -> None:
     """Build (or find cached) one model in a worker process, then free it: the pairs load it from the cache."""
     import torch
 
@@ -215,7 +215,7 @@ def _run_parallel(
             model = sim.node_config(name, i, seed).model
             models.setdefault(model.model_dump_json(), model.model_dump(mode="json"))
     if len(models) > 1:
-        for built in as_completed([pool.submit(_build_model, m, sim.torch_threads) for m in models.values()]):
+        for built in as_completed([pool.submit(build_model, m, sim.torch_threads) for m in models.values()]):
             built.result()
     own = {p: r.model_dump(mode="json") for p, r in (runs or {}).items()}
     futures = {

@@ -51,33 +51,30 @@ def _evaluate_nodes(nodes: list[Any], run_dir: Path, done: dict[str, Path]) -> N
 
 
 def build_models(nodes: list[Any], procs: int) -> None:
-    """Build the nodes' built-in models that are not cached yet side by side, one process each. A built-in model's
-    build (the laboratory model's warm start, about 3.5 minutes) runs on one torch thread whatever the caller's
-    setting, so it is bitwise the same in any process, and a seed whose nodes draw new warm starts waits for the
-    slowest build instead of their sum. With fewer than two to build, or one process, loading builds them one by one."""
+    """Build the nodes' built-in models that are not cached yet side by side, one process a recipe
+    (:func:`sim.runner.build_model`, as the pairs' own models are built), before a start is evaluated from them. A
+    built-in model's build (the laboratory model's warm start, about 3.5 minutes) runs on one torch thread whatever
+    the caller's setting, so it is bitwise the same in any process, and a seed whose nodes draw new warm starts waits
+    for the slowest build instead of their sum. With fewer than two to build, or one process, loading builds them
+    one by one."""
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
     from node.model.policy import BUILTIN_PREFIX, builtin_cached
+    from sim.runner import build_model
 
-    todo: dict[str, Any] = {}  # one build a recipe: nodes of the same recipe share it
+    todo: dict[str, dict[str, Any]] = {}  # one build a recipe: nodes of the same recipe share it
     for cfg in nodes:
         if cfg.model.name.startswith(BUILTIN_PREFIX) and not builtin_cached(cfg.model):
-            todo.setdefault(cfg.model.model_dump_json(include={"name", "builtin", "cache_dir"}), cfg.model)
+            todo.setdefault(
+                cfg.model.model_dump_json(include={"name", "builtin", "cache_dir"}), cfg.model.model_dump(mode="json")
+            )
     if procs < 2 or len(todo) < 2:
         return
     t0 = time.perf_counter()
     with ProcessPoolExecutor(min(procs, len(todo)), mp_context=mp.get_context("spawn")) as pool:
-        list(pool.map(_build_model, todo.values()))
+        list(pool.map(build_model, todo.values(), [1] * len(todo)))
     print(f"built {len(todo)} models side by side in {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
-
-
-def _build_model(model: Any) -> str:
-    from node.cli.logs import setup_cli_logging
-    from node.model.policy import ensure_builtin
-
-    setup_cli_logging("INFO")
-    return str(ensure_builtin(model))
 
 
 def initial_digests(nodes: list[Any]) -> list[str]:
