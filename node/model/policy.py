@@ -177,6 +177,12 @@ def builtin_cached(cfg: ModelConfig) -> bool:
     return builder.is_built(cfg.cache_dir, recipe)
 
 
+def builtin_dir(cfg: ModelConfig) -> Path:
+    """Where built-in ``cfg.name``'s recipe is (or will be) cached: one directory a recipe, however written."""
+    builder, recipe = _builtin(cfg)
+    return builder.model_dir(cfg.cache_dir, recipe)
+
+
 def load_policy(cfg: ModelConfig) -> Policy:
     """Load ``cfg.name`` (``builtin:tiny``, a local directory or a hub name) onto the configured device."""
     if cfg.threads:

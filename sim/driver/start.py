@@ -51,24 +51,23 @@ def _evaluate_nodes(nodes: list[Any], run_dir: Path, done: dict[str, Path]) -> N
 
 
 def build_models(nodes: list[Any], procs: int) -> None:
-    """Build the nodes' built-in models that are not cached yet side by side, one process a recipe
-    (:func:`sim.runner.build_model`, as the pairs' own models are built), before a start is evaluated from them. A
-    built-in model's build (the laboratory model's warm start, about 3.5 minutes) runs on one torch thread whatever
-    the caller's setting, so it is bitwise the same in any process, and a seed whose nodes draw new warm starts waits
-    for the slowest build instead of their sum. With fewer than two to build, or one process, loading builds them
-    one by one."""
+    """Build the nodes' laboratory models that are not cached yet side by side, one process a recipe
+    (:func:`sim.runner.build_model`, as the pairs' own models are built), before a start is evaluated from them. The
+    laboratory build (its warm start, about 3.5 minutes) runs on one torch thread whatever the caller's setting, so
+    it is bitwise the same in any process, and a seed whose nodes draw new warm starts waits for the slowest build
+    instead of their sum. Only those: ``builtin:tiny``'s build and a ``model.warm_start`` run on the caller's threads,
+    so they are left to loading, one by one, as are fewer than two builds or one process."""
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
-    from node.model.policy import BUILTIN_PREFIX, builtin_cached
+    from node.model.lab import LAB_NAME
+    from node.model.policy import builtin_cached, builtin_dir
     from sim.runner import build_model
 
-    todo: dict[str, dict[str, Any]] = {}  # one build a recipe: nodes of the same recipe share it
+    todo: dict[Path, dict[str, Any]] = {}  # one build a recipe: nodes of the same recipe share it
     for cfg in nodes:
-        if cfg.model.name.startswith(BUILTIN_PREFIX) and not builtin_cached(cfg.model):
-            todo.setdefault(
-                cfg.model.model_dump_json(include={"name", "builtin", "cache_dir"}), cfg.model.model_dump(mode="json")
-            )
+        if cfg.model.name == LAB_NAME and cfg.model.warm_start is None and not builtin_cached(cfg.model):
+            todo.setdefault(builtin_dir(cfg.model), cfg.model.model_dump(mode="json"))
     if procs < 2 or len(todo) < 2:
         return
     t0 = time.perf_counter()
@@ -146,7 +145,8 @@ def run_start(sim: SimConfig, work: Path, saved: dict[str, Any] | None, digests:
     torch.set_num_threads(sim.workers * sim.torch_threads)
     arm = sim.configurations[0].name
     nodes = [sim.node_config(arm, i, sim.seeds[0]) for i in range(sim.nodes)]
-    build_models(nodes, sim.workers)
+    if digests:  # (without: --analyze, which reads the evaluations on disk and loads no model)
+        build_models(nodes, sim.workers)
     if saved and saved.get("key") == start_key(sim):
         return checked_start(saved, nodes, work, sim)
     t0 = time.perf_counter()

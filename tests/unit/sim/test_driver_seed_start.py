@@ -175,9 +175,9 @@ def test_a_seed_start_read_from_disk_is_checked_against_what_is_built_not_replac
 
 
 def test_models_built_side_by_side_are_the_ones_built_one_by_one(tmp_path: Path) -> None:
-    """``build_models``: a seed's uncached built-in models are built in parallel processes, once a recipe, to the
-    same weights loading builds one by one (the build runs on one thread whatever the process); one process, or
-    fewer than two to build, builds nothing ahead."""
+    """``build_models``: a seed's uncached laboratory models are built in parallel processes, once a recipe, to the
+    same weights loading builds one by one (the build runs on one thread whatever the process); one process, fewer
+    than two to build, or models whose build runs on the caller's threads (``builtin:tiny``), build nothing ahead."""
     from node.config import NodeConfig
     from node.model.policy import builtin_cached
     from sim.driver.start import build_models, initial_digests
@@ -193,6 +193,10 @@ def test_models_built_side_by_side_are_the_ones_built_one_by_one(tmp_path: Path)
     build_models(side, 1)
     build_models(side[:1], 2)
     assert not any(builtin_cached(c.model) for c in side)
+    tiny = [NodeConfig.model_validate({"model": {"cache_dir": str(tmp_path / "tiny"), "builtin": {"seed": s}}})
+            for s in (1, 2)]  # fmt: skip
+    build_models(tiny, 2)
+    assert tiny[0].model.name == "builtin:tiny" and not any(builtin_cached(c.model) for c in tiny)
     build_models(side, 2)
     assert all(builtin_cached(c.model) for c in side)
     built = [d for d in (tmp_path / "side").glob("lab-*") if d.is_dir()]
