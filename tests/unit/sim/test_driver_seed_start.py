@@ -204,3 +204,25 @@ def test_models_built_side_by_side_are_the_ones_built_one_by_one(tmp_path: Path)
     one_by_one = nodes(tmp_path / "seq")
     digests = initial_digests(one_by_one)  # loading builds them here, in this process
     assert digests == initial_digests(side) and digests[0] != digests[1] and digests[0] == digests[2]
+
+
+def test_with_several_workers_each_seeds_pairs_are_kept_once_the_seed_has_finished(tmp_path: Path,
+                                                                                   monkeypatch) -> None:  # fmt: skip
+    """``run_pending`` with ``workers > 1`` runs a seed's pairs side by side and calls ``after_each`` (the report's
+    rewrite) after the seed's start and again after its pairs, before the next seed's start, so a session that ends
+    during seed k+1 keeps seed k's pairs in the JSON. The start and the pairs are stand-ins: the order is tested."""
+    import sim.driver.start as start_mod
+    import sim.runner as runner
+    from sim.driver import pairs
+
+    sim = load_sim_config(str(CONFIG), PER_SEED, quick=True).model_copy(update={"workers": 2, "seeds": [0, 1]})
+    events: list[str] = []
+    monkeypatch.setattr(start_mod, "run_seed_start", lambda s, seed, work, saved: events.append(f"start {seed}") or {})
+    monkeypatch.setattr(runner, "run_experiment",
+                        lambda s, work, progress=None, pairs=None: events.append(f"pairs {sorted(pairs)}"))  # fmt: skip
+    pairs.run_pending(sim, tmp_path, ["alone", "receiver"], set(), {"commit": "x"},
+                      after_each=lambda: events.append("report"), seed_starts={})  # fmt: skip
+    assert events == [
+        "start 0", "report", "pairs [('alone', 0), ('receiver', 0)]", "report",
+        "start 1", "report", "pairs [('alone', 1), ('receiver', 1)]", "report",
+    ]  # fmt: skip
