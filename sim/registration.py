@@ -58,6 +58,11 @@ class MetricSpec(StrictModel):
     ``greedy_accuracy`` (``sim.driver.records.RECORDED``)."""
     gain: bool = False
     """The change from the pair's step 0 (0 at step 0): a gain compared across arms, or held to a level."""
+    no_gap: Literal["undefined", "left_out"] = "undefined"
+    """``gap_closed`` only: a node whose peers start no better than it on its lacking family has no gap to close.
+    ``undefined``: the pair's number is NaN (so is every mean over seeds that holds it); ``left_out``: the mean is over
+    the measured nodes that have a gap (NaN only when none has). Which nodes have a gap is fixed by the seed's start,
+    the same for every arm of the seed."""
     text: str = ""
     """What the number is, for the report."""
 

@@ -30,7 +30,8 @@ def gap_closed(record: dict[str, Any], reg: Registration, spec: MetricSpec, step
     family at step 0 and ``step``, the peer level the mean step-0 ``spec.key`` of the other nodes whose ``known``
     family it is (each seed's own start when the warm start is drawn per seed). 0 at step 0 by construction.
     Undefined (NaN) for a node whose peers start no better than it does (there is no gap: an untrained quick
-    model, say); the mean is NaN then too, never a division by zero."""
+    model, say, or a seed whose specialist's warm start failed); the mean is NaN then too, never a division by zero,
+    unless ``spec.no_gap`` is ``left_out``: then it is the mean over the nodes with a gap (NaN if none has one)."""
     start, now = record["per_node"]["0"], record["per_node"][step]
     measured = set(reg.measured) if reg.measured is not None else None
     gaps = []
@@ -40,8 +41,11 @@ def gap_closed(record: dict[str, Any], reg: Registration, spec: MetricSpec, step
         peers = [start[str(j)][fam][spec.key] for j, f in reg.parts["known"].items() if f == fam and j != i]
         s = start[str(i)][fam][spec.key]
         gap = statistics.fmean(peers) - s
-        gaps.append((now[str(i)][fam][spec.key] - s) / gap if gap > 0 else math.nan)
-    return statistics.fmean(gaps)
+        if gap > 0:
+            gaps.append((now[str(i)][fam][spec.key] - s) / gap)
+        elif spec.no_gap == "undefined":
+            gaps.append(math.nan)
+    return statistics.fmean(gaps) if gaps else math.nan
 
 
 def over_baseline(record: dict[str, Any], reg: Registration, spec: MetricSpec, step: str) -> float:

@@ -45,7 +45,8 @@ class NodeGain:
 
     @property
     def closed(self) -> float:
-        return self.gain / self.width if self.width else math.nan
+        """NaN where there is no gap (the peer starts no better than the node: a failed warm start)."""
+        return self.gain / self.width if self.width > 0 else math.nan
 
 
 def _solve_rate_halves(metrics: Path, family: str, steps: int) -> tuple[float | None, float | None]:
@@ -66,7 +67,8 @@ def _solve_rate_halves(metrics: Path, family: str, steps: int) -> tuple[float | 
 
 
 def node_gains(results: dict, work: Path, arm: str, lacking: dict[int, str], steps: int) -> list[NodeGain]:
-    """Every (seed, node) of ``arm`` with a start in ``results['seed_starts']`` and an evaluation on disk."""
+    """Every (seed, node) of ``arm`` with a start in ``results['seed_starts']`` and its evaluation at step ``steps``
+    (the run's last) on disk: a pair still running is left out."""
     out: list[NodeGain] = []
     starts = results.get("seed_starts") or {}
     for seed in sorted(starts, key=int):
@@ -74,7 +76,9 @@ def node_gains(results: dict, work: Path, arm: str, lacking: dict[int, str], ste
         for node, family in sorted(lacking.items()):
             peer = next((p for p in lacking if p != node), None)
             run = work / arm / f"seed{seed}" / f"node{node}"
-            evals = [e for e in read_jsonl(run / "eval.jsonl") if family in e.get("families", {})]
+            # the evaluation at the last step only: a pair still running has earlier ones on disk
+            evals = [e for e in read_jsonl(run / "eval.jsonl") if family in e.get("families", {}) and
+                     int(e.get("step", -1)) == steps]  # fmt: skip
             if peer is None or not evals or str(node) not in per_node or str(peer) not in per_node:
                 continue
             first, second = _solve_rate_halves(run / "metrics.jsonl", family, steps)
@@ -91,11 +95,15 @@ def _corr(xs: list[float], ys: list[float]) -> float:
 
 
 def summary(rows: list[NodeGain]) -> dict[str, float]:
-    """Mean gain and gap width (with their standard deviations), their correlation, and the two ways to average."""
+    """Mean gain and gap width (with their standard deviations), their correlation, and the two ways to average,
+    over the nodes with a gap (a node its peer does not lead at the start is left out, as ``no_gap: left_out``)."""
+    left_out = sum(r.width <= 0 for r in rows)
+    rows = [r for r in rows if r.width > 0]
     gains, widths = [r.gain for r in rows], [r.width for r in rows]
     halves = [r for r in rows if r.first_half is not None]
     return {
         "nodes": len(rows),
+        "left_out": left_out,
         "gain": statistics.fmean(gains),
         "gain_sd": statistics.stdev(gains) if len(rows) > 1 else math.nan,
         "width": statistics.fmean(widths),
@@ -114,9 +122,10 @@ def lines(rows: list[NodeGain], arm: str) -> list[str]:
     head = "| seed | node | family | start | peer | end | gain | gap width | closed |"
     out = [f"### {arm}: gain on the lacking family against the peer's lead", "", head, "|---" * 9 + "|"]
     out += [f"| {r.seed} | {r.node} | {r.family} | {r.start:.3f} | {r.peer:.3f} | {r.end:.3f} | {r.gain:+.3f} | "
-            f"{r.width:.3f} | {r.closed:.2f} |" for r in rows]  # fmt: skip
+            f"{r.width:.3f} | {'no gap' if math.isnan(r.closed) else f'{r.closed:.2f}'} |" for r in rows]  # fmt: skip
     s = summary(rows)
-    out += ["", f"{s['nodes']} nodes: gain {s['gain']:+.3f} (sd {s['gain_sd']:.3f}), gap width {s['width']:.3f} "
+    gone = f" ({s['left_out']} without a gap at the start left out)" if s["left_out"] else ""
+    out += ["", f"{s['nodes']} nodes{gone}: gain {s['gain']:+.3f} (sd {s['gain_sd']:.3f}), gap width {s['width']:.3f} "
             f"(sd {s['width_sd']:.3f}); correlation of gain with width {s['corr_gain_width']:+.2f}, of gap closed "
             f"with the peer's level {s['corr_closed_peer']:+.2f}; gap closed as the mean of ratios "
             f"{s['mean_of_ratios']:.3f}, as the ratio of means {s['ratio_of_means']:.3f}; {s['passed_peer']} "

@@ -325,6 +325,27 @@ def test_gap_closed_is_nan_where_there_is_no_gap_and_the_stats_carry_it() -> Non
     assert mean_sd([math.nan, 0.2]) == "nan ± nan"
 
 
+def test_a_node_without_a_gap_is_undefined_or_left_out_as_registered() -> None:
+    """A seed whose specialist's warm start failed: node 0 starts above its peers on the family it lacks. As first
+    registered the pair's gap is NaN; with ``no_gap: left_out`` it is node 1's ratio alone, and NaN only when no
+    measured node has a gap."""
+    import math
+
+    reg = transfer_registration(all=[{"at_least": 0.5}])
+    start = {"0": {"a": 0.9, "b": 0.4}, "1": {"a": 0.1, "b": 0.2}, "2": {"a": 0.0, "b": 0.3}, "3": {"a": 0.5, "b": 0.0}}
+    end = {"0": {"a": 0.9, "b": 0.6}, "1": {"a": 0.4, "b": 0.2}, "2": {"a": 0.0, "b": 0.3}, "3": {"a": 0.5, "b": 0.0}}
+    cells = lambda v: {i: {f: {"accuracy": x} for f, x in fams.items()} for i, fams in v.items()}  # noqa: E731
+    record = {"per_node": {"0": cells(start), "10": cells(end)}}
+    # node 0 lacks b: its peers 1 and 2 start at 0.25 < 0.4 (no gap); node 1 lacks a: peers 0 and 3 at 0.7, so
+    # (0.4 - 0.1) / (0.7 - 0.1) = 0.5
+    assert math.isnan(metrics.value(record, reg, "gap", "10"))
+    left_out = reg.model_copy(update={"metrics": {"gap": reg.metrics["gap"].model_copy(update={"no_gap": "left_out"})}})
+    assert metrics.value(record, left_out, "gap", "10") == pytest.approx(0.5)
+    assert metrics.value(record, left_out, "gap", "0") == 0.0
+    flat = {str(i): {"a": {"accuracy": 0.0}, "b": {"accuracy": 0.0}} for i in range(4)}
+    assert math.isnan(metrics.value({"per_node": {"0": flat, "10": flat}}, left_out, "gap", "10"))
+
+
 def test_analyze_reads_per_seed_starts_a_run_left_on_disk(tmp_path: Path) -> None:
     """A per-seed experiment run with several workers keeps its JSON only at the end: ``--analyze`` of what an
     interrupted run left on disk pairs each seed's pairs with that seed's start, read from its directory."""

@@ -65,7 +65,33 @@ def test_the_report_and_the_cli(results: dict, tmp_path: Path, capsys: pytest.Ca
     text = "\n".join(lines(node_gains(results, tmp_path, "arm", LACKING, steps=10), "arm"))
     assert "| 0 | 1 | lab_add | 0.200 | 0.400 | 0.500 | +0.300 | 0.200 | 1.50 |" in text
     (tmp_path / "r.json").write_text(json.dumps(results))
-    cfg = Path(__file__).parents[3] / "configs/sim/transfer-het.yaml"
+    cfg = tmp_path / "transfer-het.yaml"  # the registered YAML with this run's 10 steps (its last evaluation)
+    text = (Path(__file__).parents[3] / "configs/sim/transfer-het.yaml").read_text()
+    cfg.write_text(text.replace("\nsteps: 150\n", "\nsteps: 10\n", 1))
+    assert "\nsteps: 10\n" in cfg.read_text()
     main([str(cfg), "--arm", "arm", "--arm", "absent", "--work", str(tmp_path), "--results", str(tmp_path / "r.json")])
     out = capsys.readouterr().out
     assert "3 nodes: gain +0.233" in out and "absent: no node with a start and an evaluation on disk" in out
+
+
+def test_a_node_its_peer_does_not_lead_is_shown_and_left_out_of_the_summary(results: dict, tmp_path: Path) -> None:
+    # seed 2: node 0 starts at 0.6 on lab_sub, above its peer's 0.3 (the peer's warm start failed): no gap
+    results["seed_starts"]["2"] = {"per_node": {"0": _acc(0.9, 0.6), "1": _acc(0.0, 0.3)}}
+    _write(tmp_path, 2, 0, _acc(0.9, 0.8))
+    rows = node_gains(results, tmp_path, "arm", LACKING, steps=10)
+    assert math.isnan(rows[-1].closed) and rows[-1].width == pytest.approx(-0.3)
+    s = summary(rows)
+    assert s["nodes"] == 3 and s["left_out"] == 1
+    assert s["ratio_of_means"] == pytest.approx((0.2 + 0.3 + 0.2) / (0.8 + 0.2 + 0.5))  # as without seed 2
+    text = "\n".join(lines(rows, "arm"))
+    assert "| 2 | 0 | lab_sub | 0.600 | 0.300 | 0.800 | +0.200 | -0.300 | no gap |" in text
+    assert "3 nodes (1 without a gap at the start left out)" in text
+
+
+def test_a_pair_still_running_is_left_out(results: dict, tmp_path: Path) -> None:
+    results["seed_starts"]["3"] = {"per_node": {"0": _acc(0.6, 0.0), "1": _acc(0.0, 0.6)}}
+    run = tmp_path / "arm" / "seed3" / "node0"
+    run.mkdir(parents=True)
+    (run / "eval.jsonl").write_text(json.dumps({"step": 5, "families": _acc(0.6, 0.3)}) + "\n")  # halfway
+    assert [(r.seed, r.node) for r in node_gains(results, tmp_path, "arm", LACKING, steps=10)][-1] == (1, 0)
+    assert [(r.seed, r.node) for r in node_gains(results, tmp_path, "arm", LACKING, steps=5)] == [(3, 0)]
