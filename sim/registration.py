@@ -61,8 +61,9 @@ class MetricSpec(StrictModel):
     no_gap: Literal["undefined", "left_out"] = "undefined"
     """``gap_closed`` only: a node whose peers start no better than it on its lacking family has no gap to close.
     ``undefined``: the pair's number is NaN (so is every mean over seeds that holds it); ``left_out``: the mean is over
-    the measured nodes that have a gap (NaN only when none has). Which nodes have a gap is fixed by the seed's start,
-    the same for every arm of the seed."""
+    the measured nodes that have a gap (NaN only when none has). Which nodes have a gap is fixed by a pair's step-0
+    evaluation: the seed's shared start for every arm that shares it (``sim.driver.start.sharing_arms``), an arm's own
+    sampled start otherwise."""
     text: str = ""
     """What the number is, for the report."""
 

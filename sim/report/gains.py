@@ -96,9 +96,12 @@ def _corr(xs: list[float], ys: list[float]) -> float:
 
 def summary(rows: list[NodeGain]) -> dict[str, float]:
     """Mean gain and gap width (with their standard deviations), their correlation, and the two ways to average,
-    over the nodes with a gap (a node its peer does not lead at the start is left out, as ``no_gap: left_out``)."""
+    over the nodes with a gap. A node its peer does not lead at the start is left out whatever the registration's
+    ``no_gap`` (under ``undefined`` the registered number of its seed is NaN instead: this is a diagnostic)."""
     left_out = sum(r.width <= 0 for r in rows)
     rows = [r for r in rows if r.width > 0]
+    if not rows:
+        return {"nodes": 0, "left_out": left_out}
     gains, widths = [r.gain for r in rows], [r.width for r in rows]
     halves = [r for r in rows if r.first_half is not None]
     return {
@@ -125,6 +128,8 @@ def lines(rows: list[NodeGain], arm: str) -> list[str]:
             f"{r.width:.3f} | {'no gap' if math.isnan(r.closed) else f'{r.closed:.2f}'} |" for r in rows]  # fmt: skip
     s = summary(rows)
     gone = f" ({s['left_out']} without a gap at the start left out)" if s["left_out"] else ""
+    if not s["nodes"]:
+        return [*out, "", f"no node with a gap at the start{gone}."]
     out += ["", f"{s['nodes']} nodes{gone}: gain {s['gain']:+.3f} (sd {s['gain_sd']:.3f}), gap width {s['width']:.3f} "
             f"(sd {s['width_sd']:.3f}); correlation of gain with width {s['corr_gain_width']:+.2f}, of gap closed "
             f"with the peer's level {s['corr_closed_peer']:+.2f}; gap closed as the mean of ratios "

@@ -347,8 +347,8 @@ def test_a_node_without_a_gap_is_undefined_or_left_out_as_registered() -> None:
 
 
 def test_analyze_reads_per_seed_starts_a_run_left_on_disk(tmp_path: Path) -> None:
-    """A per-seed experiment run with several workers keeps its JSON only at the end: ``--analyze`` of what an
-    interrupted run left on disk pairs each seed's pairs with that seed's start, read from its directory."""
+    """A per-seed experiment run with several workers keeps its JSON only after each seed's pairs: ``--analyze`` of
+    what an interrupted run left on disk pairs each seed's pairs with that seed's start, read from its directory."""
     args = [str(ROOT / "configs" / "sim" / "transfer-het.yaml"), "--quick", "--seeds", "0-1", "--workers", "2"]
     args += ["--only", "alone", "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")]
     args += ["--set", f"node.model.cache_dir={tmp_path / 'cache'}"]

@@ -86,6 +86,8 @@ def test_a_node_its_peer_does_not_lead_is_shown_and_left_out_of_the_summary(resu
     text = "\n".join(lines(rows, "arm"))
     assert "| 2 | 0 | lab_sub | 0.600 | 0.300 | 0.800 | +0.200 | -0.300 | no gap |" in text
     assert "3 nodes (1 without a gap at the start left out)" in text
+    assert summary(rows[-1:]) == {"nodes": 0, "left_out": 1}  # no node with a gap: said, not a crash
+    assert lines(rows[-1:], "arm")[-1] == "no node with a gap at the start (1 without a gap at the start left out)."
 
 
 def test_a_pair_still_running_is_left_out(results: dict, tmp_path: Path) -> None:
