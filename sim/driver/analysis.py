@@ -52,9 +52,12 @@ def compare(arms: dict[str, Any], reg: Registration, arm: str, control: str) -> 
 
 
 def better_of(arms: dict[str, Any], names: list[str], metric: str) -> str | None:
-    """The arm among ``names`` with the higher mean of ``metric`` at the readout (None if none has run)."""
+    """The arm among ``names`` with the higher mean of ``metric`` at the readout (None if none has run). An arm whose
+    mean is undefined (NaN) counts as the better: a control that cannot be read fails the comparison, whatever the
+    order of ``names``."""
     ran = [n for n in names if n in arms]
-    return max(ran, key=lambda n: statistics.fmean(arms[n][metric]["end"])) if ran else None
+    mean = lambda n: statistics.fmean(arms[n][metric]["end"])  # noqa: E731
+    return max(ran, key=lambda n: (math.isnan(mean(n)), mean(n))) if ran else None
 
 
 def _condition(arms: dict[str, Any], reg: Registration, cand: str, c: Condition) -> tuple[bool, str]:

@@ -141,6 +141,11 @@ def test_verdict_beats_the_better_of_two_controls_and_reads_levels() -> None:
     arms["alone"]["gap"]["end"] = [0.1, 0.1, 0.1]  # alone closes more than 5%
     assert not analysis.verdict(arms, reg)["met"]
     assert not analysis.verdict(arms_of({"trace": [0.6, 0.6]}, reg), reg)["complete"]
+    undefined = arms_of({"alone": [0.0, 0.0, 0.0], "alone-best": [0.1, float("nan"), 0.1], "trace": [0.6, 0.6, 0.6]},
+                        reg)  # fmt: skip
+    for names in (["alone", "alone-best"], ["alone-best", "alone"]):  # a control that cannot be read is never skipped
+        assert analysis.better_of(undefined, names, "gap") == "alone-best"
+    assert not analysis.verdict(undefined, reg)["met"]
     margin = transfer_registration(all=[{"beats": "alone", "above": -0.01}])
     close = arms_of({"alone": [0.50, 0.50, 0.50], "trace": [0.499, 0.498, 0.4995]}, margin)
     assert analysis.verdict(close, margin)["met"]  # not worse than alone by more than 0.01
