@@ -56,8 +56,8 @@ def better_of(arms: dict[str, Any], names: list[str], metric: str) -> str | None
     mean is undefined (NaN) counts as the better: a control that cannot be read fails the comparison, whatever the
     order of ``names``."""
     ran = [n for n in names if n in arms]
-    mean = lambda n: statistics.fmean(arms[n][metric]["end"])  # noqa: E731
-    return max(ran, key=lambda n: (math.isnan(mean(n)), mean(n))) if ran else None
+    means = {n: statistics.fmean(arms[n][metric]["end"]) for n in ran}
+    return max(ran, key=lambda n: (math.isnan(means[n]), means[n])) if ran else None
 
 
 def _condition(arms: dict[str, Any], reg: Registration, cand: str, c: Condition) -> tuple[bool, str]:

@@ -44,9 +44,14 @@ class NodeGain:
         return self.end - self.start
 
     @property
+    def has_gap(self) -> bool:
+        """The peer starts above the node (not so where the peer's warm start failed)."""
+        return self.width > 0
+
+    @property
     def closed(self) -> float:
-        """NaN where there is no gap (the peer starts no better than the node: a failed warm start)."""
-        return self.gain / self.width if self.width > 0 else math.nan
+        """NaN where there is no gap."""
+        return self.gain / self.width if self.has_gap else math.nan
 
 
 def _solve_rate_halves(metrics: Path, family: str, steps: int) -> tuple[float | None, float | None]:
@@ -98,8 +103,8 @@ def summary(rows: list[NodeGain]) -> dict[str, float]:
     """Mean gain and gap width (with their standard deviations), their correlation, and the two ways to average,
     over the nodes with a gap. A node its peer does not lead at the start is left out whatever the registration's
     ``no_gap`` (under ``undefined`` the registered number of its seed is NaN instead: this is a diagnostic)."""
-    left_out = sum(r.width <= 0 for r in rows)
-    rows = [r for r in rows if r.width > 0]
+    left_out = sum(not r.has_gap for r in rows)
+    rows = [r for r in rows if r.has_gap]
     if not rows:
         return {"nodes": 0, "left_out": left_out}
     gains, widths = [r.gain for r in rows], [r.width for r in rows]
@@ -125,7 +130,7 @@ def lines(rows: list[NodeGain], arm: str) -> list[str]:
     head = "| seed | node | family | start | peer | end | gain | gap width | closed |"
     out = [f"### {arm}: gain on the lacking family against the peer's lead", "", head, "|---" * 9 + "|"]
     out += [f"| {r.seed} | {r.node} | {r.family} | {r.start:.3f} | {r.peer:.3f} | {r.end:.3f} | {r.gain:+.3f} | "
-            f"{r.width:.3f} | {'no gap' if math.isnan(r.closed) else f'{r.closed:.2f}'} |" for r in rows]  # fmt: skip
+            f"{r.width:.3f} | {f'{r.closed:.2f}' if r.has_gap else 'no gap'} |" for r in rows]  # fmt: skip
     s = summary(rows)
     gone = f" ({s['left_out']} without a gap at the start left out)" if s["left_out"] else ""
     if not s["nodes"]:
