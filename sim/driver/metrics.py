@@ -24,6 +24,17 @@ def exact(record: dict[str, Any], reg: Registration, spec: MetricSpec, step: str
     return record["steps"][step][spec.key][spec.part]
 
 
+def has_gap(start: float, peer: float) -> bool:
+    """The peer starts above the node (not so for an untrained model, or where the peer's warm start failed). The one
+    rule :func:`gap_closed` and ``sim.report.gains`` share."""
+    return peer > start
+
+
+def closed_fraction(start: float, peer: float, end: float) -> float:
+    """``(end - start) / (peer - start)``: how much of the gap to its peer a node closed; NaN where it has none."""
+    return (end - start) / (peer - start) if has_gap(start, peer) else math.nan
+
+
 def gap_closed(record: dict[str, Any], reg: Registration, spec: MetricSpec, step: str) -> float:
     """How much of the gap to its peers a node closed on the family it lacks, mean over the measured nodes of
     ``(end - start) / (peer level - start)``: ``start`` and ``end`` the node's ``spec.key`` on its ``lacking``
@@ -39,12 +50,9 @@ def gap_closed(record: dict[str, Any], reg: Registration, spec: MetricSpec, step
         if measured is not None and i not in measured:
             continue
         peers = [start[str(j)][fam][spec.key] for j, f in reg.parts["known"].items() if f == fam and j != i]
-        s = start[str(i)][fam][spec.key]
-        gap = statistics.fmean(peers) - s
-        if gap > 0:
-            gaps.append((now[str(i)][fam][spec.key] - s) / gap)
-        elif spec.no_gap == "undefined":
-            gaps.append(math.nan)
+        s, peer = start[str(i)][fam][spec.key], statistics.fmean(peers)
+        if has_gap(s, peer) or spec.no_gap == "undefined":
+            gaps.append(closed_fraction(s, peer, now[str(i)][fam][spec.key]))
     return statistics.fmean(gaps) if gaps else math.nan
 
 

@@ -21,6 +21,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from sim.driver.metrics import closed_fraction, has_gap
 from sim.report.traces import read_jsonl
 
 
@@ -45,13 +46,13 @@ class NodeGain:
 
     @property
     def has_gap(self) -> bool:
-        """The peer starts above the node (not so where the peer's warm start failed)."""
-        return self.width > 0
+        """The peer starts above the node (:func:`sim.driver.metrics.has_gap`)."""
+        return has_gap(self.start, self.peer)
 
     @property
     def closed(self) -> float:
-        """NaN where there is no gap."""
-        return self.gain / self.width if self.has_gap else math.nan
+        """NaN where there is no gap (:func:`sim.driver.metrics.closed_fraction`, the registered metric's rule)."""
+        return closed_fraction(self.start, self.peer, self.end)
 
 
 def _solve_rate_halves(metrics: Path, family: str, steps: int) -> tuple[float | None, float | None]:
