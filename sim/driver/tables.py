@@ -105,19 +105,23 @@ def answer(reg: Any, res: dict[str, Any]) -> tuple[str, str]:
 
 
 def headline(reg: Any, res: dict[str, Any], arm: str) -> str:
-    """The arm against the control of the target's first ``beats`` (its gain where that is ``start``), the
-    registration's primary metric, with the 95% t-interval of the per-seed differences; else the level of the first
-    condition's metric (with its interval where there are seeds)."""
+    """The arm against the control of the target's first ``beats`` (its gain where that is ``start``; the better of
+    its controls, as the verdict reads it, where it names several), the registration's primary metric, with the 95%
+    t-interval of the per-seed differences; else the level of the first condition's metric (with its interval where
+    there are seeds)."""
+    from sim.driver.analysis import better_of
     from sim.driver.stats import t_interval
 
     beats = next((c for c in reg.target.all if c.beats is not None), None)
     if beats is not None:
         metric = beats.metric or reg.primary
         names = [beats.beats] if isinstance(beats.beats, str) else beats.beats
-        row = next((c for c in res["comparisons"] if c["arm"] == arm and c["control"] in names), None)
+        control = better_of(res["arms"], names, metric) if len(names) > 1 else names[0]
+        row = next((c for c in res["comparisons"] if c["arm"] == arm and c["control"] == control), None)
         if row is not None:
             m, lo, hi = t_interval(row[metric]["diff"])
-            return f"{metric} {arm} - {row['control']}: {m:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+            which = f" (the better of {', '.join(names)})" if len(names) > 1 else ""
+            return f"{metric} {arm} - {control}{which}: {m:+.3f} [{lo:+.3f}, {hi:+.3f}]"
     metric = reg.target.all[0].metric or reg.primary
     ends = res["arms"][arm][metric]["end"]
     m, lo, hi = t_interval(ends)

@@ -75,3 +75,17 @@ def test_an_interim_answer_says_how_many_seeds_its_arms_have() -> None:
     assert tables.answer(reg, {"verdict": verdict, "arms": arms})[0] == "interim (arms at 1-10 of 10 seeds)"
     arms = {"a": {"seeds": [0, 1]}, "b": {"seeds": [0, 1]}}
     assert tables.answer(reg, {"verdict": verdict, "arms": arms})[0] == "interim (arms at 2 of 10 seeds)"
+
+
+def test_the_headline_compares_with_the_better_of_the_registered_controls() -> None:
+    """Where the target's first comparison names several controls (alone at two rates), the headline reads the
+    better one, as the verdict does, not the first named."""
+    reg = next(r for _, r, res in tables.registered() if res["name"] == "transfer-het-long")
+    arms = {"alone": {"gap": {"end": [0.05, 0.04]}}, "alone-best": {"gap": {"end": [0.12, 0.14]}}}
+    comparisons = [{"arm": "peer-trace", "control": c, "gap": {"diff": d}}
+                   for c, d in (("alone", [0.6, 0.7]), ("alone-best", [0.5, 0.55]))]  # fmt: skip
+    line = tables.headline(reg, {"arms": arms, "comparisons": comparisons}, "peer-trace")
+    assert line == "gap peer-trace - alone-best (the better of alone, alone-best): +0.525 [+0.207, +0.843]"
+    arms["alone"]["gap"]["end"] = [0.2, 0.3]
+    line = tables.headline(reg, {"arms": arms, "comparisons": comparisons}, "peer-trace")
+    assert line.startswith("gap peer-trace - alone (the better of alone, alone-best): +0.650")
