@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sim.registration import MetricSpec, Registration
+from sim.report.gains import closed_fraction, has_gap
 
 Hook = Callable[[dict[str, Any], Registration, MetricSpec, str], float]
 
@@ -22,17 +23,6 @@ Hook = Callable[[dict[str, Any], Registration, MetricSpec, str], float]
 def exact(record: dict[str, Any], reg: Registration, spec: MetricSpec, step: str) -> float:
     """The mean of ``spec.key`` over the part's (node, family) cells (``records.aggregate``)."""
     return record["steps"][step][spec.key][spec.part]
-
-
-def has_gap(start: float, peer: float) -> bool:
-    """The peer starts above the node (not so for an untrained model, or where the peer's warm start failed). The one
-    rule :func:`gap_closed` and ``sim.report.gains`` share."""
-    return peer > start
-
-
-def closed_fraction(start: float, peer: float, end: float) -> float:
-    """``(end - start) / (peer - start)``: how much of the gap to its peer a node closed; NaN where it has none."""
-    return (end - start) / (peer - start) if has_gap(start, peer) else math.nan
 
 
 def gap_closed(record: dict[str, Any], reg: Registration, spec: MetricSpec, step: str) -> float:

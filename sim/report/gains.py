@@ -21,8 +21,18 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from sim.driver.metrics import closed_fraction, has_gap
 from sim.report.traces import read_jsonl
+
+
+def has_gap(start: float, peer: float) -> bool:
+    """The peer starts above the node (not so for an untrained model, or where the peer's warm start failed). The one
+    rule this diagnostic and the registered ``gap_closed`` hook (``sim.driver.metrics``) share."""
+    return peer > start
+
+
+def closed_fraction(start: float, peer: float, end: float) -> float:
+    """``(end - start) / (peer - start)``: how much of the gap to its peer a node closed; NaN where it has none."""
+    return (end - start) / (peer - start) if has_gap(start, peer) else math.nan
 
 
 @dataclass(frozen=True)
@@ -46,12 +56,12 @@ class NodeGain:
 
     @property
     def has_gap(self) -> bool:
-        """The peer starts above the node (:func:`sim.driver.metrics.has_gap`)."""
+        """The peer starts above the node (:func:`has_gap`)."""
         return has_gap(self.start, self.peer)
 
     @property
     def closed(self) -> float:
-        """NaN where there is no gap (:func:`sim.driver.metrics.closed_fraction`, the registered metric's rule)."""
+        """NaN where there is no gap (:func:`closed_fraction`, the registered metric's rule)."""
         return closed_fraction(self.start, self.peer, self.end)
 
 
