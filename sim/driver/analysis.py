@@ -60,6 +60,13 @@ def better_of(arms: dict[str, Any], names: list[str], metric: str) -> str | None
     return max(ran, key=lambda n: (math.isnan(means[n]), means[n])) if ran else None
 
 
+def control_of(arms: dict[str, Any], names: list[str], metric: str) -> tuple[str | None, str]:
+    """The control a ``beats`` condition naming ``names`` reads (the pair's own start, else :func:`better_of`), and
+    how a report names the choice (`` (the better of a, b)`` where there were several)."""
+    ctl = START if names == [START] else better_of(arms, names, metric)
+    return ctl, f" (the better of {', '.join(names)})" if len(names) > 1 else ""
+
+
 def _condition(arms: dict[str, Any], reg: Registration, cand: str, c: Condition) -> tuple[bool, str]:
     """Whether ``c`` holds for candidate ``cand``, and the line that says so."""
     metric, subject = c.metric or reg.primary, c.arm or cand
@@ -67,13 +74,12 @@ def _condition(arms: dict[str, Any], reg: Registration, cand: str, c: Condition)
         return False, f"{subject} has not run"
     if c.beats is not None:
         names = [c.beats] if isinstance(c.beats, str) else c.beats
-        ctl = START if names == [START] else better_of(arms, names, metric)
+        ctl, which = control_of(arms, names, metric)
         row = compare(arms, reg, subject, ctl) if ctl else None
         if row is None:
             return False, f"{subject} vs {'/'.join(names)}: fewer than two paired seeds"
         r = row[metric]
         ok = r["lo"] > c.above
-        which = f" (the better of {', '.join(names)})" if len(names) > 1 else ""
         return ok, (f"{metric}: {subject} - {ctl}{which} = {r['mean']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}], "
                     f"lower end {'>' if ok else '<='} {c.above:+g}")  # fmt: skip
     mean = statistics.fmean(arms[subject][metric]["end"])

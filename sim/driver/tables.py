@@ -109,18 +109,17 @@ def headline(reg: Any, res: dict[str, Any], arm: str) -> str:
     its controls, as the verdict reads it, where it names several), the registration's primary metric, with the 95%
     t-interval of the per-seed differences; else the level of the first condition's metric (with its interval where
     there are seeds)."""
-    from sim.driver.analysis import better_of
+    from sim.driver.analysis import control_of
     from sim.driver.stats import t_interval
 
     beats = next((c for c in reg.target.all if c.beats is not None), None)
     if beats is not None:
         metric = beats.metric or reg.primary
         names = [beats.beats] if isinstance(beats.beats, str) else beats.beats
-        control = better_of(res["arms"], names, metric) if len(names) > 1 else names[0]
+        control, which = control_of(res["arms"], names, metric)
         row = next((c for c in res["comparisons"] if c["arm"] == arm and c["control"] == control), None)
         if row is not None:
             m, lo, hi = t_interval(row[metric]["diff"])
-            which = f" (the better of {', '.join(names)})" if len(names) > 1 else ""
             return f"{metric} {arm} - {control}{which}: {m:+.3f} [{lo:+.3f}, {hi:+.3f}]"
     metric = reg.target.all[0].metric or reg.primary
     ends = res["arms"][arm][metric]["end"]
