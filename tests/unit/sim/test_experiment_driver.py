@@ -49,6 +49,19 @@ def test_committed_controls_reanalyse_to_the_same_values(setting: str, tmp_path:
             row = next(c for c in again["comparisons"] if (c["arm"], c["control"]) == (arm, ctl))["exact"]
             assert (row["mean"], row["lo"], row["hi"]) == (mean, lo, hi)
     assert again["verdict"]["met"] and again["verdict"]["by"][0] == "receiver"
+    assert_tables_aligned((tmp_path / f"controls_{setting}.md").read_text())
+
+
+def assert_tables_aligned(text: str) -> None:
+    """Every row of every Markdown table has its header's number of cells (a renderer drops or shifts the rest)."""
+    header = None
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            header = None
+            continue
+        cells = line.count("|") - 1
+        header = cells if header is None else header
+        assert cells == header, line
 
 
 def test_interval_and_seeds() -> None:
