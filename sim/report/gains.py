@@ -5,7 +5,8 @@ The registered metric, gap closed ``(end - start) / (peer - start)``, is a ratio
 beside a weak peer passes it (a ratio above 1) and one beside a strong peer closes a little of a wide gap, and the
 mean ratio moves with the draw of warm starts, not with the objective. This reads, per (seed, node) of one arm of a
 per-seed experiment (``swarm-sim experiment``): its start and its peer's level on its lacking family (the seed's
-start evaluation, ``seed_starts`` in the results JSON), its end (its last held-out evaluation on disk), and, as a
+start evaluation, ``seed_starts`` in the results JSON), its end (its held-out evaluation at the last step, on disk
+or in the JSON's finished pairs), and, as a
 training-side diagnostic only (it is the node's recent solve rate of its own training prompts, not held-out), how
 that solve rate moved in each half of the run: equal halves mean the gain is still rising at the last step.
 
@@ -82,9 +83,23 @@ def _solve_rate_halves(metrics: Path, family: str, steps: int) -> tuple[float | 
     return b - a, c - b
 
 
+def _end(results: dict, run: Path, arm: str, seed: str, node: int, family: str, steps: int) -> float | None:
+    """The node's held-out accuracy on ``family`` at step ``steps`` (the run's last): from its evaluation on disk,
+    else from the finished pair the results JSON keeps (``pairs[arm][seed].per_node[steps]``; a later machine has
+    no run directory); None for a pair still running (earlier evaluations only) or not run."""
+    evals = [e for e in read_jsonl(run / "eval.jsonl") if family in e.get("families", {}) and
+             int(e.get("step", -1)) == steps]  # fmt: skip
+    if evals:
+        return float(evals[-1]["families"][family]["accuracy"])
+    pair = ((results.get("pairs") or {}).get(arm) or {}).get(seed) or {}
+    kept = ((pair.get("per_node") or {}).get(str(steps)) or {}).get(str(node), {}).get(family)
+    return float(kept["accuracy"]) if kept else None
+
+
 def node_gains(results: dict, work: Path, arm: str, lacking: dict[int, str], steps: int) -> list[NodeGain]:
     """Every (seed, node) of ``arm`` with a start in ``results['seed_starts']`` and its evaluation at step ``steps``
-    (the run's last) on disk: a pair still running is left out."""
+    (the run's last) on disk or in the JSON's finished pairs: a pair still running is left out. The training-side
+    halves need the run directory (None without it)."""
     out: list[NodeGain] = []
     starts = results.get("seed_starts") or {}
     for seed in sorted(starts, key=int):
@@ -92,15 +107,12 @@ def node_gains(results: dict, work: Path, arm: str, lacking: dict[int, str], ste
         for node, family in sorted(lacking.items()):
             peer = next((p for p in lacking if p != node), None)
             run = work / arm / f"seed{seed}" / f"node{node}"
-            # the evaluation at the last step only: a pair still running has earlier ones on disk
-            evals = [e for e in read_jsonl(run / "eval.jsonl") if family in e.get("families", {}) and
-                     int(e.get("step", -1)) == steps]  # fmt: skip
-            if peer is None or not evals or str(node) not in per_node or str(peer) not in per_node:
+            end = _end(results, run, arm, seed, node, family, steps)
+            if peer is None or end is None or str(node) not in per_node or str(peer) not in per_node:
                 continue
             first, second = _solve_rate_halves(run / "metrics.jsonl", family, steps)
             out.append(NodeGain(int(seed), node, family, per_node[str(node)][family]["accuracy"],
-                                per_node[str(peer)][family]["accuracy"], evals[-1]["families"][family]["accuracy"],
-                                first, second))  # fmt: skip
+                                per_node[str(peer)][family]["accuracy"], end, first, second))  # fmt: skip
     return out
 
 
@@ -177,5 +189,6 @@ def main(argv: list[str] | None = None) -> None:
     work = args.work or Path("runs") / reg["results"]  # the driver's default
     for arm in args.arm:
         rows = node_gains(results, work, arm, {int(k): v for k, v in lacking.items()}, int(raw["steps"]))
-        print("\n".join(lines(rows, arm) if rows else [f"{arm}: no node with a start and an evaluation on disk"]))
+        none = f"{arm}: no node with a start and an evaluation at its last step"
+        print("\n".join(lines(rows, arm) if rows else [none]))
         print()

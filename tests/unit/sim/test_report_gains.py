@@ -71,7 +71,7 @@ def test_the_report_and_the_cli(results: dict, tmp_path: Path, capsys: pytest.Ca
     assert "\nsteps: 10\n" in cfg.read_text()
     main([str(cfg), "--arm", "arm", "--arm", "absent", "--work", str(tmp_path), "--results", str(tmp_path / "r.json")])
     out = capsys.readouterr().out
-    assert "3 nodes: gain +0.233" in out and "absent: no node with a start and an evaluation on disk" in out
+    assert "3 nodes: gain +0.233" in out and "absent: no node with a start and an evaluation at its last step" in out
 
 
 def test_a_node_its_peer_does_not_lead_is_shown_and_left_out_of_the_summary(results: dict, tmp_path: Path) -> None:
@@ -97,3 +97,15 @@ def test_a_pair_still_running_is_left_out(results: dict, tmp_path: Path) -> None
     (run / "eval.jsonl").write_text(json.dumps({"step": 5, "families": _acc(0.6, 0.3)}) + "\n")  # halfway
     assert [(r.seed, r.node) for r in node_gains(results, tmp_path, "arm", LACKING, steps=10)][-1] == (1, 0)
     assert [(r.seed, r.node) for r in node_gains(results, tmp_path, "arm", LACKING, steps=5)] == [(3, 0)]
+
+
+def test_without_the_run_directory_the_finished_pairs_in_the_json_are_read(results: dict, tmp_path: Path) -> None:
+    # a later machine: no run directory; the results JSON keeps each finished pair's per-node evaluations by step
+    results["pairs"] = {"arm": {"0": {"per_node": {"0": {}, "10": {"0": _acc(0.4, 0.3), "1": _acc(0.5, 0.9)}}},
+                                "1": {"per_node": {"5": {"0": _acc(0.3, 0.1)}}}}}  # fmt: skip
+    rows = node_gains(results, tmp_path / "gone", "arm", LACKING, steps=10)
+    assert [(r.seed, r.node, r.end) for r in rows] == [(0, 0, 0.3), (0, 1, 0.5)]  # seed 1 has no step-10 record
+    assert rows[0].closed == pytest.approx(0.25) and rows[0].first_half is None  # the halves need the run dir
+    # the run directory, where it is there, comes first (a pair still running has no JSON record)
+    on_disk = node_gains(results, tmp_path, "arm", LACKING, steps=10)
+    assert [(r.seed, r.node) for r in on_disk] == [(0, 0), (0, 1), (1, 0)] and on_disk[0].first_half is not None
