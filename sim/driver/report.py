@@ -85,7 +85,7 @@ def retired_lines(retired: dict[str, list[dict[str, Any]]]) -> list[str]:
     lines.append("")
     for seed, entries in sorted(retired.items(), key=lambda kv: int(kv[0])):
         for e in entries:
-            arms = ", ".join(sorted(e.get("pairs", {}))) or "none"
+            arms = ", ".join(sorted(e.get("pairs", {}))) or "no finished pair (only the saved start was replaced)"
             lines.append(f"- seed {seed}, {e.get('when', '?')}: {arms}")
     return [*lines, ""]
 
