@@ -203,7 +203,8 @@ def run_pending(sim: SimConfig, work: Path, arms: list[str], have: set[tuple[str
                     raise
                 gone = retire.seed(seed, seed_starts.pop(seed, None), str(e))
                 line = f"seed {seed}: its saved start is not what this machine builds; retired its finished pairs"
-                print(f"{line} ({', '.join(gone) or 'none'}); every arm of it runs again", file=sys.stderr, flush=True)
+                gone_text = ", ".join(gone) or "no finished pair"
+                print(f"{line} ({gone_text}); every arm of it runs again", file=sys.stderr, flush=True)
                 seed_starts[seed] = run_seed_start(s, seed, work, None)
                 for arm in arms:
                     if (arm, seed) not in pending:

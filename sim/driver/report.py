@@ -90,9 +90,9 @@ def retired_lines(retired: dict[str, list[dict[str, Any]]]) -> list[str]:
     return [*lines, ""]
 
 
-def interval(r: dict[str, float], cells: int = 2) -> str:
-    """``+mean | [lo, hi]``: two cells of the differences table, or with ``cells=1`` one (``+mean [lo, hi]``)."""
-    return f"{r['mean']:+.3f}{' |' if cells == 2 else ''} [{r['lo']:+.3f}, {r['hi']:+.3f}]"
+def interval(r: dict[str, float], split: bool = True) -> str:
+    """``+mean | [lo, hi]``: two cells of the differences table, or with ``split=False`` one (``+mean [lo, hi]``)."""
+    return f"{r['mean']:+.3f}{' |' if split else ''} [{r['lo']:+.3f}, {r['hi']:+.3f}]"
 
 
 def tables(result: dict[str, Any], reg: Registration) -> list[str]:
@@ -120,7 +120,7 @@ def tables(result: dict[str, Any], reg: Registration) -> list[str]:
     for c in result["comparisons"]:
         r = c[p]
         row = f"| {c['arm']} | {c['control']} | {len(c['seeds'])} | {interval(r)} | {r['beats']} |"
-        row += "".join(f" {interval(c[m], cells=1)} |" for m in others)  # one header cell each
+        row += "".join(f" {interval(c[m], split=False)} |" for m in others)  # one header cell each
         lines.append(row)
     seeds = sorted({k for a in arms.values() for k in a["seeds"]})
     lines += ["", f"## Per seed ({p} at the readout)", "", "| arm | " + " | ".join(f"s{k}" for k in seeds) + " |",

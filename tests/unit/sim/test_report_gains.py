@@ -101,11 +101,12 @@ def test_a_pair_still_running_is_left_out(results: dict, tmp_path: Path) -> None
 
 def test_without_the_run_directory_the_finished_pairs_in_the_json_are_read(results: dict, tmp_path: Path) -> None:
     # a later machine: no run directory; the results JSON keeps each finished pair's per-node evaluations by step
-    results["pairs"] = {"arm": {"0": {"per_node": {"0": {}, "10": {"0": _acc(0.4, 0.3), "1": _acc(0.5, 0.9)}}},
+    # (seed 0 node 0's JSON record, 0.35, differs from its evaluation on disk, 0.3, to tell which was read)
+    results["pairs"] = {"arm": {"0": {"per_node": {"0": {}, "10": {"0": _acc(0.4, 0.35), "1": _acc(0.5, 0.9)}}},
                                 "1": {"per_node": {"5": {"0": _acc(0.3, 0.1)}}}}}  # fmt: skip
     rows = node_gains(results, tmp_path / "gone", "arm", LACKING, steps=10)
-    assert [(r.seed, r.node, r.end) for r in rows] == [(0, 0, 0.3), (0, 1, 0.5)]  # seed 1 has no step-10 record
-    assert rows[0].closed == pytest.approx(0.25) and rows[0].first_half is None  # the halves need the run dir
+    assert [(r.seed, r.node, r.end) for r in rows] == [(0, 0, 0.35), (0, 1, 0.5)]  # seed 1 has no step-10 record
+    assert rows[0].closed == pytest.approx(0.3125) and rows[0].first_half is None  # the halves need the run dir
     # the run directory, where it is there, comes first (a pair still running has no JSON record)
     on_disk = node_gains(results, tmp_path, "arm", LACKING, steps=10)
-    assert [(r.seed, r.node) for r in on_disk] == [(0, 0), (0, 1), (1, 0)] and on_disk[0].first_half is not None
+    assert [(r.seed, r.node, r.end) for r in on_disk] == [(0, 0, 0.3), (0, 1, 0.5), (1, 0, 0.2)]
