@@ -27,8 +27,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import random
 import shutil
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -152,6 +155,56 @@ def _install_or_build(recipe: LabRecipe, out: Path, src: Path | None) -> None:
     build(recipe, out)
 
 
+#: The CPU kernels torch runs a laboratory build on (``ATEN_CPU_CAPABILITY``) on any processor that has more: 300
+#: warm-start steps turn a kernel's rounding into another model, so one recipe built on AVX-512 kernels and on AVX2
+#: kernels gives two models (measured 2026-12-07: a host on which torch picks AVX-512 built het-long seed 17's warm
+#: starts with other weights than an AVX2 host had; pinned to AVX2 it rebuilt both of them, and seed 16's node 0, bit
+#: for bit). AVX2 is what every x86-64 host these builds ran on has.
+BUILD_CPU_CAPABILITY = "AVX2"
+_ABOVE_BUILD = frozenset({"AVX512"})  # torch's capabilities that include AVX2's instructions
+
+
+def build_capability() -> str:
+    """The kernels (torch's CPU capability name) a laboratory build in this process runs on."""
+    return BUILD_CPU_CAPABILITY if pinned_capability_env() else torch.backends.cpu.get_cpu_capability()
+
+
+def pinned_capability_env() -> dict[str, str]:
+    """The environment a build needs to run on :data:`BUILD_CPU_CAPABILITY`: empty where this process already runs
+    on it or on less (a processor without AVX2: setting it there would crash), or where the user set
+    ``ATEN_CPU_CAPABILITY`` (their choice stands)."""
+    if "ATEN_CPU_CAPABILITY" in os.environ or torch.backends.cpu.get_cpu_capability() not in _ABOVE_BUILD:
+        return {}
+    return {"ATEN_CPU_CAPABILITY": BUILD_CPU_CAPABILITY.lower()}
+
+
+def _build_in_child(recipe: LabRecipe, out: Path, env: dict[str, str]) -> None:
+    """:func:`build` in a new Python process whose torch starts on ``env``'s kernels (torch reads
+    ``ATEN_CPU_CAPABILITY`` once, at its first CPU kernel: this process's is fixed); its log goes to this stderr."""
+    spec = {k: v for k, v in recipe.to_dict().items() if k != "build_code_version"}
+    code = "import sys; from node.model.lab import _child_build; _child_build(sys.argv[1], sys.argv[2], sys.argv[3])"
+    paths = os.pathsep.join(p for p in [*sys.path, os.environ.get("PYTHONPATH", "")] if p)  # this process's imports
+    argv = [sys.executable, "-c", code, json.dumps(spec), str(out), recipe.key()]
+    logger.info("building %s in a process on %s kernels (this processor: %s)", LAB_NAME, BUILD_CPU_CAPABILITY,
+                torch.backends.cpu.get_cpu_capability())  # fmt: skip
+    done = subprocess.run(argv, env={**os.environ, **env, "PYTHONPATH": paths}, check=False)
+    if done.returncode != 0 or not (out / _RECIPE_FILE).exists():
+        raise RuntimeError(f"building {LAB_NAME} (recipe {recipe.key()}) on {BUILD_CPU_CAPABILITY} kernels in a new "
+                           f"process failed (exit {done.returncode}); its log is above")  # fmt: skip
+
+
+def _child_build(spec: str, out: str, key: str) -> None:
+    """The child of :func:`_build_in_child`: the recipe (checked against its key), built into ``out``."""
+    from transformers.utils import logging as hf_logging
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    hf_logging.disable_progress_bar()  # the log says what is built, not a loader's bars
+    recipe = recipe_with(json.loads(spec))
+    if recipe.key() != key:
+        raise SystemExit(f"the recipe rebuilt in the build process has key {recipe.key()}, not {key}")
+    build(recipe, Path(out))
+
+
 def prompt_of(question: str) -> str:
     return PLAIN_TEMPLATE.format(question=question)
 
@@ -180,7 +233,16 @@ def build(recipe: LabRecipe, out: Path) -> dict[str, Any]:
     reproducible (the same recipe gave the same weights on transformers 5.19 and 5.24), but CPU kernels reduce in a
     thread-count-dependent order, and 300 warm-start steps turn that rounding into another model (measured: the demo's
     node-0 recipe built on 2 threads scored 0.221 on lab_add against 0.153 on 1, 256 test problems). One thread is
-    what the shipped weights were built with, so a rebuild here reproduces them."""
+    what the shipped weights were built with, so a rebuild here reproduces them. For the same reason it runs on
+    :data:`BUILD_CPU_CAPABILITY`'s kernels: in a new process where this one's torch runs on wider ones."""
+    env = pinned_capability_env()
+    if env:
+        _build_in_child(recipe, out, env)
+        return dict(json.loads((out / "build_stats.json").read_text()))
+    return _build_here(recipe, out)
+
+
+def _build_here(recipe: LabRecipe, out: Path) -> dict[str, Any]:
     from node.model.tiny import build_model
 
     t0 = time.perf_counter()
@@ -192,7 +254,7 @@ def build(recipe: LabRecipe, out: Path) -> dict[str, Any]:
         stats = warm_start(recipe, model, tok)
     finally:
         torch.set_num_threads(threads)
-    stats.update(total_s=round(time.perf_counter() - t0, 2))
+    stats.update(total_s=round(time.perf_counter() - t0, 2), cpu_capability=torch.backends.cpu.get_cpu_capability())
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out))
     tok.save_pretrained(str(out))

@@ -34,19 +34,29 @@ def _nvidia_smi_gpu() -> str:
 
 
 def cpu_model() -> str:
-    """The processor's model name and the vector instructions torch uses on it (e.g. "AMD EPYC, AVX2"): what decides
+    """The processor's model name, family and model numbers, the vector instructions torch uses on it and, where
+    other, those a laboratory build is pinned to (``node.model.lab.BUILD_CPU_CAPABILITY``), e.g. "AMD EPYC (family 25
+    model 17), AVX512 (laboratory builds on AVX2)": what decides
     a model built here to the last bit (another processor rounds another way, so a warm start built from the same
     recipe on it differs)."""
     name = platform.processor() or "unknown"
     with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
+        info = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
+                    if ":" in line)  # fmt: skip
+        info = {k.strip(): v.strip() for k, v in info.items()}
+        name = info.get("model name", name)
+        # one model name covers several generations (a virtual machine says "AMD EPYC" for each): the family and
+        # model numbers tell them apart
+        if "cpu family" in info and "model" in info:
+            name += f" (family {info['cpu family']} model {info['model']})"
     with contextlib.suppress(ImportError, AttributeError):
         import torch
 
+        from node.model.lab import build_capability
+
         name += f", {torch.backends.cpu.get_cpu_capability()}"
+        if build_capability() != torch.backends.cpu.get_cpu_capability():  # a build runs on other kernels
+            name += f" (laboratory builds on {build_capability()})"
     return name
 
 

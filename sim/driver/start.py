@@ -122,8 +122,9 @@ def checked_start(
     )
     if saved.get("digests") is not None:
         raise StartMismatch(
-            f"the initial models built here (weights {digests}) are not the ones the saved shared start was "
-            f"evaluated on ({saved['digests']}): pairs run now would not pair with the finished ones. {again}"
+            f"the initial models built here (weights {digests}, on {cpu_model()}) are not the ones the saved start "
+            f"was evaluated on ({saved['digests']}, built on {saved.get('built_on') or 'an unrecorded processor'}): "
+            f"pairs run now would not pair with the finished ones. {again}"
         )
     _evaluate_nodes(nodes, work / check_dir, {})
     record = _start_record(work / check_dir, sim)["record"]

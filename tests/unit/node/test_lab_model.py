@@ -41,3 +41,58 @@ def test_builtin_lab_builds_and_loads_offline(tmp_path: Path) -> None:
     assert policy.tokenizer.convert_ids_to_tokens(ids[:1]) == ["<think>"]
     assert len(policy.encode("12345")) == 5  # digits one per token
     assert (lab.model_dir(tmp_path, lab.recipe_with(_SMALL)) / "rl_swarm_recipe.json").exists()
+
+
+def test_a_build_is_pinned_to_avx2_kernels_only_on_a_wider_processor(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    for native, env in (("AVX512", {"ATEN_CPU_CAPABILITY": "avx2"}), ("AVX2", {}), ("DEFAULT", {}), ("NO AVX", {})):
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda native=native: native)
+        assert lab.pinned_capability_env() == env, native
+        assert lab.build_capability() == ("AVX2" if env else native)
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx512")  # the user's choice stands
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    assert lab.pinned_capability_env() == {} and lab.build_capability() == "AVX512"
+
+
+_DIGEST = """
+import hashlib, sys, torch
+from pathlib import Path
+from transformers import AutoModelForCausalLM
+from node.model import lab
+out = lab.ensure_built(Path(sys.argv[1]), lab.recipe_with({spec}))
+h = hashlib.sha256()
+for k, t in sorted(AutoModelForCausalLM.from_pretrained(str(out)).state_dict().items()):
+    h.update(k.encode()); h.update(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+print(torch.backends.cpu.get_cpu_capability(), h.hexdigest())
+"""
+
+
+def _build_digest(cache: Path, capability: str | None) -> tuple[str, str]:
+    """(the process's own kernels, the built model's weight digest), built in a fresh process."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
+    env |= {"ATEN_CPU_CAPABILITY": capability} if capability else {}
+    code = _DIGEST.replace("{spec}", repr(_SMALL))
+    done = subprocess.run([sys.executable, "-c", code, str(cache)], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    own, digest = done.stdout.split()[-2:]
+    return own, digest
+
+
+def test_a_build_on_a_wider_processor_is_the_avx2_build(tmp_path: Path) -> None:
+    """Where torch runs on AVX-512 (a Zen 4 host), an unpinned build would give another model than an AVX2 host's
+    (even this two-step recipe does); the build runs in a process on AVX2 kernels and gives the AVX2 model."""
+    import torch
+
+    own, pinned = _build_digest(tmp_path / "pinned", None)
+    assert own == torch.backends.cpu.get_cpu_capability()
+    if own not in ("AVX512", "AVX2"):  # a processor without AVX2: nothing to pin, the build is its own
+        return
+    assert _build_digest(tmp_path / "avx2", "avx2") == ("AVX2", pinned)
+    if own == "AVX512":  # what the pin is for: the processor's own kernels build another model
+        assert _build_digest(tmp_path / "avx512", "avx512")[1] != pinned

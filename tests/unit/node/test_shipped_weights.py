@@ -159,6 +159,7 @@ def test_a_build_runs_on_one_torch_thread_and_gives_the_callers_back(tmp_path, m
         return {"final_loss": 0.0}
 
     monkeypatch.setattr(lab, "warm_start", warm)
+    monkeypatch.setattr(lab, "pinned_capability_env", dict)  # in this process (the kernels' pin: test_lab_model.py)
     recipe = lab.recipe_with({"sft_steps": 2, "hidden_size": 32, "intermediate_size": 64, "num_layers": 1,
                               "num_heads": 2, "num_kv_heads": 1, "tokenizer_items": 40})  # fmt: skip
     before = torch.get_num_threads()

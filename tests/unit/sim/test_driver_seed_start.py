@@ -130,7 +130,7 @@ def test_a_seed_whose_start_this_machine_does_not_rebuild_stops_the_run_or_is_ru
     other = {**first, "seed_starts": {"0": {**first["seed_starts"]["0"], "digests": ["0" * 16, "1" * 16]}}}
     path.write_text(json.dumps(other))  # as if the saved start had been built on another machine
 
-    with pytest.raises(StartMismatch, match="not the ones the saved shared start was evaluated on"):
+    with pytest.raises(StartMismatch, match="not the ones the saved start was evaluated on"):
         main([*common, "--only", "receiver"])
     assert not (work / "receiver" / "seed0" / "node0").exists()  # nothing ran from the unpaired start
 
