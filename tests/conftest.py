@@ -16,6 +16,15 @@ if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ
     if "torch" in sys.modules:  # already imported by a plugin: the variable is read only at import
         sys.modules["torch"].set_num_threads(1)
 
+if "ATEN_CPU_CAPABILITY" not in os.environ and "torch" not in sys.modules:
+    # A laboratory build runs on AVX2 kernels (node.model.lab.BUILD_CPU_CAPABILITY), in a process of its own where
+    # torch runs on wider ones: a test session on an AVX-512 host started one per small build, about 5 s each
+    # (tests/unit/sim/test_driver_seed_start.py: 75 s against 33 s). Tests run on AVX2 kernels themselves, so builds
+    # stay in process; test_lab_model.py drives the pinned path in processes without the variable.
+    with open("/proc/cpuinfo") if Path("/proc/cpuinfo").is_file() else open(os.devnull) as cpuinfo:
+        if " avx2" in cpuinfo.read(20000):
+            os.environ["ATEN_CPU_CAPABILITY"] = "avx2"
+
 
 @pytest.fixture(scope="session")
 def tiny_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
