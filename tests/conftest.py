@@ -21,9 +21,9 @@ if "ATEN_CPU_CAPABILITY" not in os.environ and "torch" not in sys.modules:
     # torch runs on wider ones: a test session on an AVX-512 host started one per small build, about 5 s each
     # (tests/unit/sim/test_driver_seed_start.py: 75 s against 33 s). Tests run on AVX2 kernels themselves, so builds
     # stay in process; test_lab_model.py drives the pinned path in processes without the variable.
-    with open("/proc/cpuinfo") if Path("/proc/cpuinfo").is_file() else open(os.devnull) as cpuinfo:
-        if " avx2" in cpuinfo.read(20000):
-            os.environ["ATEN_CPU_CAPABILITY"] = "avx2"
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file() and " avx2" in cpuinfo.read_text():
+        os.environ["ATEN_CPU_CAPABILITY"] = "avx2"
 
 
 @pytest.fixture(scope="session")

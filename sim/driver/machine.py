@@ -54,9 +54,8 @@ def cpu_model() -> str:
 
         from node.model.lab import build_capability
 
-        name += f", {torch.backends.cpu.get_cpu_capability()}"
-        if build_capability() != torch.backends.cpu.get_cpu_capability():  # a build runs on other kernels
-            name += f" (laboratory builds on {build_capability()})"
+        own, build = torch.backends.cpu.get_cpu_capability(), build_capability()
+        name += f", {own}" + (f" (laboratory builds on {build})" if build != own else "")  # a build on other kernels
     return name
 
 
