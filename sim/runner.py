@@ -29,9 +29,11 @@ def run_experiment(
     out: str | Path,
     progress: Callable[[str], None] | None = None,
     pairs: list[tuple[str, int]] | None = None,
+    on_pair: Callable[[tuple[str, int]], object] | None = None,
 ) -> list[Any]:
     """Run all (configuration, seed) pairs of ``sim`` into ``out`` (or only ``pairs``, e.g. the unfinished ones of a
-    resumed benchmark); returns the in-process results (or run dirs)."""
+    resumed benchmark); returns the in-process results (or run dirs). ``on_pair`` runs in this process as each pair
+    finishes (with several workers, while the others still run), e.g. to keep the finished ones in a report."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     results: list[Any] = []
@@ -47,7 +49,7 @@ def run_experiment(
         # Spawned (no inherited torch state), and one pool for everything: each worker imports torch once.
         with ProcessPoolExecutor(max_workers=sim.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
             runs = _shared_starts(sim, out, todo, pool) if sim.policy == "real" else {}
-            results.extend(_run_parallel(sim, out, progress, todo, pool, runs))
+            results.extend(_run_parallel(sim, out, progress, todo, pool, runs, on_pair))
         if sim.mnpo_game is not None:
             from sim.experiments.mnpo_game import run_mnpo_report
 
@@ -74,6 +76,8 @@ def run_experiment(
             bar.done(f"{label}: {sim.nodes} nodes x {sim.steps} steps in {time.perf_counter() - t0:.1f}s")
         else:
             logger.info(line)
+        if on_pair is not None:
+            on_pair((name, seed))
     if sim.mnpo_game is not None:
         from sim.experiments.mnpo_game import run_mnpo_report
 
@@ -197,12 +201,14 @@ def _run_parallel(
     pairs: list[tuple[str, int]],
     pool: Any,
     runs: dict[tuple[str, int], SimConfig] | None = None,
+    on_pair: Callable[[tuple[str, int]], object] | None = None,
 ) -> list[Any]:
     """``sim.workers`` pairs at a time in ``pool``'s spawned processes, seed by seed and heaviest first within a
     seed (``pair_cost``). The workers
     rebuild the config from its JSON form, so each pair runs exactly as it would in the sequential loop; the
     results are the pairs' run directories, in the sequential loop's order. ``runs`` gives a pair its own
-    experiment (its nodes whose start was evaluated once skip their own)."""
+    experiment (its nodes whose start was evaluated once skip their own). ``on_pair`` runs here as each pair
+    finishes."""
     from concurrent.futures import as_completed
 
     sim_json = sim.model_dump(mode="json")
@@ -228,4 +234,6 @@ def _run_parallel(
         done[(v, seed)] = Path(run_dir)
         line = f"[{len(done)}/{len(pairs)}] {v} seed {seed}: {sim.nodes} nodes x {sim.steps} steps in {wall:.1f}s"
         (progress or logger.info)(line)
+        if on_pair is not None:
+            on_pair((v, seed))
     return [done[p] for p in pairs]

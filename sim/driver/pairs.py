@@ -159,7 +159,8 @@ def run_pending(sim: SimConfig, work: Path, arms: list[str], have: set[tuple[str
     """Run every (arm, seed) pair not finished (on disk or in ``have``), seed by seed, writing a marker with
     ``meta`` (the commit and registration hash) beside each pair as it starts. With one worker ``after_each`` runs
     after each pair (the report is rewritten, so a session that ends mid-run keeps every finished pair); with
-    several, after each seed's pairs (after all of them where warm starts are not drawn per seed).
+    several too, as each pair finishes while the others still run (a finished pair is one whose every node has its
+    last evaluation, :func:`sim.driver.records.pair_done`; a pair in flight is not read).
 
     ``seed_starts`` (per-seed experiments: seed -> its start, updated here) makes each seed with pairs to run
     evaluate its start once, or reuse the one saved, before its pairs; ``after_each`` then runs, so the start is
@@ -214,10 +215,9 @@ def run_pending(sim: SimConfig, work: Path, arms: list[str], have: set[tuple[str
                 after_each()
             shared = sharing_arms(s, seed, sorted({a for a, _ in pending}))
             s = without_start_eval(s, {a: list(range(s.nodes)) for a in shared})
-        if s.workers > 1 or after_each is None:
-            run_experiment(s, work, progress=progress, pairs=pending)
-            if after_each is not None:  # a seed's pairs, run side by side, are kept once they have all finished
-                after_each()
+        if s.workers > 1 or after_each is None:  # side by side: each pair is kept as it finishes, the others running
+            kept = (lambda _pair: after_each()) if after_each is not None else None
+            run_experiment(s, work, progress=progress, pairs=pending, on_pair=kept)
             continue
         for pair in pending:
             run_experiment(s, work, progress=progress, pairs=[pair])

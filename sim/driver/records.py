@@ -9,12 +9,12 @@ Knows nothing about arms, intervals or verdicts.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from pathlib import Path
 from typing import Any
 
+from node.eval import read_results
 from sim.registration import Registration
 
 #: What a record keeps per evaluation step: exact accuracy (sampled, and greedy where evaluated), pass@8, and the
@@ -24,11 +24,9 @@ RECORDED = ("accuracy", "pass_at_8", "majority_baseline", "greedy_accuracy")
 
 
 def read_evals(node_dir: Path) -> list[dict[str, Any]]:
-    """A node's held-out evaluations (``eval.jsonl``), oldest first; [] when it has none."""
-    path = node_dir / "eval.jsonl"
-    if not path.is_file():
-        return []
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    """A node's held-out evaluations (``eval.jsonl``), oldest first; [] when it has none. A torn last line (a node
+    in another process writing it as the driver reads) is skipped, as the node's own reader does."""
+    return read_results(node_dir)
 
 
 def pair_done(run_dir: Path, nodes: int, steps: int) -> bool:

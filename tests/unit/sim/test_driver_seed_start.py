@@ -206,11 +206,11 @@ def test_models_built_side_by_side_are_the_ones_built_one_by_one(tmp_path: Path)
     assert digests == initial_digests(side) and digests[0] != digests[1] and digests[0] == digests[2]
 
 
-def test_with_several_workers_each_seeds_pairs_are_kept_once_the_seed_has_finished(tmp_path: Path,
-                                                                                   monkeypatch) -> None:  # fmt: skip
+def test_with_several_workers_each_pair_is_kept_as_it_finishes(tmp_path: Path, monkeypatch) -> None:
     """``run_pending`` with ``workers > 1`` runs a seed's pairs side by side and calls ``after_each`` (the report's
-    rewrite) after the seed's start and again after its pairs, before the next seed's start, so a session that ends
-    during seed k+1 keeps seed k's pairs in the JSON. The start and the pairs are stand-ins: the order is tested."""
+    rewrite) after the seed's start and again as each of its pairs finishes, while the others still run, so a
+    session that ends mid-seed keeps every finished pair in the JSON. The start and the pairs are stand-ins: the
+    order is tested."""
     import sim.driver.start as start_mod
     import sim.runner as runner
     from sim.driver import pairs
@@ -218,11 +218,30 @@ def test_with_several_workers_each_seeds_pairs_are_kept_once_the_seed_has_finish
     sim = load_sim_config(str(CONFIG), PER_SEED, quick=True).model_copy(update={"workers": 2, "seeds": [0, 1]})
     events: list[str] = []
     monkeypatch.setattr(start_mod, "run_seed_start", lambda s, seed, work, saved: events.append(f"start {seed}") or {})
-    monkeypatch.setattr(runner, "run_experiment",
-                        lambda s, work, progress=None, pairs=None: events.append(f"pairs {sorted(pairs)}"))  # fmt: skip
+
+    def side_by_side(s, work, progress=None, pairs=None, on_pair=None):
+        for pair in sorted(pairs):
+            events.append(f"pair {pair}")
+            on_pair(pair)
+
+    monkeypatch.setattr(runner, "run_experiment", side_by_side)
     pairs.run_pending(sim, tmp_path, ["alone", "receiver"], set(), {"commit": "x"},
                       after_each=lambda: events.append("report"), seed_starts={})  # fmt: skip
     assert events == [
-        "start 0", "report", "pairs [('alone', 0), ('receiver', 0)]", "report",
-        "start 1", "report", "pairs [('alone', 1), ('receiver', 1)]", "report",
+        "start 0", "report", "pair ('alone', 0)", "report", "pair ('receiver', 0)", "report",
+        "start 1", "report", "pair ('alone', 1)", "report", "pair ('receiver', 1)", "report",
     ]  # fmt: skip
+
+
+def test_a_torn_last_evaluation_line_is_not_read(tmp_path: Path) -> None:
+    """The driver reads a node's evaluations while, with several workers, another process may be appending one: a
+    last line without its end is skipped (the pair is not done yet), the lines before it are read."""
+    from sim.driver.records import pair_done
+
+    node = tmp_path / "seed0" / "node0"
+    node.mkdir(parents=True)
+    (node / "eval.jsonl").write_text('{"step": 0, "families": {}}\n{"step": 150, "fami')
+    assert [e["step"] for e in read_evals(node)] == [0]
+    assert not pair_done(tmp_path / "seed0", 1, 150)
+    (node / "eval.jsonl").write_text('{"step": 0, "families": {}}\n{"step": 150, "families": {}}\n')
+    assert [e["step"] for e in read_evals(node)] == [0, 150] and pair_done(tmp_path / "seed0", 1, 150)

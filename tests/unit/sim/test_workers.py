@@ -2,7 +2,8 @@
 
 The laboratory specialists experiment in its quick form (two specialised real-policy nodes, three configurations),
 once with ``workers: 1`` and once with ``workers: 2``: every node's rewards, training losses and held-out
-evaluation items must be identical, and the parallel run returns the run directories in the sequential order."""
+evaluation items must be identical, and the parallel run returns the run directories in the sequential order,
+telling its caller of each pair as it finishes (``on_pair``: the driver keeps it in the report then)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from sim.config import load_sim_config
+from sim.driver.records import pair_done
 from sim.report.noise import without_run_noise
 from sim.runner import run_experiment
 
@@ -34,7 +36,13 @@ def test_parallel_pairs_give_the_sequential_records(tmp_path: Path) -> None:
     seq = load_sim_config(CONFIG, [cache, "seeds=[0, 1]", two], quick=True)
     par = seq.model_copy(update={"workers": 2})
     run_experiment(seq, tmp_path / "seq")
-    dirs = run_experiment(par, tmp_path / "par")
+    finished: list[tuple[tuple[str, int], bool]] = []  # each pair as the main process hears of it, and whether done
+
+    def on_pair(pair: tuple[str, int]) -> None:
+        finished.append((pair, pair_done(tmp_path / "par" / pair[0] / f"seed{pair[1]}", par.nodes, par.steps)))
+
+    dirs = run_experiment(par, tmp_path / "par", on_pair=on_pair)
+    assert sorted(finished) == [((name, seed), True) for name in ("alone", "sharing") for seed in (0, 1)]
     assert [Path(d).relative_to(tmp_path / "par").as_posix() for d in dirs] == [
         "alone/seed0", "alone/seed1", "sharing/seed0", "sharing/seed1"
     ]  # fmt: skip
