@@ -22,3 +22,17 @@ def test_windows_average_the_learners_peer_fields_and_count_missing_completions_
     assert ev == ["0: 0.050", "3: 0.250"]
     # steps 1-2: completions (10 + 0) / 2; the weight and logp over the steps that had them; no shaping value
     assert rows == ["| 1-2 | 5.000 | 0.900 | - | -0.100 | - |", "| 3-3 | 20.000 | 0.500 | - | -0.300 | - |"]
+
+
+def test_the_trace_table_averages_the_trace_steps_fields_over_the_steps_that_logged_them(tmp_path: Path) -> None:
+    trace = ("trace_new", "trace_rows", "trace_buffer", "trace_nll", "trace_anchor_kl")
+    steps = [
+        {"step": 1, **dict(zip(trace, (4.0, 32.0, 4.0, 2.0, 0.01), strict=True))},
+        {"step": 2},  # no trace step this step (nothing verified yet)
+        {"step": 3, **dict(zip(trace, (2.0, 32.0, 6.0, 1.0, 0.03), strict=True))},
+        {"step": 4, **dict(zip(trace[:4], (1.0, 16.0, 7.0, 0.5), strict=True))},  # no anchor
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in steps))
+    (tmp_path / "eval.jsonl").write_text(json.dumps({"step": 0, "families": {"lab_sub": {"accuracy": 0.0}}}) + "\n")
+    _, rows = node_rows(tmp_path, "lab_sub", window=3, trace=True)
+    assert rows == ["| 1-3 | 3.000 | 32.000 | 5.000 | 1.500 | 0.020 |", "| 4-4 | 1.000 | 16.000 | 7.000 | 0.500 | - |"]
