@@ -29,8 +29,18 @@ TRACE_HEAD = (
 )
 
 
+TRAINED_ONLY = ("trace_nll", "trace_anchor_kl")  # the learner logs 0 for these on a step with no trace row
+
+
 def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    """Every parsable line: a run still going may be writing the last one."""
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
 
 
 def _cell(xs: list[float | None]) -> str:
@@ -41,14 +51,15 @@ def _cell(xs: list[float | None]) -> str:
 def node_rows(node_dir: Path, family: str, window: int, trace: bool = False) -> tuple[list[str], list[str]]:
     """The node's held-out exact on ``family`` at each evaluation, and one table row per ``window`` steps: the peer
     fields of ``family`` (a step without a peer completion of it counts 0 completions), or with ``trace`` the trace
-    step's fields (over the steps that logged them)."""
+    step's fields (over the steps that logged them; the NLL and the anchor's KL over the steps with a trace row)."""
     evals = [f"{e['step']}: {e['families'][family]['accuracy']:.3f}" for e in read_jsonl(node_dir / "eval.jsonl")]
     steps = read_jsonl(node_dir / "metrics.jsonl")
     rows = []
     for lo in range(0, len(steps), window):
         chunk = steps[lo : lo + window]
-        if trace:
-            cells = [_cell([m.get(f) for m in chunk]) for f in TRACE_FIELDS]
+        if trace:  # the NLL and the anchor's KL over the steps that trained on traces (0 is logged otherwise)
+            trained = [m for m in chunk if m.get("trace_rows", 0) > 0]
+            cells = [_cell([m.get(f) for m in (trained if f in TRAINED_ONLY else chunk)]) for f in TRACE_FIELDS]
         else:
             cells = [_cell([m.get(f"peer_{f}_{family}", 0.0 if f == "completions" else None) for m in chunk])
                      for f in FIELDS]  # fmt: skip
@@ -65,7 +76,8 @@ def main() -> None:
     args = ap.parse_args()
     lacking = {int(k): v for k, v in (p.split("=") for p in args.lacking.split(","))}
     head = TRACE_HEAD if args.trace else PEER_HEAD
-    for arm in sorted(p for p in args.run_dir.iterdir() if p.is_dir()):
+    arms = [p for p in args.run_dir.iterdir() if p.is_dir() and not p.name.startswith("start")]  # not the starts
+    for arm in sorted(arms):
         for seed_dir in sorted(p for p in arm.glob("seed*") if p.is_dir()):
             for node, family in lacking.items():
                 evals, rows = node_rows(seed_dir / f"node{node}", family, args.window, args.trace)

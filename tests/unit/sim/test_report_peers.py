@@ -28,11 +28,15 @@ def test_the_trace_table_averages_the_trace_steps_fields_over_the_steps_that_log
     trace = ("trace_new", "trace_rows", "trace_buffer", "trace_nll", "trace_anchor_kl")
     steps = [
         {"step": 1, **dict(zip(trace, (4.0, 32.0, 4.0, 2.0, 0.01), strict=True))},
-        {"step": 2},  # no trace step this step (nothing verified yet)
+        {"step": 2, **dict(zip(trace, (0.0, 0.0, 4.0, 0.0, 0.0), strict=True))},  # no trace row: NLL and KL logged 0
         {"step": 3, **dict(zip(trace, (2.0, 32.0, 6.0, 1.0, 0.03), strict=True))},
         {"step": 4, **dict(zip(trace[:4], (1.0, 16.0, 7.0, 0.5), strict=True))},  # no anchor
     ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in steps))
     (tmp_path / "eval.jsonl").write_text(json.dumps({"step": 0, "families": {"lab_sub": {"accuracy": 0.0}}}) + "\n")
     _, rows = node_rows(tmp_path, "lab_sub", window=3, trace=True)
-    assert rows == ["| 1-3 | 3.000 | 32.000 | 5.000 | 1.500 | 0.020 |", "| 4-4 | 1.000 | 16.000 | 7.000 | 0.500 | - |"]
+    # counts and the buffer over every step; the NLL and the KL over steps 1 and 3 only (step 2 trained on nothing)
+    assert rows == ["| 1-3 | 2.000 | 21.333 | 4.667 | 1.500 | 0.020 |", "| 4-4 | 1.000 | 16.000 | 7.000 | 0.500 | - |"]
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 5, "trace_n')  # a run still writing: its torn last line is not read
+    assert node_rows(tmp_path, "lab_sub", window=3, trace=True)[1] == rows
