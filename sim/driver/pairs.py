@@ -152,6 +152,22 @@ class Retire:
         return sorted(gone)
 
 
+def _kept(after_each: Callable[[], object], failed: list[tuple[str, int]]) -> Callable[[tuple[str, int]], None]:
+    """``after_each`` as each of several side-by-side pairs finishes, best effort: a report that fails to write (a
+    full disk, a plot) is said and retried after the next pair, not allowed to stop the pairs still running (the
+    pool would wait for all of them before the error surfaced); ``failed`` collects the pairs it failed after."""
+
+    def keep(pair: tuple[str, int]) -> None:
+        try:
+            after_each()
+        except Exception as e:  # said, and retried after the next pair and once at the end
+            failed.append(pair)
+            print(f"{pair[0]} seed {pair[1]}: finished, but the report was not rewritten ({type(e).__name__}: {e}); "
+                  "retried after the next pair", file=sys.stderr, flush=True)  # fmt: skip
+
+    return keep
+
+
 def run_pending(sim: SimConfig, work: Path, arms: list[str], have: set[tuple[str, int]], meta: dict[str, Any],
                 after_each: Callable[[], object] | None = None,
                 seed_starts: dict[int, dict[str, Any]] | None = None,
@@ -216,8 +232,11 @@ def run_pending(sim: SimConfig, work: Path, arms: list[str], have: set[tuple[str
             shared = sharing_arms(s, seed, sorted({a for a, _ in pending}))
             s = without_start_eval(s, {a: list(range(s.nodes)) for a in shared})
         if s.workers > 1 or after_each is None:  # side by side: each pair is kept as it finishes, the others running
-            kept = (lambda _pair: after_each()) if after_each is not None else None
-            run_experiment(s, work, progress=progress, pairs=pending, on_pair=kept)
+            failed: list[tuple[str, int]] = []
+            run_experiment(s, work, progress=progress, pairs=pending,
+                           on_pair=_kept(after_each, failed) if after_each is not None else None)  # fmt: skip
+            if failed and after_each is not None:  # once more, unguarded: a report that cannot be written stops here
+                after_each()
             continue
         for pair in pending:
             run_experiment(s, work, progress=progress, pairs=[pair])

@@ -233,6 +233,45 @@ def test_with_several_workers_each_pair_is_kept_as_it_finishes(tmp_path: Path, m
     ]  # fmt: skip
 
 
+
+def test_a_report_that_fails_mid_run_does_not_stop_the_pairs_still_running(tmp_path: Path, monkeypatch, capsys) -> None:
+    """With several workers the report is rewritten as each pair finishes, best effort: one that fails is said and
+    retried (after the next pair, and once at the end), and one that keeps failing raises after the seed's pairs."""
+    import sim.driver.start as start_mod
+    import sim.runner as runner
+    from sim.driver import pairs
+
+    sim = load_sim_config(str(CONFIG), PER_SEED, quick=True).model_copy(update={"workers": 2, "seeds": [0]})
+    monkeypatch.setattr(start_mod, "run_seed_start", lambda s, seed, work, saved: {})
+    ran: list[tuple[str, int]] = []
+
+    def side_by_side(s, work, progress=None, pairs=None, on_pair=None):
+        for pair in sorted(pairs):
+            ran.append(pair)
+            on_pair(pair)
+
+    monkeypatch.setattr(runner, "run_experiment", side_by_side)
+    calls: list[int] = []
+
+    def flaky() -> None:  # the start's report, then the first pair's fails, then the rest succeed
+        calls.append(len(calls))
+        if len(calls) == 2:
+            raise OSError("No space left on device")
+
+    pairs.run_pending(sim, tmp_path, ["alone", "receiver"], set(), {"commit": "x"}, after_each=flaky, seed_starts={})
+    assert ran == [("alone", 0), ("receiver", 0)] and len(calls) == 4  # start, two pairs, and once more at the end
+    assert "alone seed 0: finished, but the report was not rewritten (OSError" in capsys.readouterr().err
+
+    def broken() -> None:
+        if ran:  # the start's report is written; every one after a pair fails
+            raise OSError("No space left on device")
+
+    ran.clear()
+    with pytest.raises(OSError):
+        pairs.run_pending(sim, tmp_path, ["alone", "receiver"], set(), {"commit": "x"}, after_each=broken,
+                          seed_starts={})  # fmt: skip
+    assert ran == [("alone", 0), ("receiver", 0)]  # every pair ran before the error surfaced
+
 def test_a_torn_last_evaluation_line_is_not_read(tmp_path: Path) -> None:
     """The driver reads a node's evaluations while, with several workers, another process may be appending one: a
     last line without its end is skipped (the pair is not done yet), the lines before it are read."""

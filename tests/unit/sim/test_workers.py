@@ -70,3 +70,44 @@ def test_pairs_start_seed_by_seed_and_heaviest_first() -> None:
     # several seeds: whole seeds first, so an interrupted run leaves complete seeds to analyse paired
     two = pair_order(sim, [(name, seed) for name in ("alone", "guided") for seed in (1, 0)])
     assert two == [("guided", 0), ("alone", 0), ("guided", 1), ("alone", 1)]
+
+
+
+def test_each_pair_is_reported_as_it_finishes_while_the_others_run(tmp_path: Path) -> None:
+    """``_run_parallel`` calls ``on_pair`` in the caller's process as each pair's future completes, not once all
+    have: with a stand-in pool, the first pair is finished at once and the second only from the first one's report
+    (or by a timer after 10 s, so a runner that reported after the loop fails here instead of hanging)."""
+    import threading
+    from concurrent.futures import Future
+
+    from sim.runner import _run_parallel
+
+    sim = load_sim_config(CONFIG, ["seeds=[0]", "configurations=[{name: alone}, {name: sharing}]"], quick=True)
+    futures: dict[str, Future] = {}
+
+    class Pool:
+        def submit(self, fn, *args):
+            f: Future = Future()
+            if fn.__name__ != "_run_pair":
+                f.set_result(None)  # a model build
+            else:  # (sim_json, variant, seed, out)
+                futures[args[1]] = f
+                if args[1] == "alone":
+                    f.set_result((str(tmp_path / "alone" / "seed0"), 1.0))
+            return f
+
+    seen: list[tuple[tuple[str, int], bool]] = []
+
+    def on_pair(pair: tuple[str, int]) -> None:
+        seen.append((pair, futures["sharing"].done()))
+        if not futures["sharing"].done():
+            futures["sharing"].set_result((str(tmp_path / "sharing" / "seed0"), 1.0))
+
+    late = threading.Timer(10.0, lambda: futures["sharing"].done() or futures["sharing"].set_result(("late", 0.0)))
+    late.start()
+    try:
+        dirs = _run_parallel(sim, tmp_path, None, [("alone", 0), ("sharing", 0)], Pool(), None, on_pair)
+    finally:
+        late.cancel()
+    assert seen == [(("alone", 0), False), (("sharing", 0), True)]
+    assert [Path(d).relative_to(tmp_path).as_posix() for d in dirs] == ["alone/seed0", "sharing/seed0"]
