@@ -233,7 +233,6 @@ def test_with_several_workers_each_pair_is_kept_as_it_finishes(tmp_path: Path, m
     ]  # fmt: skip
 
 
-
 def test_a_report_that_fails_mid_run_does_not_stop_the_pairs_still_running(tmp_path: Path, monkeypatch, capsys) -> None:
     """With several workers the report is rewritten as each pair finishes, best effort: one that fails is said and
     retried (after the next pair, and once at the end), and one that keeps failing raises after the seed's pairs."""
@@ -271,6 +270,7 @@ def test_a_report_that_fails_mid_run_does_not_stop_the_pairs_still_running(tmp_p
         pairs.run_pending(sim, tmp_path, ["alone", "receiver"], set(), {"commit": "x"}, after_each=broken,
                           seed_starts={})  # fmt: skip
     assert ran == [("alone", 0), ("receiver", 0)]  # every pair ran before the error surfaced
+
 
 def test_a_torn_last_evaluation_line_is_not_read(tmp_path: Path) -> None:
     """The driver reads a node's evaluations while, with several workers, another process may be appending one: a

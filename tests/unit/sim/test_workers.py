@@ -72,7 +72,6 @@ def test_pairs_start_seed_by_seed_and_heaviest_first() -> None:
     assert two == [("guided", 0), ("alone", 0), ("guided", 1), ("alone", 1)]
 
 
-
 def test_each_pair_is_reported_as_it_finishes_while_the_others_run(tmp_path: Path) -> None:
     """``_run_parallel`` calls ``on_pair`` in the caller's process as each pair's future completes, not once all
     have: with a stand-in pool, the first pair is finished at once and the second only from the first one's report
