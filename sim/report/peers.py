@@ -17,30 +17,18 @@ An experiment's work directory (``swarm-sim experiment``: ``<arm>/seed<k>/node<i
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 
+from node.telemetry.metrics import read_jsonl  # skips a torn last line: a run still going may be writing it
+
 FIELDS = ("completions", "is_weight", "weight_low_frac", "logp", "shaping_weight")
 TRACE_FIELDS = ("trace_new", "trace_rows", "trace_buffer", "trace_nll", "trace_anchor_kl")
+TRAINED_ONLY = ("trace_nll", "trace_anchor_kl")  # the learner logs 0 for these on a step with no trace row
 PEER_HEAD = "| steps | right peer completions / step | IS weight | share < 1/2 | logp / token | shaping wt |"
 TRACE_HEAD = (
     "| steps | new distinct traces / step | trace rows / step | buffer | trace NLL / token | anchor KL / token |"
 )
-
-
-TRAINED_ONLY = ("trace_nll", "trace_anchor_kl")  # the learner logs 0 for these on a step with no trace row
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """Every parsable line: a run still going may be writing the last one."""
-    out = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
 
 
 def _cell(xs: list[float | None]) -> str:
