@@ -235,7 +235,8 @@ def run_pending(sim: SimConfig, work: Path, arms: list[str], have: set[tuple[str
             failed: list[tuple[str, int]] = []
             run_experiment(s, work, progress=progress, pairs=pending,
                            on_pair=_kept(after_each, failed) if after_each is not None else None)  # fmt: skip
-            if failed:  # only _kept fills it; once more, unguarded: a report that cannot be written stops here
+            # only _kept fills it; once more, unguarded: a report that cannot be written stops here
+            if failed and after_each is not None:
                 after_each()
             continue
         for pair in pending:
