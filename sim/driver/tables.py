@@ -91,7 +91,8 @@ def anchor(text: str) -> str:
 
 def answer(reg: Any, res: dict[str, Any]) -> tuple[str, str]:
     """(yes / partly / no, the arm it is about): the registered verdict, read off the JSON; ``interim (arms at
-    k-m of n seeds)`` while not every arm has every registered seed, whatever the partial verdict says."""
+    k-m of n seeds)`` while not every arm has every registered seed, whatever the partial verdict says. ``partly``
+    needs a condition of the candidate's own to hold, not one the target sets on a control (``arm: alone``)."""
     v = res["verdict"]
     arm0 = v["by"][0] if v["met"] else reg.target.arms[0]
     if not v.get("complete", True):
@@ -100,8 +101,12 @@ def answer(reg: Any, res: dict[str, Any]) -> tuple[str, str]:
         return f"interim (arms at {span} of {len(reg.seeds)} seeds)", arm0
     if v["met"]:
         return "yes", v["by"][0]
-    arm = max(v["checks"], key=lambda a: sum(c["ok"] for c in v["checks"][a]), default=reg.target.arms[0])
-    return ("partly" if any(c["ok"] for c in v["checks"].get(arm, [])) else "no"), arm
+
+    def own(a: str) -> int:  # the conditions that hold of the candidate itself: "alone closes at most 5%" is not one
+        return sum(c["ok"] for c, cond in zip(v["checks"][a], reg.target.all, strict=True) if cond.arm in (None, a))
+
+    arm = max(v["checks"], key=own, default=reg.target.arms[0])
+    return ("partly" if arm in v["checks"] and own(arm) else "no"), arm
 
 
 def headline(reg: Any, res: dict[str, Any], arm: str) -> str:

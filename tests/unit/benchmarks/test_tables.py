@@ -77,6 +77,19 @@ def test_an_interim_answer_says_how_many_seeds_its_arms_have() -> None:
     assert tables.answer(reg, {"verdict": verdict, "arms": arms})[0] == "interim (arms at 2 of 10 seeds)"
 
 
+def test_partly_needs_a_condition_of_the_candidate_not_of_a_control() -> None:
+    """A target not met whose only holding condition is the one it sets on a control ("alone closes at most 5%")
+    answers no; one of the candidate's own conditions holding makes it partly."""
+    reg = next(r for _, r, res in tables.registered() if res["name"] == "transfer-never")
+    conds = reg.target.all
+    assert [c.arm for c in conds].count("alone") == 1 and conds[-1].arm == "alone"
+    checks = [{"ok": c.arm == "alone", "line": ""} for c in conds]
+    verdict = {"met": False, "complete": True, "by": [], "checks": {"guided": checks}}
+    assert tables.answer(reg, {"verdict": verdict, "arms": {}}) == ("no", "guided")
+    checks[1]["ok"] = True
+    assert tables.answer(reg, {"verdict": verdict, "arms": {}}) == ("partly", "guided")
+
+
 def test_the_headline_compares_with_the_better_of_the_registered_controls() -> None:
     """Where the target's first comparison names several controls (alone at two rates), the headline reads the
     better one, as the verdict does, not the first named."""
