@@ -96,7 +96,8 @@ def answer(reg: Any, res: dict[str, Any]) -> tuple[str, str]:
     v = res["verdict"]
     arm0 = v["by"][0] if v["met"] else reg.target.arms[0]
     if not v.get("complete", True):
-        done = sorted(len(a.get("seeds", [])) for a in res["arms"].values()) or [0]
+        names = dict.fromkeys([*reg.arms, *res["arms"]])  # a registered arm with no finished pair counts as 0
+        done = sorted(len(res["arms"].get(a, {}).get("seeds", [])) for a in names) or [0]
         span = str(done[0]) if done[0] == done[-1] else f"{done[0]}-{done[-1]}"
         return f"interim (arms at {span} of {len(reg.seeds)} seeds)", arm0
     if v["met"]:
@@ -113,7 +114,7 @@ def headline(reg: Any, res: dict[str, Any], arm: str) -> str:
     """The arm against the control of the target's first ``beats`` (its gain where that is ``start``; the better of
     its controls, as the verdict reads it, where it names several), the registration's primary metric, with the 95%
     t-interval of the per-seed differences; else the level of the first condition's metric (with its interval where
-    there are seeds)."""
+    there are seeds), or that the arm has not run yet."""
     from sim.driver.analysis import control_of
     from sim.driver.stats import t_interval
 
@@ -127,6 +128,8 @@ def headline(reg: Any, res: dict[str, Any], arm: str) -> str:
             m, lo, hi = t_interval(row[metric]["diff"])
             return f"{metric} {arm} - {control}{which}: {m:+.3f} [{lo:+.3f}, {hi:+.3f}]"
     metric = reg.target.all[0].metric or reg.primary
+    if arm not in res["arms"]:  # an interim registration whose candidate has no finished pair yet
+        return f"{metric} {arm}: not run yet"
     ends = res["arms"][arm][metric]["end"]
     m, lo, hi = t_interval(ends)
     span = f" [{lo:.3f}, {hi:.3f}]" if len(ends) > 1 else " (one value: no interval)"

@@ -71,10 +71,22 @@ def test_an_interim_answer_says_how_many_seeds_its_arms_have() -> None:
     (one seed) does not read as if the whole experiment had one."""
     reg = next(r for _, r, res in tables.registered() if res["name"] == "transfer-het")
     verdict = {"met": False, "complete": False, "by": [], "checks": {}}
-    arms = {"a": {"seeds": [0]}, "b": {"seeds": list(range(10))}}
+    first, *rest = reg.arms
+    arms = {first: {"seeds": [0]}, **{a: {"seeds": list(range(10))} for a in rest}}
     assert tables.answer(reg, {"verdict": verdict, "arms": arms})[0] == "interim (arms at 1-10 of 10 seeds)"
-    arms = {"a": {"seeds": [0, 1]}, "b": {"seeds": [0, 1]}}
+    arms = {a: {"seeds": [0, 1]} for a in reg.arms}
     assert tables.answer(reg, {"verdict": verdict, "arms": arms})[0] == "interim (arms at 2 of 10 seeds)"
+    del arms[first]  # a registered arm with no finished pair yet is at 0 seeds, not left out
+    assert tables.answer(reg, {"verdict": verdict, "arms": arms})[0] == "interim (arms at 0-2 of 10 seeds)"
+
+
+def test_an_interim_headline_says_its_candidate_has_not_run_yet() -> None:
+    """A registration whose candidate has no finished pair yet (only a control has run) gets a README row that
+    says so, not an error from the table writer."""
+    reg = next(r for _, r, res in tables.registered() if res["name"] == "transfer-never")
+    arms = {"alone": {"gap": {"end": [0.0]}, "seeds": [0]}}
+    line = tables.headline(reg, {"arms": arms, "comparisons": []}, "guided")
+    assert line == "gap guided: not run yet"
 
 
 def test_partly_needs_a_condition_of_the_candidate_not_of_a_control() -> None:
